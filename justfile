@@ -1,0 +1,37 @@
+# akri-trio tasks. `scripts/just <recipe>` bootstraps .venv first on a fresh machine.
+set shell := ["bash", "-euo", "pipefail", "-c"]
+
+# list recipes
+default:
+    @just --list
+
+# end-to-end demo on a real local cluster
+demo:
+    python -m akri_trio.demo
+
+# lint, types, and the whole test suite (real control plane and node included)
+test: lint
+    python -m pytest -q -p no:cacheprovider {{ if env("CI", "") != "" { "-ra" } else { "" } }}
+
+# ruff (lint + format) and mypy --strict
+lint:
+    ruff check .
+    ruff format --check .
+    mypy
+
+# benchmarks; results with ratios go to bench/RESULTS.md
+bench:
+    @ls bench/*.py >/dev/null 2>&1 || { echo "no benchmarks yet"; exit 0; }
+    for b in bench/*.py; do python "$b"; done
+
+# start the local control plane and a Ready node (builds Kubernetes once)
+cluster-up:
+    python -m akri_trio cluster up --node
+
+# stop everything cluster-up started and clean up
+cluster-down:
+    python -m akri_trio cluster down
+
+# regenerate the protobuf / purerpc / grpcio stubs from protos/
+protos:
+    python -m akri_trio.rpc.generate

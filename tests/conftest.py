@@ -1,0 +1,56 @@
+"""Shared fixtures: the real local cluster, started once per test session.
+
+Tests that need Kubernetes take `cluster` (control plane) or `node_cluster` (plus kubelet and
+containerd). Both run `akri-trio cluster up` (which builds the binaries on a new machine) and
+never skip: a cluster that cannot start fails the tests that need it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _cli(*args: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "akri_trio", "cluster", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        pytest.fail(
+            f"akri-trio cluster {' '.join(args)} failed ({proc.returncode}):\n"
+            f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}",
+            pytrace=False,
+        )
+    return proc.stdout
+
+
+def _env() -> dict[str, str]:
+    """`akri-trio cluster env` prints KEY=VALUE lines (KUBECONFIG, ...)."""
+    pairs = (line.split("=", 1) for line in _cli("env").splitlines() if "=" in line)
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[dict[str, str]]:
+    """The control plane (etcd, apiserver, controller-manager, scheduler); its `env` as a dict."""
+    _cli("up")
+    env = _env()
+    os.environ.setdefault("KUBECONFIG", env["KUBECONFIG"])
+    yield env
+
+
+@pytest.fixture(scope="session")
+def node_cluster(cluster: dict[str, str]) -> Iterator[dict[str, str]]:
+    """The control plane plus a Ready node (containerd, kubelet, CNI, local images)."""
+    _cli("up", "--node")
+    yield _env()
