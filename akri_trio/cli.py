@@ -11,7 +11,12 @@ import sys
 
 # subcommand -> "module:function"; the function takes argv (list[str]) and returns an exit code.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "agent": (
+        "akri_trio.agent.cli:main",
+        "the node agent (DaemonSet): discovery, Instances, plugins",
+    ),
     "cluster": ("akri_trio.cluster.cli:main", "a real local Kubernetes: up | down | status | env"),
+    "discovery-handler": ("akri_trio.discovery.cli:main", "run a discovery handler standalone"),
 }
 
 

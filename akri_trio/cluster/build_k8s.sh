@@ -33,10 +33,15 @@ Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 SRC
 fi
-step "apt-get update + Go 1.19 toolchain"
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends golang-1.19-go rsync \
-  golang-github-modern-go-reflect2-dev dpkg-dev ca-certificates >/dev/null
+TOOLS=(golang-1.19-go rsync golang-github-modern-go-reflect2-dev dpkg-dev ca-certificates)
+if ! dpkg-query -W -f '${db:Status-Abbrev}\n' "${TOOLS[@]}" 2>/dev/null | grep -qv '^ii' \
+   && [ "$(dpkg-query -W -f '${db:Status-Abbrev}\n' "${TOOLS[@]}" 2>/dev/null | wc -l)" = "${#TOOLS[@]}" ]; then
+  step "Go 1.19 toolchain already installed"
+else
+  step "apt-get update + Go 1.19 toolchain"
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${TOOLS[@]}" >/dev/null
+fi
 
 WORK="$OUT/src"
 mkdir -p "$WORK" "$OUT/bin"

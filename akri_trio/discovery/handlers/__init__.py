@@ -1,1 +1,37 @@
-"""akri-trio."""
+"""The discovery handlers this project ships, by their upstream names.
+
+The agent (embedded handlers) and `akri-trio discovery-handler <name>` both look handlers up
+here. Modules are imported only when their handler is chosen, so a debugEcho process never
+imports zeep or asyncua.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+
+from akri_trio.discovery.interface import AnyHandler
+
+# name -> "module:factory"; the factory takes the environment and returns a handler.
+BUILTIN: dict[str, str] = {
+    "debugEcho": "akri_trio.discovery.handlers.debug_echo:DebugEcho.from_env",
+}
+
+
+class UnknownHandler(LookupError):
+    pass
+
+
+def load_handler(name: str, env: Mapping[str, str]) -> AnyHandler:
+    """Build the built-in handler called `name`, configured from `env`."""
+    try:
+        target = BUILTIN[name]
+    except KeyError:
+        known = ", ".join(sorted(BUILTIN))
+        raise UnknownHandler(f"unknown discovery handler {name!r} (known: {known})") from None
+    module_name, _, attr_path = target.partition(":")
+    obj: object = importlib.import_module(module_name)
+    for attr in attr_path.split("."):
+        obj = getattr(obj, attr)
+    handler: AnyHandler = obj(env)  # type: ignore[operator]
+    return handler

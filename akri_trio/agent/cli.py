@@ -1,0 +1,110 @@
+"""`akri-trio agent`: the DaemonSet process. Flags default to upstream's environment variables
+(AGENT_NODE_NAME, DISCOVERY_HANDLERS_DIRECTORY, ENABLE_DEBUG_ECHO, DEBUG_ECHO_INSTANCES_SHARED,
+METRICS_PORT), so upstream's manifests work unchanged. SIGTERM / SIGINT cancel the nursery tree:
+sockets are removed and no write is left half-done."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+from collections.abc import Mapping
+from pathlib import Path
+
+import trio
+
+from akri_trio.agent.run import AgentSettings, run_agent
+
+log = logging.getLogger("akri_trio.agent")
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def parse_args(argv: list[str], env: Mapping[str, str]) -> AgentSettings:
+    p = argparse.ArgumentParser(prog="akri-trio agent", description=__doc__)
+    p.add_argument(
+        "--node-name",
+        default=env.get("AGENT_NODE_NAME"),
+        help="this node's name (env AGENT_NODE_NAME)",
+    )
+    p.add_argument(
+        "--discovery-handlers-directory",
+        type=Path,
+        default=Path(env.get("DISCOVERY_HANDLERS_DIRECTORY", "/var/lib/akri")),
+    )
+    p.add_argument("--kubeconfig", type=Path, default=None)
+    p.add_argument(
+        "--device-plugin-dir", type=Path, default=Path("/var/lib/kubelet/device-plugins")
+    )
+    p.add_argument(
+        "--pod-resources-socket",
+        type=Path,
+        default=Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(env.get("METRICS_PORT", "8080")),
+        help="health and Prometheus metrics port; 0 picks one, -1 disables",
+    )
+    p.add_argument(
+        "--enable-debug-echo", action="store_true", default=_truthy(env.get("ENABLE_DEBUG_ECHO"))
+    )
+    p.add_argument(
+        "--debug-echo-shared",
+        action="store_true",
+        default=_truthy(env.get("DEBUG_ECHO_INSTANCES_SHARED")),
+    )
+    p.add_argument(
+        "--debug-echo-availability",
+        type=Path,
+        default=None,
+        help="debugEcho availability file (default /tmp/debug-echo-availability.txt)",
+    )
+    p.add_argument("--reclaim-period", type=float, default=10.0)
+    p.add_argument("--reclaim-grace", type=float, default=None)
+    p.add_argument("--log-level", default=env.get("AKRI_LOG_LEVEL", "INFO"))
+    args = p.parse_args(argv)
+    if not args.node_name:
+        p.error("the node name is required: --node-name or AGENT_NODE_NAME")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per API request is noise
+    return AgentSettings(
+        node=args.node_name,
+        discovery_handlers_directory=args.discovery_handlers_directory,
+        device_plugin_dir=args.device_plugin_dir,
+        pod_resources_socket=args.pod_resources_socket,
+        kubeconfig=args.kubeconfig,
+        enable_debug_echo=args.enable_debug_echo,
+        debug_echo_shared=args.debug_echo_shared,
+        debug_echo_availability=args.debug_echo_availability,
+        metrics_port=None if args.metrics_port < 0 else args.metrics_port,
+        reclaim_period=args.reclaim_period,
+        reclaim_grace=args.reclaim_grace,
+    )
+
+
+async def _main(settings: AgentSettings) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run_agent, settings)
+
+            async def stop_on_signal() -> None:
+                async for signum in signals:
+                    log.info("%s: shutting down", signal.Signals(signum).name)
+                    nursery.cancel_scope.cancel()
+                    return
+
+            nursery.start_soon(stop_on_signal)
+
+
+def main(argv: list[str]) -> int:
+    settings = parse_args(argv, os.environ)
+    trio.run(_main, settings)
+    log.info("agent stopped")
+    return 0

@@ -1,0 +1,297 @@
+"""The per-Configuration reconcile: discovery in, Instances and status out.
+
+For each Configuration in the cluster this node runs one discovery task (a child of the
+discovery nursery, restarted when the handler, details or resolved properties change) and
+reconciles on every discovery result and every change to the Configuration or its Instances:
+the devices go into the node's view (the plugins need them), `instances.plan` says which writes
+to make, and this node's entry in the Configuration's status is rewritten when it changed. A
+deleted Configuration stops its discovery and this node leaves its Instances (which the garbage
+collector is deleting) so our finalizer never holds them up.
+
+Everything is level-triggered and idempotent, so a reconcile cancelled half-way (shutdown, a
+newer event) is simply done again: the queue guarantees one reconcile per key at a time.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+import httpx
+import trio
+
+from akri_trio.agent import instances as plan_
+from akri_trio.agent.discovery import DiscoveryRequest, DiscoveryResult, run_configuration_discovery
+from akri_trio.agent.metrics import AgentMetrics
+from akri_trio.agent.status import node_entry
+from akri_trio.agent.view import NodeView, instance_key
+from akri_trio.discovery.properties import (
+    UnsolvableProperty,
+    referenced_objects,
+    resolve,
+)
+from akri_trio.discovery.registry import Registry
+from akri_trio.kube.client import Client, Resource
+from akri_trio.kube.errors import ApiError, Conflict, Invalid, NotFound
+from akri_trio.kube.queue import Requeue
+from akri_trio.kube.store import Store
+from akri_trio.model.convert import error_messages, structure
+from akri_trio.model.resources import JSON, Configuration, Instance
+
+log = logging.getLogger(__name__)
+
+CONFIGURATIONS = Resource("akri.sh", "v0", "configurations", "Configuration")
+INSTANCES = Resource("akri.sh", "v0", "instances", "Instance")
+SECRETS = Resource.core("secrets", "Secret")
+CONFIG_MAPS = Resource.core("configmaps", "ConfigMap")
+RETRY_UNSOLVABLE_S = 30.0
+
+
+def _iso(wall: float) -> str:
+    return datetime.datetime.fromtimestamp(wall, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@attrs.define
+class _Running:
+    request: DiscoveryRequest
+    scope: trio.CancelScope
+    result: DiscoveryResult | None = None
+    started_at: float = attrs.field(factory=trio.current_time)
+
+
+class ConfigurationReconciler:
+    def __init__(
+        self,
+        api: Client,
+        view: NodeView,
+        registry: Registry,
+        configs: Store,
+        discovery_nursery: trio.Nursery,
+        enqueue: Callable[[str], None],
+        metrics: AgentMetrics | None = None,
+    ) -> None:
+        self.api = api
+        self.view = view
+        self.node = view.node
+        self.registry = registry
+        self.configs = configs
+        self.nursery = discovery_nursery
+        self.enqueue = enqueue
+        self.metrics = metrics
+        self.running: dict[str, _Running] = {}
+
+    # --- discovery tasks -----------------------------------------------------------------------
+
+    def _stop(self, key: str) -> None:
+        running = self.running.pop(key, None)
+        if running is not None:
+            running.scope.cancel()
+
+    async def _discover(self, key: str, running: _Running) -> None:
+        async def send(result: DiscoveryResult) -> None:
+            if self.running.get(key) is running:
+                if self.metrics is not None:
+                    self._observe(key, running, result)
+                running.result = result
+                self.enqueue(key)
+
+        with running.scope:
+            await run_configuration_discovery(self.registry, running.request, send)
+
+    def _observe(self, key: str, running: _Running, result: DiscoveryResult) -> None:
+        assert self.metrics is not None
+        if running.result is None:
+            self.metrics.discovery_response_time.labels(configuration=key).observe(
+                trio.current_time() - running.started_at
+            )
+        self.metrics.discovery_response_result.labels(
+            discovery_handler_name=running.request.handler,
+            result="error" if result.problems else "success",
+        ).inc()
+
+    def _ensure(self, key: str, request: DiscoveryRequest) -> _Running:
+        running = self.running.get(key)
+        if running is not None and running.request == request:
+            return running
+        self._stop(key)
+        running = _Running(request, trio.CancelScope())
+        self.running[key] = running
+        self.nursery.start_soon(self._discover, key, running)
+        return running
+
+    async def _properties(self, config: Configuration) -> dict[str, bytes | None]:
+        props = config.spec.discovery_handler.discovery_properties or ()
+        secrets: dict[tuple[str, str], Mapping[str, Any]] = {}
+        config_maps: dict[tuple[str, str], Mapping[str, Any]] = {}
+        for ref in referenced_objects(props):
+            res, into = (SECRETS, secrets) if ref.kind == "Secret" else (CONFIG_MAPS, config_maps)
+            try:
+                into[(ref.namespace, ref.name)] = await self.api.get(
+                    res, ref.name, namespace=ref.namespace
+                )
+            except NotFound:
+                pass
+            except ApiError as exc:
+                raise UnsolvableProperty(
+                    "*", f"{ref.kind} {ref.namespace}/{ref.name}", str(exc)
+                ) from exc
+        return resolve(props, config_maps, secrets)
+
+    # --- the reconcile -------------------------------------------------------------------------
+
+    async def reconcile(self, key: str) -> Requeue | None:
+        namespace, name = key.split("/", 1)
+        obj = self.configs.get(key)
+        if obj is None or (obj.get("metadata") or {}).get("deletionTimestamp"):
+            self._stop(key)
+            self.view.set_devices(key, {})
+            await self._leave_all(namespace, name)
+            if self.metrics is not None:
+                self.metrics.instance_count.remove_matching(configuration=key)
+            return None
+        try:
+            config = structure(obj, Configuration)
+        except Exception as exc:  # the CRD schema should prevent this; never crash on it
+            log.error("Configuration %s is malformed: %s", key, "; ".join(error_messages(exc)))
+            return None
+        unsolvable: str | None = None
+        try:
+            properties = await self._properties(config)
+        except UnsolvableProperty as exc:
+            unsolvable = str(exc)
+            self._stop(key)
+            self.view.set_devices(key, {})
+            await self._write_status(config, None, unsolvable)
+            return Requeue(RETRY_UNSOLVABLE_S)
+        handler = config.spec.discovery_handler
+        request = DiscoveryRequest(key, handler.name, handler.discovery_details, properties)
+        running = self._ensure(key, request)
+        result = running.result
+        if result is None:
+            return None  # the discovery task enqueues us with its first result
+        devices = {
+            instance_key(
+                namespace, plan_.instance_name_for(name, f.device.id, f.shared, self.node)
+            ): f.device
+            for f in result.devices
+        }
+        self.view.set_devices(key, devices)
+        existing = self._instances_of(namespace, name)
+        for op in plan_.plan(self.node, config, result.devices, existing):
+            await self._execute(namespace, op)
+        await self._write_status(config, result, unsolvable)
+        if self.metrics is not None:
+            self._count_instances(key, namespace, name)
+        return None
+
+    def _count_instances(self, key: str, namespace: str, name: str) -> None:
+        assert self.metrics is not None
+        served = [
+            i for i in self._instances_of(namespace, name).values() if self.node in i.spec.nodes
+        ]
+        for shared in (True, False):
+            self.metrics.instance_count.labels(
+                configuration=key, is_shared=str(shared).lower()
+            ).set(sum(i.spec.shared == shared for i in served))
+
+    def _instances_of(self, namespace: str, config: str) -> dict[str, Instance]:
+        return {
+            inst.metadata.name: inst
+            for inst in self.view.instances()
+            if inst.metadata.namespace == namespace and inst.spec.configuration_name == config
+        }
+
+    async def _apply(self, namespace: str, body: JSON) -> Instance:
+        written = await self.api.apply(
+            INSTANCES, body, field_manager=self.node, force=True, namespace=namespace
+        )
+        return self.view.put_instance(written)
+
+    async def _execute(self, namespace: str, op: plan_.Operation) -> None:
+        match op:
+            case plan_.Apply(name, body):
+                await self._apply(namespace, body)
+                log.info("applied Instance %s/%s", namespace, name)
+            case plan_.Leave(name, body):
+                try:
+                    await self._apply(namespace, body)
+                    log.info("left Instance %s/%s", namespace, name)
+                except Invalid:
+                    # The other nodes left at the same moment: we are the last one after all.
+                    fresh = structure(
+                        await self.api.get(INSTANCES, name, namespace=namespace), Instance
+                    )
+                    await self._execute(namespace, plan_.departure(fresh, self.node))
+            case plan_.Remove(name, body, delete):
+                inst = await self._apply(namespace, body)
+                if delete:
+                    try:
+                        await self.api.delete(
+                            INSTANCES,
+                            name,
+                            namespace=namespace,
+                            resource_version=inst.metadata.resource_version,
+                        )
+                        log.info("deleted Instance %s/%s (no node left)", namespace, name)
+                    except (NotFound, Conflict):
+                        pass  # gone already, or a node joined meanwhile: both fine
+
+    async def _leave_all(self, namespace: str, config: str) -> None:
+        for inst in self._instances_of(namespace, config).values():
+            if self.node in inst.spec.nodes or self.node in inst.metadata.finalizers:
+                try:
+                    await self._execute(namespace, plan_.departure(inst, self.node))
+                except NotFound:
+                    self.view.drop_instance(instance_key(namespace, inst.metadata.name))
+
+    async def _write_status(
+        self, config: Configuration, result: DiscoveryResult | None, unsolvable: str | None
+    ) -> None:
+        namespace, name = config.metadata.namespace, config.metadata.name
+        entries = (config.status or {}).get("nodes") or []
+        previous = next((e for e in entries if e.get("node") == self.node), None)
+        served = sum(
+            1
+            for inst in self._instances_of(namespace, name).values()
+            if self.node in inst.spec.nodes
+        )
+        problems = list(result.problems) if result else []
+        invalid = [p for p in problems if "rejected discoveryDetails" in p]
+        wall_minus_trio = time.time() - trio.current_time()
+        entry = node_entry(
+            node=self.node,
+            handler=config.spec.discovery_handler.name,
+            handlers=dict(result.handlers) if result else {},
+            invalid_details=invalid,
+            unsolvable=unsolvable,
+            other_problems=[p for p in problems if p not in invalid],
+            instances=served,
+            previous=previous,
+            now=_iso(time.time()),
+            to_wall=lambda t: _iso(t + wall_minus_trio),
+        )
+        if previous == entry:
+            return
+        body = {
+            "apiVersion": config.api_version,
+            "kind": config.kind,
+            "metadata": {"name": name, "namespace": namespace},
+            "status": {"nodes": [entry]},
+        }
+        try:
+            await self.api.apply(
+                CONFIGURATIONS,
+                body,
+                field_manager=f"{self.node}-status",
+                force=True,
+                namespace=namespace,
+                subresource="status",
+            )
+        except NotFound:
+            pass
+        except (ApiError, httpx.HTTPError) as exc:
+            log.warning("could not write status of Configuration %s/%s: %s", namespace, name, exc)

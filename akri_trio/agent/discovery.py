@@ -1,0 +1,300 @@
+"""Discovery for one Configuration: a Discover stream to every endpoint of its handler.
+
+A Configuration names a handler (`discoveryHandler.name`); every endpoint registered under
+that name on this node (embedded, Unix socket or network; including endpoints that register
+later) gets one Discover stream for this Configuration. Each message on a stream is that
+endpoint's full device list and replaces its previous one; the lists are merged (first
+endpoint wins a duplicated id) and each device carries its endpoint's `shared` flag.
+
+A stream that ends or fails drops its endpoint's devices at once and marks it Offline; we
+reconnect with backoff while it stays registered (a re-registration retries at once). An
+InvalidArgument answer means the Configuration's discoveryDetails are wrong: the handler's
+message becomes a problem for the Configuration's status and we do not ask that endpoint
+again until it re-registers (a changed Configuration restarts this task anyway).
+
+`run_configuration_discovery` is a task for the caller's nursery (`nursery.start`): it reports
+a `DiscoveryResult` every time devices, problems or handler statuses change, and it is
+cancelled when the Configuration is deleted or changed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from contextlib import aclosing
+from typing import Final, Literal
+
+import attrs
+import purerpc
+import trio
+
+from akri_trio.discovery.interface import InvalidDetails, discover_changes
+from akri_trio.discovery.registry import (
+    EndpointType,
+    HandlerStatus,
+    Registration,
+    Registry,
+    RegistryEvent,
+)
+from akri_trio.discovery.wire import request_to_proto, response_from_proto
+from akri_trio.kube.backoff import Backoff
+from akri_trio.model.device import Device
+from akri_trio.rpc.gen.discovery_grpc import DiscoveryHandlerStub
+from akri_trio.rpc.uds import open_channel
+
+log = logging.getLogger(__name__)
+
+RECONNECT_BACKOFF: Final = Backoff(base=1.0, cap=30.0)
+
+
+@attrs.frozen
+class DiscoveryRequest:
+    """What to discover for one Configuration. `key` is the Configuration's key (its
+    namespace/name): it identifies this Configuration's streams in the registry."""
+
+    key: str
+    handler: str
+    details: str = ""
+    properties: Mapping[str, bytes | None] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class DiscoveredDevice:
+    device: Device
+    shared: bool
+    endpoint: str
+
+
+@attrs.frozen
+class DiscoveryResult:
+    """Merged devices (sorted by id), problems for the Configuration's status, and the status
+    of every endpoint registered under the handler's name."""
+
+    devices: tuple[DiscoveredDevice, ...]
+    problems: tuple[str, ...]
+    handlers: Mapping[str, HandlerStatus]
+
+
+def merge(
+    lists: Mapping[str, list[Device]], registrations: Mapping[str, Registration]
+) -> tuple[DiscoveredDevice, ...]:
+    """Merge per-endpoint lists: dedup by id (the first endpoint in sorted order wins)."""
+    seen: dict[str, DiscoveredDevice] = {}
+    for endpoint in sorted(lists):
+        registration = registrations.get(endpoint)
+        if registration is None:
+            continue
+        for device in lists[endpoint]:
+            if device.id not in seen:
+                seen[device.id] = DiscoveredDevice(device, registration.shared, endpoint)
+    return tuple(seen[i] for i in sorted(seen))
+
+
+Outcome = Literal["lost", "invalid"]
+
+
+def _message(exc: BaseException) -> str:
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    if isinstance(exc, purerpc.RpcFailedError):
+        return str(exc.status.status_message)
+    return str(exc)
+
+
+class _Discovery:
+    def __init__(
+        self,
+        registry: Registry,
+        request: DiscoveryRequest,
+        backoff: Backoff,
+    ) -> None:
+        self.registry = registry
+        self.request = request
+        self.backoff = backoff
+        self.lists: dict[str, list[Device]] = {}
+        self.invalid: dict[str, str] = {}  # endpoint -> the handler's InvalidArgument message
+        self.tasks: dict[str, trio.CancelScope] = {}
+        self.retry_now: dict[str, trio.Event] = {}
+        self.wake = trio.Event()
+
+    # ---- the registry's news ------------------------------------------------------------------
+
+    def on_registry_event(self, event: RegistryEvent) -> None:
+        if event.name != self.request.handler:
+            return
+        if event.kind == "registered" and event.endpoint in self.retry_now:
+            self.retry_now[event.endpoint].set()
+        self.wake.set()
+
+    def sync_endpoints(self, nursery: trio.Nursery) -> None:
+        """Start a stream task for each newly registered endpoint; stop removed ones."""
+        current = {r.endpoint: r for r in self.registry.registrations(self.request.handler)}
+        for endpoint, scope in list(self.tasks.items()):
+            if endpoint not in current:
+                scope.cancel()
+                del self.tasks[endpoint]
+                self.lists.pop(endpoint, None)
+                self.invalid.pop(endpoint, None)
+        for endpoint in current:
+            if endpoint not in self.tasks:
+                scope = trio.CancelScope()
+                self.tasks[endpoint] = scope
+                self.retry_now[endpoint] = trio.Event()
+                nursery.start_soon(self.run_endpoint, endpoint, scope)
+
+    def result(self) -> DiscoveryResult:
+        registrations = {r.endpoint: r for r in self.registry.registrations(self.request.handler)}
+        problems: list[str] = []
+        if not registrations:
+            problems.append(
+                f"no discovery handler named {self.request.handler!r} is registered on this node"
+            )
+        for endpoint in sorted(self.invalid):
+            if endpoint in registrations:
+                problems.append(
+                    f"discovery handler {self.request.handler!r} at {endpoint} rejected "
+                    f"discoveryDetails: {self.invalid[endpoint]}"
+                )
+        return DiscoveryResult(
+            devices=merge(self.lists, registrations),
+            problems=tuple(problems),
+            handlers=self.registry.get(self.request.handler),
+        )
+
+    # ---- one endpoint -------------------------------------------------------------------------
+
+    def _current(self, endpoint: str) -> Registration | None:
+        for registration in self.registry.registrations(self.request.handler):
+            if registration.endpoint == endpoint:
+                return registration
+        return None
+
+    async def run_endpoint(self, endpoint: str, scope: trio.CancelScope) -> None:
+        try:
+            with scope:
+                await self._keep_streaming(endpoint)
+        finally:
+            # Gone from the registry: forget this task so a re-registration starts a new one.
+            if self.tasks.get(endpoint) is scope:
+                del self.tasks[endpoint]
+                self.wake.set()
+
+    async def _keep_streaming(self, endpoint: str) -> None:
+        attempt = 0
+        while (registration := self._current(endpoint)) is not None:
+            retry_now = self.retry_now[endpoint] = trio.Event()
+            outcome, got_messages = await self.stream_once(registration)
+            if got_messages:
+                attempt = 0  # it worked for a while: start backing off afresh
+            if outcome == "invalid":
+                # Asking again would get the same answer: wait for a new handler.
+                await retry_now.wait()
+                continue
+            with trio.move_on_after(self.backoff.delay(attempt)):
+                await retry_now.wait()
+            attempt += 1
+
+    async def stream_once(self, registration: Registration) -> tuple[Outcome, bool]:
+        """One Discover stream, from connecting until it ends, fails or is cancelled.
+        Returns how it ended and whether any list arrived."""
+        name, endpoint, user = registration.name, registration.endpoint, self.request.key
+        got_messages = False
+        outcome: Outcome | None = None
+
+        def accept(devices: list[Device]) -> None:
+            nonlocal got_messages
+            got_messages = True
+            self.lists[endpoint] = devices
+            self.invalid.pop(endpoint, None)
+            self.wake.set()
+
+        cancelled = False
+        try:
+            try:
+                if registration.endpoint_type is EndpointType.EMBEDDED:
+                    await self._embedded(registration, accept)
+                else:
+                    await self._remote(registration, accept)
+                outcome = "lost"  # a Discover stream is meant to last: its end is a loss
+                log.info("discovery stream from %s ended (%s)", endpoint, user)
+            # purerpc's task groups wrap errors: sort the leaves. Cancellation matches neither
+            # clause and passes through untouched.
+            except* (InvalidDetails, purerpc.InvalidArgumentError) as group:
+                outcome = "invalid"
+                self.invalid[endpoint] = _message(group.exceptions[0])
+            except* Exception as group:
+                outcome = "lost"
+                log.info("discovery stream from %s failed (%s): %r", endpoint, user, group)
+        except BaseException:
+            # Being cancelled wins (the Configuration is gone; errors alongside are moot).
+            cancelled = True
+            raise
+        finally:
+            self.lists.pop(endpoint, None)
+            self.wake.set()
+            if outcome == "lost" and not cancelled:
+                self.registry.stream_lost(name, endpoint, user)
+            else:  # cancelled (Configuration gone or changed) or refused: the handler is fine
+                self.registry.stream_closed(name, endpoint, user)
+        return outcome, got_messages
+
+    async def _embedded(
+        self, registration: Registration, accept: Callable[[list[Device]], None]
+    ) -> None:
+        handler = registration.handler
+        assert handler is not None, "embedded registrations carry their handler"
+        details = handler.parse_details(self.request.details)
+        self.registry.stream_opened(registration.name, registration.endpoint, self.request.key)
+
+        async def send(devices: list[Device]) -> None:
+            accept(devices)
+
+        await discover_changes(handler, details, self.request.properties, send)
+
+    async def _remote(
+        self, registration: Registration, accept: Callable[[list[Device]], None]
+    ) -> None:
+        message = request_to_proto(self.request.details, self.request.properties)
+        async with open_channel(registration.endpoint) as channel:
+            self.registry.stream_opened(registration.name, registration.endpoint, self.request.key)
+            stub = DiscoveryHandlerStub(channel)
+            async with aclosing(stub.Discover(message)) as responses:  # type: ignore[type-var]
+                async for response in responses:
+                    accept(response_from_proto(response))
+
+
+async def run_configuration_discovery(
+    registry: Registry,
+    request: DiscoveryRequest,
+    send: Callable[[DiscoveryResult], Awaitable[None]],
+    *,
+    backoff: Backoff = RECONNECT_BACKOFF,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Discover devices for one Configuration until cancelled (see the module docstring).
+
+    `send` receives a `DiscoveryResult` first once the streams to the endpoints registered now
+    are starting, then on every change (it may block; changes meanwhile are coalesced).
+    Reports started once subscribed to the registry, so no later registration is missed.
+    """
+    state = _Discovery(registry, request, backoff)
+    unsubscribe = registry.subscribe(state.on_registry_event)
+    try:
+        async with trio.open_nursery() as nursery:
+            last: DiscoveryResult | None = None
+            started = False
+            while True:
+                state.wake = trio.Event()
+                state.sync_endpoints(nursery)
+                result = state.result()
+                if result != last:
+                    last = result
+                    if not started:
+                        # Before the first send: a caller may read results only after
+                        # nursery.start() has returned.
+                        started = True
+                        task_status.started()
+                    await send(result)
+                await state.wake.wait()
+    finally:
+        unsubscribe()

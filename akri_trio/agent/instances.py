@@ -1,0 +1,211 @@
+"""Which Instance writes this node's agent must make, as a pure function.
+
+The agent of a node owns exactly two things in an Instance: its entry in `spec.nodes` and its
+finalizer (plus the spec fields every node derives identically from the Configuration and the
+device). Everything here is decided from the discovery result and the Instances already in the
+cluster (the watch cache), so a restarted agent recomputes the same plan and nothing has to be
+remembered. A result equal to what the cluster already shows produces no operation at all:
+upstream re-applies every Instance on every reconcile, which at fleet scale is the apiserver's
+load.
+
+Writes use server-side apply under the field manager `<node>` (deviceUsage has its own manager,
+see plugins), so leaving an Instance is "apply without my entry": the server removes what only
+this node owned and keeps what other nodes own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Protocol
+
+import attrs
+
+from akri_trio.model import naming
+from akri_trio.model.device import Device
+from akri_trio.model.resources import JSON, Configuration, Instance
+
+
+class Found(Protocol):
+    """A discovered device and whether its handler shares it across nodes."""
+
+    @property
+    def device(self) -> Device: ...
+
+    @property
+    def shared(self) -> bool: ...
+
+
+@attrs.frozen
+class Apply:
+    """Server-side apply `body` (field manager = node): create, join, or update fields."""
+
+    name: str
+    body: JSON
+
+
+@attrs.frozen
+class Leave:
+    """Other nodes still use the Instance: apply `body`, which drops only this node's entry and
+    finalizer (every spec field stays co-owned, so server-side apply removes nothing else)."""
+
+    name: str
+    body: JSON
+
+
+@attrs.frozen
+class Remove:
+    """This node is the last one (or the Instance is being deleted): apply `body`, which drops
+    only this node's finalizer, then delete the Instance unless it is already being deleted."""
+
+    name: str
+    body: JSON
+    delete: bool
+
+
+Operation = Apply | Leave | Remove
+
+
+def instance_name_for(config_name: str, device_id: str, shared: bool, node: str) -> str:
+    return naming.instance_name(
+        config_name, naming.device_hash(device_id, None if shared else node)
+    )
+
+
+def broker_properties(device: Device, config: Configuration) -> dict[str, str]:
+    """Device properties merged with the Configuration's; the Configuration wins on a clash."""
+    return {**device.properties, **config.spec.broker_properties}
+
+
+def _owner_reference(config: Configuration) -> JSON:
+    return {
+        "apiVersion": config.api_version,
+        "kind": config.kind,
+        "name": config.metadata.name,
+        "uid": config.metadata.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _spec(config: Configuration, found: Found, node: str) -> JSON:
+    digest = naming.device_hash(found.device.id, None if found.shared else node)
+    return {
+        "configurationName": config.metadata.name,
+        "cdiName": naming.cdi_name(config.metadata.name, digest),
+        "capacity": config.spec.capacity,
+        "brokerProperties": broker_properties(found.device, config),
+        "shared": found.shared,
+    }
+
+
+def desired_body(config: Configuration, found: Found, node: str) -> JSON:
+    name = instance_name_for(config.metadata.name, found.device.id, found.shared, node)
+    return {
+        "apiVersion": naming.API_VERSION,
+        "kind": "Instance",
+        "metadata": {
+            "name": name,
+            "namespace": config.metadata.namespace,
+            "ownerReferences": [_owner_reference(config)],
+            "finalizers": [node],
+        },
+        "spec": {**_spec(config, found, node), "nodes": [node]},
+    }
+
+
+def _up_to_date(existing: Instance, config: Configuration, found: Found, node: str) -> bool:
+    spec = _spec(config, found, node)
+    meta = existing.metadata
+    owned_by_config = any(
+        ref.get("uid") == config.metadata.uid and ref.get("controller")
+        for ref in meta.owner_references
+    )
+    return (
+        node in existing.spec.nodes
+        and node in meta.finalizers
+        and owned_by_config
+        and existing.spec.configuration_name == spec["configurationName"]
+        and existing.spec.cdi_name == spec["cdiName"]
+        and existing.spec.capacity == spec["capacity"]
+        and existing.spec.broker_properties == spec["brokerProperties"]
+        and existing.spec.shared == spec["shared"]
+    )
+
+
+def plan(
+    node: str,
+    config: Configuration,
+    discovered: Iterable[Found],
+    existing: Mapping[str, Instance],
+) -> list[Operation]:
+    """The writes that make the cluster agree with this node's discovery for `config`.
+
+    `existing` holds the cluster's Instances of this Configuration (by name). An Instance being
+    deleted is never joined again: this node leaves it (dropping its finalizer), and the device,
+    if still present, comes back as a new Instance once the old one is gone.
+    """
+    ops: list[Operation] = []
+    wanted: dict[str, Found] = {}
+    for found in discovered:
+        wanted.setdefault(
+            instance_name_for(config.metadata.name, found.device.id, found.shared, node), found
+        )
+    for name, found in sorted(wanted.items()):
+        current = existing.get(name)
+        if current is not None and current.metadata.deletion_timestamp is not None:
+            if node in current.metadata.finalizers:
+                ops.append(Remove(name, unfinalize_body(current, node), delete=False))
+            continue
+        if current is None or not _up_to_date(current, config, found, node):
+            ops.append(Apply(name, desired_body(config, found, node)))
+    for name, current in sorted(existing.items()):
+        if name in wanted or current.spec.configuration_name != config.metadata.name:
+            continue
+        if node in current.spec.nodes or node in current.metadata.finalizers:
+            ops.append(departure(current, node))
+    return ops
+
+
+def departure(current: Instance, node: str) -> Leave | Remove:
+    """How this node stops serving `current`: leave it to the others, or remove it."""
+    if current.metadata.deletion_timestamp is not None:
+        return Remove(current.metadata.name, unfinalize_body(current, node), delete=False)
+    if set(current.spec.nodes) - {node}:
+        return Leave(current.metadata.name, leave_body(current, node))
+    return Remove(current.metadata.name, unfinalize_body(current, node), delete=True)
+
+
+def _copy(current: Instance, nodes: list[str]) -> JSON:
+    """`current` as this node would apply it: every spec field co-owned as it is now."""
+    meta = current.metadata
+    owners = [ref for ref in meta.owner_references if ref.get("controller")]
+    return {
+        "apiVersion": naming.API_VERSION,
+        "kind": "Instance",
+        "metadata": {
+            "name": meta.name,
+            "namespace": meta.namespace,
+            # A precondition: never re-create an Instance that was deleted meanwhile.
+            "resourceVersion": meta.resource_version,
+            **({"ownerReferences": owners} if owners else {}),
+        },
+        "spec": {
+            "configurationName": current.spec.configuration_name,
+            "cdiName": current.spec.cdi_name,
+            "capacity": current.spec.capacity,
+            "brokerProperties": dict(current.spec.broker_properties),
+            "shared": current.spec.shared,
+            "nodes": nodes,
+        },
+    }
+
+
+def leave_body(current: Instance, node: str) -> JSON:
+    """Drops this node's `nodes` entry and finalizer; keeps everything else."""
+    return _copy(current, [])
+
+
+def unfinalize_body(current: Instance, node: str) -> JSON:
+    """Drops only this node's finalizer (its `nodes` entry stays until the Instance is gone:
+    removing the last entry would leave the schema-required list null)."""
+    return _copy(current, [node] if node in current.spec.nodes else [])

@@ -1,0 +1,256 @@
+"""The kubelet-facing DevicePlugin gRPC service, for instance- and configuration-level plugins.
+
+One servicer class speaks device-plugin v1beta1; what differs between the two kinds of plugin
+(which devices exist, how an Allocate maps to slots) is a small `Behaviour` object. Both read the
+node's view and claim through `Claims`, so they always agree on deviceUsage: a slot taken through
+one plugin shows up as unavailable in the other on the next ListAndWatch.
+
+Errors reach the kubelet as gRPC statuses with a message a person can act on (the kubelet puts it
+in the pod's admission error): a bad id -> INVALID_ARGUMENT, a slot someone else holds ->
+FAILED_PRECONDITION, too few distinct devices -> RESOURCE_EXHAUSTED, the API server unreachable ->
+UNAVAILABLE (nothing was claimed).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Protocol
+
+import purerpc
+
+from akri_trio.agent.plugins import slots, vdevs
+from akri_trio.agent.plugins.claims import ClaimFailed, Claims, InstanceGone
+from akri_trio.agent.plugins.slots import DeviceView, InstanceSlots
+from akri_trio.agent.view import NodeView, instance_key
+from akri_trio.model import naming
+from akri_trio.model.resources import Instance
+from akri_trio.rpc.gen import deviceplugin_v1beta1_grpc as dp_grpc
+from akri_trio.rpc.gen import deviceplugin_v1beta1_pb2 as dp
+
+log = logging.getLogger(__name__)
+
+HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
+AllocateObserver = Callable[[str, str, float], None]  # (plugin kind, outcome, seconds)
+
+
+class Behaviour(Protocol):
+    kind: str  # "instance" | "configuration"
+    resource: str  # akri.sh/<name>
+    preferred_allocation: bool
+
+    def devices(self) -> list[DeviceView]: ...
+
+    async def allocate(
+        self, requests: Sequence[Sequence[str]]
+    ) -> list[dp.ContainerAllocateResponse]: ...
+
+    def preferred(self, available: Sequence[str], must: Sequence[str], size: int) -> list[str]: ...
+
+
+def container_response(
+    placements: Sequence[Instance], view: NodeView
+) -> dp.ContainerAllocateResponse:
+    """Env vars (each broker property as KEY and KEY_<HASH>), mounts and device nodes of the
+    Instances given to one container."""
+    response = dp.ContainerAllocateResponse()
+    for inst in placements:
+        digest = inst.spec.cdi_name.rpartition("=")[2]
+        for key, value in inst.spec.broker_properties.items():
+            for env in naming.env_var_names(key, digest):
+                response.envs[env] = value
+        device = view.device(instance_key(inst.metadata.namespace, inst.metadata.name))
+        if device is None:
+            continue
+        for m in device.mounts:
+            response.mounts.append(
+                dp.Mount(
+                    container_path=m.container_path, host_path=m.host_path, read_only=m.read_only
+                )
+            )
+        for d in device.device_specs:
+            response.devices.append(
+                dp.DeviceSpec(
+                    container_path=d.container_path,
+                    host_path=d.host_path or d.container_path,
+                    permissions=d.permissions,
+                )
+            )
+    return response
+
+
+class InstanceBehaviour:
+    """`akri.sh/<instance>`: slots `<instance>-<i>`, claimed as `<node>`."""
+
+    kind = "instance"
+    preferred_allocation = False
+
+    def __init__(self, key: str, view: NodeView, claims: Claims) -> None:
+        self.key = key
+        self.name = key.split("/", 1)[1]
+        self.resource = naming.resource_name(self.name)
+        self.view = view
+        self.claims = claims
+
+    def devices(self) -> list[DeviceView]:
+        inst = self.view.instance(self.key)
+        if inst is None:
+            return []
+        return slots.instance_devices(
+            self.name, inst.spec.capacity, inst.spec.device_usage, self.view.node
+        )
+
+    async def allocate(
+        self, requests: Sequence[Sequence[str]]
+    ) -> list[dp.ContainerAllocateResponse]:
+        every = [slot for request in requests for slot in request]
+        inst = await self.claims.claim_slots(self.key, every)
+        return [container_response([inst], self.view) for _ in requests]
+
+    def preferred(self, available: Sequence[str], must: Sequence[str], size: int) -> list[str]:
+        return []
+
+
+class ConfigurationBehaviour:
+    """`akri.sh/<config>`: virtual devices mapped onto distinct Instances at Allocate."""
+
+    kind = "configuration"
+    preferred_allocation = True
+
+    def __init__(
+        self,
+        namespace: str,
+        config: str,
+        view: NodeView,
+        claims: Claims,
+        members: Callable[[], Sequence[str]],
+    ) -> None:
+        self.namespace = namespace
+        self.config = config
+        self.resource = naming.resource_name(config)
+        self.view = view
+        self.claims = claims
+        self.members = members  # instance keys this node serves for the Configuration
+
+    def _slots(self) -> dict[str, InstanceSlots]:
+        out: dict[str, InstanceSlots] = {}
+        for key in self.members():
+            inst = self.view.instance(key)
+            if inst is not None:
+                out[inst.metadata.name] = InstanceSlots(inst.spec.capacity, inst.spec.device_usage)
+        return out
+
+    def devices(self) -> list[DeviceView]:
+        return vdevs.config_devices(self.config, self._slots(), self.view.node)
+
+    async def allocate(
+        self, requests: Sequence[Sequence[str]]
+    ) -> list[dp.ContainerAllocateResponse]:
+        plan = await self.claims.claim_vdevs(self.config, list(self.members()), requests)
+        responses = []
+        for placements in plan.containers:
+            chosen = [
+                self.view.instance(instance_key(self.namespace, p.instance)) for p in placements
+            ]
+            responses.append(container_response([i for i in chosen if i is not None], self.view))
+        return responses
+
+    def preferred(self, available: Sequence[str], must: Sequence[str], size: int) -> list[str]:
+        return vdevs.preferred_allocation(
+            self.config, self._slots(), self.view.node, available, must, size
+        )
+
+
+def _grpc_error(exc: Exception) -> purerpc.RpcFailedError:
+    match exc:
+        case slots.BadSlot() | vdevs.BadVdev():
+            return purerpc.InvalidArgumentError(str(exc))
+        case slots.SlotTaken() | slots.OverCapacity():
+            return purerpc.FailedPreconditionError(f"unable to claim slot: {exc}")
+        case vdevs.NotEnoughInstances():
+            return purerpc.ResourceExhaustedError(str(exc))
+        case InstanceGone():
+            return purerpc.NotFoundError(f"device is gone: {exc}")
+        case ClaimFailed():
+            return purerpc.UnavailableError(f"nothing claimed: {exc}")
+    return purerpc.InternalError(f"{type(exc).__name__}: {exc}")
+
+
+_OUTCOMES: Mapping[type, str] = {
+    purerpc.InvalidArgumentError: "invalid",
+    purerpc.FailedPreconditionError: "taken",
+    purerpc.ResourceExhaustedError: "exhausted",
+    purerpc.NotFoundError: "gone",
+    purerpc.UnavailableError: "unavailable",
+}
+
+
+class DevicePluginService(dp_grpc.DevicePluginServicer):
+    def __init__(
+        self, behaviour: Behaviour, view: NodeView, observe: AllocateObserver | None = None
+    ) -> None:
+        self.behaviour = behaviour
+        self.view = view
+        self.observe = observe
+
+    def options(self) -> dp.DevicePluginOptions:
+        return dp.DevicePluginOptions(
+            pre_start_required=False,
+            get_preferred_allocation_available=self.behaviour.preferred_allocation,
+        )
+
+    async def GetDevicePluginOptions(self, _: dp.Empty) -> dp.DevicePluginOptions:
+        return self.options()
+
+    async def ListAndWatch(self, _: dp.Empty) -> AsyncIterator[dp.ListAndWatchResponse]:
+        """Send the device list now and again whenever it changes, until the kubelet leaves."""
+        version, last = -1, None
+        while True:
+            version = self.view.changes.version
+            devices = self.behaviour.devices()
+            if devices != last:
+                last = devices
+                yield dp.ListAndWatchResponse(
+                    devices=[
+                        dp.Device(ID=d.id, health=HEALTHY if d.healthy else UNHEALTHY)
+                        for d in devices
+                    ]
+                )
+            await self.view.changes.wait_past(version)
+
+    async def GetPreferredAllocation(
+        self, request: dp.PreferredAllocationRequest
+    ) -> dp.PreferredAllocationResponse:
+        response = dp.PreferredAllocationResponse()
+        for creq in request.container_requests:
+            chosen = self.behaviour.preferred(
+                list(creq.available_deviceIDs),
+                list(creq.must_include_deviceIDs),
+                creq.allocation_size,
+            )
+            response.container_responses.append(
+                dp.ContainerPreferredAllocationResponse(deviceIDs=chosen)
+            )
+        return response
+
+    async def Allocate(self, request: dp.AllocateRequest) -> dp.AllocateResponse:
+        started = time.monotonic()
+        requests = [list(creq.devicesIDs) for creq in request.container_requests]
+        outcome = "ok"
+        try:
+            responses = await self.behaviour.allocate(requests)
+            return dp.AllocateResponse(container_responses=responses)
+        except Exception as exc:
+            error = _grpc_error(exc)
+            outcome = _OUTCOMES.get(type(error), "error")
+            log.warning("Allocate %s on %s refused: %s", requests, self.behaviour.resource, exc)
+            raise error from exc
+        finally:
+            if self.observe is not None:
+                self.observe(self.behaviour.kind, outcome, time.monotonic() - started)
+
+    async def PreStartContainer(
+        self, _: dp.PreStartContainerRequest
+    ) -> dp.PreStartContainerResponse:
+        return dp.PreStartContainerResponse()

@@ -1,0 +1,218 @@
+"""Instance-level slots: who may hold which `<instance>-<i>`, and what the kubelet is shown.
+
+An Instance's `capacity` bounds how many containers use the device across *all* nodes, and the
+only shared record of who holds what is the Instance's sparse `spec.deviceUsage` map. Every node's
+agent reads it, decides, and writes it back under an optimistic-concurrency precondition. The
+decisions live here, as pure functions of that map, so that thousands of random multi-node
+histories can be thrown at them without a cluster, and so that the I/O shell cannot "half apply"
+a claim: it gets a complete new map or a typed error, and changes its local state only after the
+write holds (upstream changed local state first and never rolled it back).
+
+Decisions worth knowing:
+- Ids are strict: a slot id must be `<instance>-<i>` with `0 <= i < capacity`; anything else is a
+  `BadSlot` (a bad request, not a conflict). A slot requested twice in one Allocate is a
+  `BadSlot` too: two containers must never share one slot.
+- Claiming a slot this node's instance-level plugin already holds is allowed and changes nothing,
+  so a retried Allocate (lost response, kubelet restart) converges instead of failing (#849).
+- Capacity lowered below a held slot index (upstream panics): the slot is an *orphan*. It stays
+  in deviceUsage untouched (its container is still running; we never evict), is no longer shown
+  to the kubelet, can no longer be claimed, and is freed normally (by `free` / the reclaimer).
+  Orphans still count against capacity: while `held > capacity - free`, only
+  `capacity - held` free slots are claimable (the lowest indices) and the rest are reported
+  unhealthy, and a claim that would push the held count past capacity is `OverCapacity`. So
+  after a capacity cut the number of users drains down to the new capacity and never grows.
+- Values we cannot decode are treated as held by an opaque owner (naming.parse_usage), never as
+  free; keys that are not slots of this instance are ignored and never touched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping
+from typing import NamedTuple
+
+import attrs
+
+from akri_trio.model.naming import (
+    FREE,
+    BadId,
+    NodeClaim,
+    Usage,
+    parse_usage,
+    slot_id,
+    split_indexed,
+)
+
+
+class SlotError(Exception):
+    """Base of the errors an instance-level claim can raise."""
+
+
+class BadSlot(SlotError, ValueError):
+    """The request names an id that is not a claimable slot of this instance (a bad request)."""
+
+    def __init__(self, slot: str, reason: str) -> None:
+        super().__init__(f"bad slot id {slot!r}: {reason}")
+        self.slot = slot
+        self.reason = reason
+
+
+class SlotTaken(SlotError):
+    """The slot is held by someone other than this node's instance-level plugin."""
+
+    def __init__(self, slot: str, holder: str) -> None:
+        super().__init__(f"slot {slot!r} is held by {holder!r}")
+        self.slot = slot
+        self.holder = holder
+
+
+class OverCapacity(SlotError):
+    """The claim would make more slots held than the instance's capacity (after a capacity cut)."""
+
+    def __init__(self, instance: str, capacity: int, held: int) -> None:
+        super().__init__(
+            f"instance {instance!r} has capacity {capacity} but {held} slots would be held"
+        )
+        self.instance = instance
+        self.capacity = capacity
+        self.held = held
+
+
+class DeviceView(NamedTuple):
+    """One kubelet device in a ListAndWatch answer."""
+
+    id: str
+    healthy: bool
+
+
+@attrs.frozen
+class InstanceSlots:
+    """What the plugins need of one Instance: its capacity and its sparse deviceUsage."""
+
+    capacity: int
+    usage: Mapping[str, str] = attrs.field(factory=dict)
+
+
+def slot_index(instance: str, slot: str) -> int | None:
+    """The index `i` if `slot` is `<instance>-<i>`, else None (whatever the capacity)."""
+    try:
+        name, index = split_indexed(slot)
+    except BadId:
+        return None
+    return index if name == instance else None
+
+
+def held_slots(instance: str, usage: Mapping[str, str]) -> dict[str, Usage]:
+    """Every held slot of `instance` (orphans beyond capacity included) -> its holder."""
+    held: dict[str, Usage] = {}
+    for key, value in usage.items():
+        if slot_index(instance, key) is None:
+            continue
+        holder = parse_usage(value)
+        if holder != FREE:
+            held[key] = holder
+    return held
+
+
+def claimable_slots(instance: str, capacity: int, usage: Mapping[str, str]) -> list[str]:
+    """The free slots a new claim may take, lowest index first.
+
+    Normally every free slot below capacity; after a capacity cut left orphans held, only as many
+    as keep the held count within capacity.
+    """
+    budget = capacity - len(held_slots(instance, usage))
+    free_ids = [
+        slot_id(instance, i)
+        for i in range(max(capacity, 0))
+        if parse_usage(usage.get(slot_id(instance, i), "")) == FREE
+    ]
+    return free_ids[: max(budget, 0)]
+
+
+def claim(
+    usage: Mapping[str, str],
+    slot_ids: Collection[str],
+    node: str,
+    *,
+    instance: str,
+    capacity: int,
+) -> dict[str, str]:
+    """The deviceUsage after `node`'s instance-level plugin claims `slot_ids`.
+
+    Pass every id of one Allocate (all container requests together) so a slot given to two
+    containers is caught. Raises BadSlot, SlotTaken or OverCapacity; never mutates `usage`.
+    """
+    if not node:
+        raise ValueError("node name must not be empty: '' means free in deviceUsage")
+    seen: set[str] = set()
+    for slot in slot_ids:
+        index = slot_index(instance, slot)
+        if index is None:
+            raise BadSlot(slot, f"not a slot of instance {instance!r}")
+        if index >= capacity:
+            raise BadSlot(slot, f"index {index} is beyond capacity {capacity}")
+        if slot in seen:
+            raise BadSlot(slot, "requested twice in one allocation")
+        seen.add(slot)
+
+    mine = NodeClaim(node)
+    new = dict(usage)
+    claimed_any = False
+    for slot in slot_ids:
+        raw = usage.get(slot, "")
+        holder = parse_usage(raw)
+        if holder == mine:
+            continue
+        if holder != FREE:
+            raise SlotTaken(slot, raw)
+        new[slot] = node
+        claimed_any = True
+    if claimed_any:
+        held = len(held_slots(instance, new))
+        if held > capacity:
+            raise OverCapacity(instance, capacity, held)
+    return new
+
+
+def free(usage: Mapping[str, str], slot_ids: Iterable[str], node: str) -> dict[str, str]:
+    """The deviceUsage after `node`'s instance-level plugin releases `slot_ids`.
+
+    Only keys held by exactly this node's instance-level plugin are removed (the map is sparse);
+    a slot held by anyone else, or already free, is left as it is.
+    """
+    targets = set(slot_ids)
+    mine = NodeClaim(node)
+    return {k: v for k, v in usage.items() if not (k in targets and parse_usage(v) == mine)}
+
+
+def node_slots(instance: str, usage: Mapping[str, str], node: str) -> list[str]:
+    """The slots of `instance` (orphans included) held by `node`'s instance-level plugin."""
+    mine = NodeClaim(node)
+    held = held_slots(instance, usage)
+    return sorted((s for s, h in held.items() if h == mine), key=lambda s: split_indexed(s)[1])
+
+
+def instance_devices(
+    instance: str, capacity: int, usage: Mapping[str, str], node: str
+) -> list[DeviceView]:
+    """The instance plugin's ListAndWatch answer for `node`: one device per slot below capacity.
+
+    Upstream's health rules: free -> healthy; held by this node's instance-level plugin ->
+    healthy; held by another node or by any configuration-level claim -> unhealthy. Plus ours:
+    a free slot beyond the claimable budget (capacity cut, see module doc) is unhealthy.
+    """
+    claimable = set(claimable_slots(instance, capacity, usage))
+    mine = NodeClaim(node)
+    devices: list[DeviceView] = []
+    for i in range(max(capacity, 0)):
+        sid = slot_id(instance, i)
+        holder = parse_usage(usage.get(sid, ""))
+        healthy = sid in claimable if holder == FREE else holder == mine
+        devices.append(DeviceView(sid, healthy))
+    return devices
+
+
+def merge_patch(old: Mapping[str, str], new: Mapping[str, str]) -> dict[str, str | None]:
+    """The JSON merge patch of deviceUsage turning `old` into `new` (None deletes a key)."""
+    patch: dict[str, str | None] = {k: None for k in old if k not in new}
+    patch.update({k: v for k, v in new.items() if old.get(k) != v})
+    return patch

@@ -1,0 +1,193 @@
+"""`run_agent`: the agent's ONE nursery tree, readable from here.
+
+    run_agent
+    ├── discovery-handler registration server (UDS, 0600)   handlers register here
+    ├── watches: Configurations, Instances -> stores        one watch each, shared by all below
+    ├── view feeder                                          Instance store -> node view
+    ├── discovery nursery
+    │   └── per Configuration: Discover stream per handler endpoint
+    ├── Configuration reconcile queue                        discovery -> Instances + status
+    ├── kubelet watch                                        restarts -> plugins re-register
+    ├── plugin nursery (PluginManager)
+    │   └── per plugin: socket server + ListAndWatch streams + registration
+    ├── slot reclaimer                                       PodResources -> free unused slots
+    └── health / metrics server
+
+Cancelling `run_agent` (SIGTERM/SIGINT in the CLI) tears all of it down; each task removes what
+it created (sockets) on the way out. Nothing is kept in memory that the cluster does not also
+hold: a restarted agent rebuilds its state from the Instances (claims included) and the
+discovery handlers re-register.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from akri_trio.agent.configurations import CONFIGURATIONS, INSTANCES, ConfigurationReconciler
+from akri_trio.agent.metrics import AgentMetrics
+from akri_trio.agent.plugins.claims import Claims
+from akri_trio.agent.plugins.kubelet import KubeletWatch
+from akri_trio.agent.plugins.manager import PluginManager
+from akri_trio.agent.reclaimer import DEFAULT_PERIOD_S, Reclaimer
+from akri_trio.agent.view import NodeView
+from akri_trio.discovery.handlers.debug_echo import DebugEcho
+from akri_trio.discovery.registration import serve_registration
+from akri_trio.discovery.registry import Registry, embedded
+from akri_trio.kube.client import Client
+from akri_trio.kube.config import load_config
+from akri_trio.kube.queue import ReconcileQueue
+from akri_trio.kube.store import Store, reflect
+from akri_trio.observe.http import serve_observe
+
+log = logging.getLogger(__name__)
+
+REGISTRATION_SOCKET = "agent-registration.sock"
+
+
+@attrs.frozen
+class AgentSettings:
+    node: str
+    discovery_handlers_directory: Path = Path("/var/lib/akri")
+    device_plugin_dir: Path = Path("/var/lib/kubelet/device-plugins")
+    pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+    kubeconfig: Path | None = None
+    enable_debug_echo: bool = False
+    debug_echo_shared: bool = False
+    debug_echo_availability: Path | None = None
+    metrics_port: int | None = 8080
+    metrics_host: str = "0.0.0.0"
+    reclaim_period: float = DEFAULT_PERIOD_S
+    reclaim_grace: float | None = None
+
+
+@attrs.define
+class Agent:
+    """Handles to the running agent's parts (for tests and the health endpoint)."""
+
+    settings: AgentSettings
+    view: NodeView
+    registry: Registry
+    configs: Store
+    instances: Store
+    plugins: PluginManager
+    reclaimer: Reclaimer
+    metrics: AgentMetrics
+    metrics_port: int | None = None
+
+
+async def _child_nursery(*, task_status: trio.TaskStatus[trio.Nursery]) -> None:
+    async with trio.open_nursery() as nursery:
+        task_status.started(nursery)
+        await trio.sleep_forever()
+
+
+async def _feed_view(instances: Store, view: NodeView, enqueue: Callable[[str], None]) -> None:
+    """Instance store -> node view; every Instance change re-reconciles its Configuration."""
+    with instances.subscribe() as changes:
+        view.replace_instances(instances.snapshot())
+        for existing in instances.snapshot().values():
+            enqueue(_config_key(existing))
+        async for key in changes:
+            obj = instances.get(key)
+            if obj is None:
+                view.drop_instance(key)
+            else:
+                view.put_instance(obj)
+                enqueue(_config_key(obj))
+
+
+def _config_key(instance: dict[str, Any]) -> str:
+    namespace = instance["metadata"].get("namespace", "default")
+    return f"{namespace}/{(instance.get('spec') or {}).get('configurationName', '')}"
+
+
+async def _feed_queue(configs: Store, enqueue: Callable[[str], None]) -> None:
+    with configs.subscribe() as changes:
+        for key in configs.snapshot():
+            enqueue(key)
+        async for key in changes:
+            enqueue(key)
+
+
+async def run_agent(
+    settings: AgentSettings,
+    *,
+    api: Client | None = None,
+    task_status: trio.TaskStatus[Agent] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    if api is None:
+        async with Client.open(load_config(settings.kubeconfig)) as owned:
+            await run_agent(settings, api=owned, task_status=task_status)
+        return
+    view = NodeView(settings.node)
+    registry = Registry(clock=trio.current_time)
+    if settings.enable_debug_echo:
+        echo = DebugEcho(shared=settings.debug_echo_shared)
+        if settings.debug_echo_availability is not None:
+            echo = attrs.evolve(echo, availability_path=settings.debug_echo_availability)
+        registry.register(embedded(echo))
+    metrics = AgentMetrics()
+    registry.subscribe(lambda _: metrics.update_handlers(registry))
+    metrics.update_handlers(registry)
+    configs, instances = Store(), Store()
+    claims = Claims(api, view)
+    watch = KubeletWatch(settings.device_plugin_dir)
+    plugins = PluginManager(view, claims, watch, metrics.observe_allocate)
+    metrics.plugins_registered.set_function(lambda: float(len(plugins.registered)))
+    reclaimer = Reclaimer(
+        view,
+        claims,
+        settings.pod_resources_socket,
+        period=settings.reclaim_period,
+        grace=settings.reclaim_grace,
+        on_freed=metrics.slots_reclaimed.inc,
+    )
+    settings.discovery_handlers_directory.mkdir(parents=True, exist_ok=True)
+    async with trio.open_nursery() as root:
+        port = None
+        if settings.metrics_port is not None:
+            port = await root.start(
+                functools.partial(
+                    serve_observe,
+                    settings.metrics_host,
+                    settings.metrics_port,
+                    registry=metrics.registry,
+                    ready=[
+                        ("configurations-synced", lambda: configs.synced),
+                        ("instances-synced", lambda: instances.synced),
+                    ],
+                )
+            )
+        await root.start(
+            serve_registration,
+            registry,
+            settings.discovery_handlers_directory / REGISTRATION_SOCKET,
+        )
+        root.start_soon(reflect, api, CONFIGURATIONS, configs)
+        root.start_soon(reflect, api, INSTANCES, instances)
+        with trio.fail_after(60):
+            await configs.wait_synced()
+            await instances.wait_synced()
+        discovery_nursery: trio.Nursery = await root.start(_child_nursery)
+        queue: ReconcileQueue
+        reconciler = ConfigurationReconciler(
+            api, view, registry, configs, discovery_nursery, lambda key: queue.enqueue(key), metrics
+        )
+        queue = ReconcileQueue(reconciler.reconcile, workers=4)
+        await root.start(queue.run)
+        root.start_soon(_feed_view, instances, view, queue.enqueue)
+        root.start_soon(_feed_queue, configs, queue.enqueue)
+        await root.start(watch.run)
+        await root.start(plugins.run)
+        root.start_soon(reclaimer.run)
+        log.info("agent for node %s is running", settings.node)
+        task_status.started(
+            Agent(settings, view, registry, configs, instances, plugins, reclaimer, metrics, port)
+        )

@@ -1,0 +1,105 @@
+"""This node's entry in a Configuration's status, as a pure function of what it knows.
+
+Upstream leaves a user with nothing but agent logs when a Configuration does not work. Here each
+node's agent writes one entry of `status.nodes` (a list-map keyed by node, so every agent owns
+its own entry under server-side apply): the handlers it uses and their state, how many Instances
+it serves, and conditions that say what is wrong in words a user can act on — `kubectl describe
+akric` shows them. Conditions keep their `lastTransitionTime` while their status is unchanged, so
+an unchanged situation produces an identical entry and therefore no write.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from akri_trio.discovery.registry import Active, HandlerStatus, Offline, Waiting
+from akri_trio.model.resources import JSON
+
+
+def _handler_state(status: HandlerStatus, to_wall: Callable[[float], str]) -> JSON:
+    match status:
+        case Waiting():
+            return {"state": "Waiting"}
+        case Active():
+            return {"state": "Active"}
+        case Offline(since):
+            return {"state": "Offline", "offlineSince": to_wall(since)}
+    raise AssertionError(status)
+
+
+def _condition(
+    kind: str, ok: bool, reason: str, message: str, previous: Mapping[str, JSON], now: str
+) -> JSON:
+    status = "True" if ok else "False"
+    before = previous.get(kind)
+    since = before["lastTransitionTime"] if before and before.get("status") == status else now
+    return {
+        "type": kind,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": since,
+    }
+
+
+def node_entry(
+    *,
+    node: str,
+    handler: str,
+    handlers: Mapping[str, HandlerStatus],
+    invalid_details: Sequence[str],
+    unsolvable: str | None,
+    other_problems: Sequence[str],
+    instances: int,
+    previous: Mapping[str, Any] | None,
+    now: str,
+    to_wall: Callable[[float], str],
+) -> JSON:
+    """The status entry for `node`; `previous` is its current entry (or None)."""
+    prev_conditions = {c["type"]: c for c in (previous or {}).get("conditions", [])}
+    if unsolvable is not None:
+        props = _condition(
+            "PropertiesResolved", False, "UnsolvableProperty", unsolvable, prev_conditions, now
+        )
+    else:
+        props = _condition("PropertiesResolved", True, "Resolved", "", prev_conditions, now)
+    if handlers:
+        available = _condition(
+            "HandlerAvailable",
+            True,
+            "Registered",
+            f"{len(handlers)} endpoint(s) registered for {handler!r}",
+            prev_conditions,
+            now,
+        )
+    else:
+        available = _condition(
+            "HandlerAvailable",
+            False,
+            "NoHandler",
+            f"no discovery handler named {handler!r} is registered with the agent on {node}",
+            prev_conditions,
+            now,
+        )
+    if invalid_details:
+        details = _condition(
+            "DiscoveryDetailsValid",
+            False,
+            "InvalidDiscoveryDetails",
+            "; ".join(invalid_details),
+            prev_conditions,
+            now,
+        )
+    else:
+        details = _condition("DiscoveryDetailsValid", True, "Valid", "", prev_conditions, now)
+    return {
+        "node": node,
+        "instances": instances,
+        "handlers": [
+            {"endpoint": endpoint, **_handler_state(status, to_wall)}
+            for endpoint, status in sorted(handlers.items())
+        ],
+        "problems": list(other_problems),
+        "conditions": [available, details, props],
+    }

@@ -1,0 +1,110 @@
+"""What this node's agent knows right now: the cluster's Instances and its own devices.
+
+Two sources feed it — the Instance watch (what the cluster says) and this node's discovery (which
+devices it can reach) — and every device plugin reads from it. One version counter tells all
+readers "something changed": a ListAndWatch stream recomputes its answer and sends it only when
+it differs, so a change to one Instance costs each plugin one cheap recomputation and the
+kubelet sees only real changes. Writes that this agent makes (claims) are folded in from the
+API server's answer at once, so the kubelet hears about a claim without waiting for the watch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import trio
+
+from akri_trio.model.convert import structure
+from akri_trio.model.device import Device
+from akri_trio.model.resources import Instance
+
+
+class Changes:
+    """A version counter that tasks can wait on: `v = await changes.wait_past(v)`."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self._event = trio.Event()
+
+    def notify(self) -> None:
+        self.version += 1
+        self._event.set()
+        self._event = trio.Event()
+
+    async def wait_past(self, version: int) -> int:
+        while self.version <= version:
+            await self._event.wait()
+        return self.version
+
+
+def instance_key(namespace: str, name: str) -> str:
+    return f"{namespace}/{name}"
+
+
+def _resource_version(obj: Mapping[str, Any]) -> int:
+    try:
+        return int((obj.get("metadata") or {}).get("resourceVersion") or 0)
+    except ValueError:
+        return 0
+
+
+class NodeView:
+    def __init__(self, node: str) -> None:
+        self.node = node
+        self.changes = Changes()
+        self._instances: dict[str, Instance] = {}
+        self._devices: dict[str, Device] = {}  # instance key -> device this node discovered
+        self._devices_by_config: dict[str, dict[str, Device]] = {}
+
+    # --- Instances (from the watch, and from our own writes) ---------------------------------
+
+    def instance(self, key: str) -> Instance | None:
+        return self._instances.get(key)
+
+    def instances(self) -> Iterator[Instance]:
+        return iter(self._instances.values())
+
+    def put_instance(self, obj: Mapping[str, Any]) -> Instance:
+        """Fold in an Instance as the API server returned it. An older resourceVersion than
+        the one held (a watch event racing our own write's answer) is ignored."""
+        inst = structure(obj, Instance)
+        key = instance_key(inst.metadata.namespace, inst.metadata.name)
+        held = self._instances.get(key)
+        if held is not None and _resource_version(obj) < int(held.metadata.resource_version or 0):
+            return held
+        if held != inst:
+            self._instances[key] = inst
+            self.changes.notify()
+        return inst
+
+    def drop_instance(self, key: str) -> None:
+        if self._instances.pop(key, None) is not None:
+            self.changes.notify()
+
+    def replace_instances(self, objs: Mapping[str, Mapping[str, Any]]) -> None:
+        """A relist: the whole set at once."""
+        self._instances = {}
+        for obj in objs.values():
+            inst = structure(obj, Instance)
+            self._instances[instance_key(inst.metadata.namespace, inst.metadata.name)] = inst
+        self.changes.notify()
+
+    # --- devices this node discovered --------------------------------------------------------
+
+    def device(self, key: str) -> Device | None:
+        return self._devices.get(key)
+
+    def set_devices(self, config_key: str, devices: Mapping[str, Device]) -> None:
+        """Replace what discovery found for one Configuration (instance key -> device)."""
+        old = self._devices_by_config.get(config_key, {})
+        if old == devices:
+            return
+        for key in old:
+            self._devices.pop(key, None)
+        if devices:
+            self._devices_by_config[config_key] = dict(devices)
+        else:
+            self._devices_by_config.pop(config_key, None)
+        self._devices.update(devices)
+        self.changes.notify()

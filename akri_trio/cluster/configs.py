@@ -1,0 +1,140 @@
+"""Text of the files the cluster's processes read: kubeconfigs, tokens.csv, containerd, CNI.
+
+Pure renderers over plain values, so their content is unit-tested without starting anything.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Mapping
+from pathlib import Path
+
+import attrs
+import yaml
+
+# Users authenticated by static token (--token-auth-file). The names of the controller-manager
+# and scheduler match the bootstrap RBAC bindings, so they need no RBAC objects of ours.
+# `akri-restricted` is authenticated but bound to nothing: tests use it to see 403 Forbidden.
+TOKEN_USERS: Mapping[str, tuple[str, tuple[str, ...]]] = {
+    "admin": ("admin", ("system:masters",)),
+    "controller-manager": ("system:kube-controller-manager", ()),
+    "scheduler": ("system:kube-scheduler", ()),
+    "restricted": ("akri-restricted", ()),
+}
+
+
+def new_tokens() -> dict[str, str]:
+    return {who: secrets.token_hex(16) for who in TOKEN_USERS}
+
+
+def tokens_csv(tokens: Mapping[str, str]) -> str:
+    """--token-auth-file content: token,user,uid[,"group1,group2"]."""
+    lines = []
+    for who, (user, groups) in TOKEN_USERS.items():
+        row = f"{tokens[who]},{user},{who}-uid"
+        if groups:
+            row += ',"' + ",".join(groups) + '"'
+        lines.append(row)
+    return "\n".join(lines) + "\n"
+
+
+@attrs.frozen
+class Credentials:
+    """How a kubeconfig user authenticates: a bearer token, or a client cert and key."""
+
+    token: str | None = None
+    client_certificate: Path | None = None
+    client_key: Path | None = None
+
+
+def kubeconfig(
+    *, server: str, ca: Path, user: str, creds: Credentials, cluster: str = "akri-trio"
+) -> str:
+    user_entry: dict[str, str] = {}
+    if creds.token is not None:
+        user_entry["token"] = creds.token
+    if creds.client_certificate is not None and creds.client_key is not None:
+        user_entry["client-certificate"] = str(creds.client_certificate)
+        user_entry["client-key"] = str(creds.client_key)
+    if not user_entry:
+        raise ValueError("a kubeconfig user needs a token or a client certificate and key")
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": cluster, "cluster": {"server": server, "certificate-authority": str(ca)}}
+        ],
+        "users": [{"name": user, "user": user_entry}],
+        "contexts": [
+            {
+                "name": f"{user}@{cluster}",
+                "context": {"cluster": cluster, "user": user, "namespace": "default"},
+            }
+        ],
+        "current-context": f"{user}@{cluster}",
+        "preferences": {},
+    }
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+def containerd_config(
+    *, root: Path, state: Path, socket: Path, cni_conf_dir: Path, sandbox_image: str
+) -> str:
+    """containerd 1.6 config (version 2) confined to our state directory.
+
+    restrict_oom_score_adj is REQUIRED where the process lacks CAP_SYS_RESOURCE (this VM):
+    without it every sandbox fails with "can't get final child's PID from pipe: EOF".
+    """
+    return f"""\
+version = 2
+root = "{root}"
+state = "{state}"
+# Plugins that would probe for filesystems or devices we never use.
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", \
+"io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
+
+[grpc]
+  address = "{socket}"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{sandbox_image}"
+  restrict_oom_score_adj = true
+  enable_selinux = false
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+        # runc's state next to ours, not in the shared /run/containerd/runc.
+        Root = "{state}/runc"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "{cni_conf_dir}"
+"""
+
+
+def cni_conflist(*, bridge: str, subnet: str) -> str:
+    """bridge + loopback with host-local IPAM; no masquerade (pods only talk on this host)."""
+    doc = {
+        "cniVersion": "0.4.0",
+        "name": "akri-trio",
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": bridge,
+                "isGateway": True,
+                "ipMasq": False,
+                "hairpinMode": True,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": subnet}]],
+                    "routes": [{"dst": "0.0.0.0/0"}],
+                },
+            },
+            {"type": "loopback"},
+        ],
+    }
+    return json.dumps(doc, indent=2) + "\n"

@@ -1,0 +1,177 @@
+"""Command lines of the cluster's processes, as pure functions of the `Layout`.
+
+Flags follow the verified recipe in research/real-k8s.md §3, §4 and §7: everything on loopback,
+TLS with our CA, token auth, Node+RBAC authorization, ServiceAccount admission on (a
+controller-manager makes the tokens), webhooks enabled (they are on by default in 1.20).
+"""
+
+from __future__ import annotations
+
+from akri_trio.cluster.layout import (
+    KUBELET_ROOT,
+    PAUSE_IMAGE,
+    SERVICE_CIDR,
+    Layout,
+)
+
+SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
+
+
+def etcd(lay: Layout) -> list[str]:
+    p = lay.ports
+    client = f"http://127.0.0.1:{p.etcd_client}"
+    peer = f"http://127.0.0.1:{p.etcd_peer}"
+    return [
+        "/usr/bin/etcd",
+        "--name=akri-trio",
+        f"--data-dir={lay.etcd_data}",
+        f"--listen-client-urls={client}",
+        f"--advertise-client-urls={client}",
+        f"--listen-peer-urls={peer}",
+        f"--initial-advertise-peer-urls={peer}",
+        f"--initial-cluster=akri-trio={peer}",
+        # A throwaway test cluster: durability is not worth the fsync latency.
+        "--unsafe-no-fsync",
+        "--logger=zap",
+        "--log-level=warn",
+    ]
+
+
+def kube_apiserver(lay: Layout) -> list[str]:
+    pki = lay.pki
+    return [
+        str(lay.binary("kube-apiserver")),
+        f"--etcd-servers={lay.etcd_url}",
+        "--bind-address=127.0.0.1",
+        "--advertise-address=127.0.0.1",
+        f"--secure-port={lay.ports.apiserver}",
+        "--insecure-port=0",
+        f"--tls-cert-file={pki / 'apiserver.crt'}",
+        f"--tls-private-key-file={pki / 'apiserver.key'}",
+        f"--client-ca-file={pki / 'ca.crt'}",
+        f"--token-auth-file={lay.tokens_csv}",
+        f"--service-account-key-file={pki / 'sa.pub'}",
+        f"--service-account-signing-key-file={pki / 'sa.key'}",
+        f"--service-account-issuer={SA_ISSUER}",
+        f"--api-audiences={SA_ISSUER}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        "--authorization-mode=Node,RBAC",
+        "--enable-admission-plugins=NodeRestriction",
+        f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+        f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+        # The node's InternalIP is the address the kubelet listens on; never resolve its name.
+        "--kubelet-preferred-address-types=InternalIP,Hostname",
+        "--enable-priority-and-fairness=false",
+        "--allow-privileged=true",
+        f"--cert-dir={lay.run / 'apiserver-certs'}",
+        "--v=1",
+    ]
+
+
+def kube_controller_manager(lay: Layout) -> list[str]:
+    pki = lay.pki
+    return [
+        str(lay.binary("kube-controller-manager")),
+        f"--kubeconfig={lay.kubeconfig('controller-manager')}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={lay.ports.controller_manager}",
+        "--port=0",
+        f"--service-account-private-key-file={pki / 'sa.key'}",
+        f"--root-ca-file={pki / 'ca.crt'}",
+        f"--cluster-signing-cert-file={pki / 'ca.crt'}",
+        f"--cluster-signing-key-file={pki / 'ca.key'}",
+        "--use-service-account-credentials=true",
+        "--controllers=*",
+        "--leader-elect=false",
+        f"--cert-dir={lay.run / 'kcm-certs'}",
+        # Its default, /usr/libexec/kubernetes/..., would be created on the host and left behind.
+        f"--flex-volume-plugin-dir={lay.run / 'kcm-certs' / 'flexvolume'}",
+        "--v=1",
+    ]
+
+
+def kube_scheduler(lay: Layout) -> list[str]:
+    return [
+        str(lay.binary("kube-scheduler")),
+        f"--kubeconfig={lay.kubeconfig('scheduler')}",
+        "--leader-elect=false",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={lay.ports.scheduler}",
+        "--port=0",
+        f"--cert-dir={lay.run / 'scheduler-certs'}",
+        "--v=1",
+    ]
+
+
+def containerd(lay: Layout) -> list[str]:
+    return ["/usr/bin/containerd", f"--config={lay.containerd_config}"]
+
+
+def kubelet(lay: Layout, node_name: str) -> list[str]:
+    """kubelet flags.
+
+    A node named by an IP (the default, 127.0.0.1) uses --hostname-override=<ip>: the kubelet
+    then reports InternalIP=<ip> without the "nodeIP can't be loopback" check that --node-ip
+    applies, so `kubectl logs` reaches it on loopback (research §7). Other names need a
+    non-loopback InternalIP: see `kubelet_node_ip` in the shell (`runner`).
+    """
+    return [
+        str(lay.binary("kubelet")),
+        f"--kubeconfig={lay.kubeconfig('kubelet')}",
+        "--container-runtime=remote",
+        f"--container-runtime-endpoint=unix://{lay.containerd_socket}",
+        "--runtime-request-timeout=2m",
+        f"--pod-infra-container-image={PAUSE_IMAGE}",
+        f"--root-dir={KUBELET_ROOT}",
+        # Keep its flexvolume dir inside the root dir so `down` removes it with the rest.
+        f"--volume-plugin-dir={KUBELET_ROOT / 'volumeplugins'}",
+        f"--hostname-override={node_name}",
+        f"--port={lay.ports.kubelet}",
+        f"--healthz-port={lay.ports.kubelet_healthz}",
+        "--healthz-bind-address=127.0.0.1",
+        "--read-only-port=0",
+        f"--client-ca-file={lay.pki / 'ca.crt'}",
+        "--anonymous-auth=false",
+        "--authentication-token-webhook=false",
+        "--authorization-mode=AlwaysAllow",
+        "--fail-swap-on=false",
+        "--cgroup-driver=cgroupfs",
+        "--cgroups-per-qos=false",
+        "--enforce-node-allocatable=",
+        "--eviction-hard=",
+        "--image-gc-high-threshold=100",
+        "--v=1",
+    ]
+
+
+def _is_ipv4(text: str) -> bool:
+    parts = text.split(".")
+    return len(parts) == 4 and all(p.isdigit() and 0 <= int(p) <= 255 for p in parts)
+
+
+def is_ip_node_name(node_name: str) -> bool:
+    return _is_ipv4(node_name)
+
+
+def with_node_ip(argv: list[str], node_ip: str) -> list[str]:
+    """Named (non-IP) nodes: pin InternalIP and the listen address to a non-loopback IP."""
+    return [*argv, f"--node-ip={node_ip}", f"--address={node_ip}"]
+
+
+def kubelet_argv(lay: Layout, node_name: str, node_ip: str | None) -> list[str]:
+    argv = kubelet(lay, node_name)
+    if is_ip_node_name(node_name):
+        return [*argv, f"--address={node_name}"]
+    if node_ip is None:
+        raise ValueError(f"node {node_name!r} is not an IP: it needs a non-loopback node IP")
+    return with_node_ip(argv, node_ip)
+
+
+def control_plane_argv(lay: Layout, name: str) -> list[str]:
+    table = {
+        "etcd": etcd,
+        "kube-apiserver": kube_apiserver,
+        "kube-controller-manager": kube_controller_manager,
+        "kube-scheduler": kube_scheduler,
+    }
+    return table[name](lay)

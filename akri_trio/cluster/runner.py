@@ -1,0 +1,660 @@
+"""The I/O shell of `akri-trio cluster`: build, install, write files, start, wait, stop, clean.
+
+Synchronous on purpose: `up` is a short-lived script that starts detached daemons and polls a
+few health endpoints with deadlines of its own; there is no concurrency to structure. All the
+decisions (flags, file contents, images, PKI, cleanup order) live in the pure modules beside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import fcntl
+import json
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import httpx
+
+from akri_trio.cluster import cleanup, configs, flags, oci, pki, procs
+from akri_trio.cluster.layout import (
+    BUSYBOX_IMAGE,
+    CNI_BRIDGE,
+    CONTROL_PLANE,
+    HOST_DIRS_TO_REMOVE,
+    K8S_BINARIES,
+    KUBELET_ROOT,
+    NETNS_DIR,
+    NODE_PROCESSES,
+    PAUSE_IMAGE,
+    POD_CIDR,
+    Layout,
+)
+
+CONTROL_PLANE_PACKAGES = ("etcd-server",)
+NODE_PACKAGES = (
+    "containerd",
+    "runc",
+    "containernetworking-plugins",
+    "busybox-static",
+    "iproute2",
+    "iptables",
+    "mount",
+)
+BUILD_SCRIPT = Path(__file__).with_name("build_k8s.sh")
+
+
+class ClusterError(Exception):
+    """A failure `up`/`down` explains to the user in one message (no traceback)."""
+
+
+def say(msg: str) -> None:
+    print(f"[cluster] {msg}", flush=True)
+
+
+def _wait(what: str, check: Callable[[], bool], timeout: float, log: Path | None = None) -> float:
+    """Poll `check` until true; returns the seconds it took or raises ClusterError."""
+    start = time.monotonic()
+    while True:
+        try:
+            if check():
+                return time.monotonic() - start
+        except (httpx.HTTPError, OSError, ValueError, KeyError):
+            pass
+        if time.monotonic() - start > timeout:
+            hint = f"; last lines of {log}:\n{_tail(log, 25)}" if log else ""
+            raise ClusterError(f"timed out after {timeout:.0f} s waiting for {what}{hint}")
+        time.sleep(0.2)
+
+
+def _tail(path: Path, n: int) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return "(no log)"
+
+
+# -- prerequisites -------------------------------------------------------------------------
+def missing_packages(dpkg_query_out: str, wanted: Sequence[str]) -> list[str]:
+    """Packages in `wanted` that `dpkg-query -W -f '${Package} ${db:Status-Abbrev}\\n'`
+    does not report as installed ("ii")."""
+    installed = set()
+    for line in dpkg_query_out.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[1] == "ii":
+            installed.add(parts[0].split(":")[0])
+    return [p for p in wanted if p not in installed]
+
+
+def ensure_packages(wanted: Sequence[str]) -> None:
+    out = subprocess.run(
+        ["dpkg-query", "-W", "-f", "${Package} ${db:Status-Abbrev}\n", *wanted],
+        capture_output=True,
+        text=True,
+    ).stdout
+    missing = missing_packages(out, wanted)
+    if not missing:
+        return
+    if os.geteuid() != 0:
+        raise ClusterError(f"missing Debian packages {' '.join(missing)}; install them as root")
+    say(f"apt-get install {' '.join(missing)}")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    cmd = ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        subprocess.run(["apt-get", "update", "-qq"], capture_output=True, env=env)
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        output = proc.stdout[-2000:] + proc.stderr[-2000:]
+        raise ClusterError(f"apt-get install {' '.join(missing)} failed:\n{output}")
+
+
+def _wait_for_other_builds(lay: Layout) -> None:
+    """build_k8s.sh serialises builds with flock, but a build started by an older copy of the
+    script holds no lock: wait for any build_k8s.sh of the same directory to finish first."""
+    announced = False
+    while others := [
+        p for p in procs.find_processes("bash", BUILD_SCRIPT.name) if p.pid != os.getpid()
+    ]:
+        if not any(str(lay.k8s_dir) in procs.cmdline(p.pid) for p in others):
+            return
+        if not announced:
+            say(f"waiting for a running build_k8s.sh (pid {others[0].pid}) to finish")
+            announced = True
+        time.sleep(2)
+
+
+def ensure_binaries(lay: Layout) -> None:
+    if all(lay.binary(b).is_file() for b in K8S_BINARIES):
+        return
+    if os.geteuid() != 0:
+        raise ClusterError(
+            "Kubernetes binaries are not built yet and building needs root (apt-get)"
+        )
+    _wait_for_other_builds(lay)
+    if all(lay.binary(b).is_file() for b in K8S_BINARIES):
+        return
+    say(f"building Kubernetes binaries into {lay.bin_dir} (minutes; log {lay.build_log})")
+    lay.k8s_dir.mkdir(parents=True, exist_ok=True)
+    with lay.build_log.open("a") as log:
+        proc = subprocess.Popen(
+            ["bash", str(BUILD_SCRIPT), str(lay.k8s_dir)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            log.write(line)
+            log.flush()
+            print(f"  {line.rstrip()}", flush=True)
+        rc = proc.wait()
+    if rc != 0:
+        raise ClusterError(
+            f"build failed (exit {rc}); last lines of {lay.build_log}:\n{_tail(lay.build_log, 30)}"
+        )
+
+
+# -- files ---------------------------------------------------------------------------------
+def _write(path: Path, data: str | bytes, mode: int = 0o644) -> None:
+    """Write only when the content changes, atomically, so running readers never see half a file."""
+    raw = data.encode() if isinstance(data, str) else data
+    try:
+        if path.read_bytes() == raw:
+            return
+    except OSError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(raw)
+    tmp.chmod(mode)
+    tmp.replace(path)
+
+
+def ensure_pki(lay: Layout) -> None:
+    if (lay.pki / "ca.crt").is_file() and (lay.pki / "sa.pub").is_file():
+        return
+    say(f"creating CA and certificates in {lay.pki}")
+    now = dt.datetime.now(dt.UTC)
+    for name, data in pki.control_plane_pki(now).items():
+        _write(lay.pki / name, data, 0o600 if name.endswith(".key") else 0o644)
+
+
+def _read_tokens(lay: Layout) -> dict[str, str] | None:
+    try:
+        tokens: dict[str, str] = json.loads(lay.tokens_json.read_text())
+    except (OSError, ValueError):
+        return None
+    return tokens if set(tokens) >= set(configs.TOKEN_USERS) else None
+
+
+def _tokens(lay: Layout) -> dict[str, str]:
+    """The static tokens, created once: kubeconfigs stay valid across `down` and `up`."""
+    tokens = _read_tokens(lay)
+    if tokens is not None:
+        return tokens
+    tokens = configs.new_tokens()
+    _write(lay.tokens_json, json.dumps(tokens, indent=2), 0o600)
+    return tokens
+
+
+def write_control_plane_files(lay: Layout) -> None:
+    tokens = _tokens(lay)
+    _write(lay.tokens_csv, configs.tokens_csv(tokens), 0o600)
+    ca = lay.pki / "ca.crt"
+    for who in configs.TOKEN_USERS:
+        user = configs.TOKEN_USERS[who][0]
+        text = configs.kubeconfig(
+            server=lay.apiserver_url, ca=ca, user=user, creds=configs.Credentials(token=tokens[who])
+        )
+        _write(lay.kubeconfig(who), text, 0o600)
+
+
+def write_node_files(lay: Layout, node: str) -> None:
+    crt, key = lay.pki / f"kubelet-{node}.crt", lay.pki / f"kubelet-{node}.key"
+    if not (crt.is_file() and key.is_file()):
+        ca = pki.KeyCert((lay.pki / "ca.key").read_bytes(), (lay.pki / "ca.crt").read_bytes())
+        kc = pki.node_client(ca, dt.datetime.now(dt.UTC), node)
+        _write(key, kc.key_pem, 0o600)
+        _write(crt, kc.cert_pem)
+    creds = configs.Credentials(client_certificate=crt, client_key=key)
+    text = configs.kubeconfig(
+        server=lay.apiserver_url, ca=lay.pki / "ca.crt", user=f"system:node:{node}", creds=creds
+    )
+    _write(lay.kubeconfig("kubelet"), text, 0o600)
+    _write(
+        lay.containerd_config,
+        configs.containerd_config(
+            root=lay.containerd_root,
+            state=lay.containerd_state,
+            socket=lay.containerd_socket,
+            cni_conf_dir=lay.cni_conf_dir,
+            sandbox_image=PAUSE_IMAGE,
+        ),
+    )
+    _write(
+        lay.cni_conf_dir / "10-akri-trio.conflist",
+        configs.cni_conflist(bridge=CNI_BRIDGE, subnet=POD_CIDR),
+    )
+
+
+# -- API access ----------------------------------------------------------------------------
+def _client(lay: Layout, who: str = "admin") -> httpx.Client:
+    tokens = _read_tokens(lay)
+    if tokens is None:
+        raise ClusterError(f"no tokens in {lay.tokens_json}: run `akri-trio cluster up`")
+    token = tokens[who]
+    ctx = ssl.create_default_context(cafile=str(lay.pki / "ca.crt"))
+    return httpx.Client(
+        base_url=lay.apiserver_url,
+        verify=ctx,
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=5.0,
+    )
+
+
+def apiserver_ready(lay: Layout) -> bool:
+    try:
+        with _client(lay) as c:
+            return c.get("/readyz").text == "ok"
+    except (httpx.HTTPError, OSError, KeyError, ValueError, ClusterError):
+        return False
+
+
+def _default_sa_has_token(c: httpx.Client) -> bool:
+    r = c.get("/api/v1/namespaces/default/serviceaccounts/default")
+    return r.status_code == 200 and bool(r.json().get("secrets"))
+
+
+def _node_ready(c: httpx.Client, node: str) -> bool:
+    r = c.get(f"/api/v1/nodes/{node}")
+    if r.status_code != 200:
+        return False
+    conds = r.json().get("status", {}).get("conditions", [])
+    return any(x["type"] == "Ready" and x["status"] == "True" for x in conds)
+
+
+def _https_ok(port: int) -> bool:
+    """kcm and scheduler serve /healthz with self-signed certs and no auth."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    with httpx.Client(verify=ctx, timeout=2.0) as c:
+        return c.get(f"https://127.0.0.1:{port}/healthz").text == "ok"
+
+
+# -- processes -----------------------------------------------------------------------------
+def _start(lay: Layout, name: str, argv: list[str]) -> bool:
+    """Start `name` unless it runs; True when started now. Names the port when one is taken."""
+    rec = procs.running(lay.pid_file(name))
+    if rec is not None:
+        say(f"{name} already running (pid {rec.pid})")
+        return False
+    orphan = procs.find_exact(argv)
+    if orphan is not None:
+        lay.pid_file(name).write_text(orphan.render())
+        say(f"{name} already running (pid {orphan.pid}, adopted: its PID file was missing)")
+        return False
+    conflicts = procs.port_conflicts(lay.ports.for_process(name))
+    if conflicts:
+        raise ClusterError(f"cannot start {name}: " + "; ".join(conflicts))
+    rec = procs.spawn(argv, pid_file=lay.pid_file(name), log_file=lay.log_file(name))
+    say(f"started {name} (pid {rec.pid}, log {lay.log_file(name)})")
+    return True
+
+
+def _check_alive(lay: Layout, name: str) -> bool:
+    if procs.running(lay.pid_file(name)) is None:
+        raise ClusterError(
+            f"{name} exited; last lines of {lay.log_file(name)}:\n{_tail(lay.log_file(name), 25)}"
+        )
+    return True
+
+
+def up_control_plane(lay: Layout) -> None:
+    t0 = time.monotonic()
+    ensure_packages(CONTROL_PLANE_PACKAGES)
+    ensure_binaries(lay)
+    ensure_pki(lay)
+    write_control_plane_files(lay)
+    for d in (lay.pids, lay.logs, lay.etcd_data):
+        d.mkdir(parents=True, exist_ok=True)
+    lay.etcd_data.chmod(0o700)
+
+    started_any = False
+    if _start(lay, "etcd", flags.etcd(lay)):
+        started_any = True
+        _wait(
+            "etcd /health",
+            lambda: _check_alive(lay, "etcd") and _etcd_healthy(lay),
+            15,
+            lay.log_file("etcd"),
+        )
+    for name in CONTROL_PLANE[1:]:
+        started_any |= _start(lay, name, flags.control_plane_argv(lay, name))
+    took = _wait(
+        "kube-apiserver /readyz",
+        lambda: _check_alive(lay, "kube-apiserver") and apiserver_ready(lay),
+        60,
+        lay.log_file("kube-apiserver"),
+    )
+    if started_any:
+        say(f"kube-apiserver ready ({took:.1f} s)")
+    _wait(
+        "kube-controller-manager /healthz",
+        lambda: (
+            _check_alive(lay, "kube-controller-manager") and _https_ok(lay.ports.controller_manager)
+        ),
+        30,
+        lay.log_file("kube-controller-manager"),
+    )
+    _wait(
+        "kube-scheduler /healthz",
+        lambda: _check_alive(lay, "kube-scheduler") and _https_ok(lay.ports.scheduler),
+        30,
+        lay.log_file("kube-scheduler"),
+    )
+    with _client(lay) as c:
+        _wait(
+            "the default ServiceAccount's token in namespace default",
+            lambda: _default_sa_has_token(c),
+            60,
+            lay.log_file("kube-controller-manager"),
+        )
+    say(f"control plane ready at {lay.apiserver_url} ({time.monotonic() - t0:.1f} s)")
+
+
+def _etcd_healthy(lay: Layout) -> bool:
+    with httpx.Client(timeout=2.0) as c:
+        return bool(c.get(f"{lay.etcd_url}/health").json().get("health") == "true")
+
+
+def default_route_ip() -> str | None:
+    """The source address of the default route (no packet is sent by a UDP connect)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        s.connect(("192.0.2.255", 9))
+        ip: str = s.getsockname()[0]
+        return None if ip.startswith("127.") or ip == "0.0.0.0" else ip
+    except OSError:
+        return None
+    finally:
+        s.close()
+
+
+def _ctr(lay: Layout, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        ["ctr", "--address", str(lay.containerd_socket), "-n", "k8s.io", *args],
+        capture_output=True,
+        text=True,
+    )
+    if check and proc.returncode != 0:
+        raise ClusterError(f"ctr {' '.join(args)} failed: {proc.stderr.strip()}")
+    return proc
+
+
+def _busybox_applets() -> list[str]:
+    out = subprocess.run(["/bin/busybox", "--list"], capture_output=True, text=True, check=True)
+    return out.stdout.split()
+
+
+def ensure_images(lay: Layout) -> None:
+    have = set(_ctr(lay, "images", "ls", "-q").stdout.split())
+    if {PAUSE_IMAGE, BUSYBOX_IMAGE} <= have:
+        return
+    images = oci.pause_and_busybox(
+        Path("/bin/busybox").read_bytes(),
+        _busybox_applets(),
+        pause_ref=PAUSE_IMAGE,
+        busybox_ref=BUSYBOX_IMAGE,
+    )
+    lay.images_dir.mkdir(parents=True, exist_ok=True)
+    for ref, data in images.items():
+        if ref in have:
+            continue
+        tar = lay.images_dir / (ref.replace("/", "_").replace(":", "_") + ".tar")
+        _write(tar, data)
+        # One tar per call: ctr silently ignores a second file argument.
+        _ctr(lay, "images", "import", str(tar))
+        say(f"imported image {ref}")
+
+
+def running_node(lay: Layout) -> str | None:
+    if procs.running(lay.pid_file("kubelet")) is None:
+        return None
+    try:
+        return lay.node_name_file.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def up_node(lay: Layout, node: str) -> None:
+    t0 = time.monotonic()
+    if os.geteuid() != 0:
+        raise ClusterError("`up --node` needs root (containerd, kubelet, mounts and CNI)")
+    current = running_node(lay)
+    if current is not None and current != node:
+        raise ClusterError(f"a node named {current!r} is running; `akri-trio cluster down` first")
+    ensure_packages(NODE_PACKAGES)
+    node_ip = None
+    if not flags.is_ip_node_name(node):
+        node_ip = default_route_ip()
+        if node_ip is None:
+            raise ClusterError(
+                f"node name {node!r} needs a non-loopback IPv4 address; use --node-name=127.0.0.1"
+            )
+    write_node_files(lay, node)
+    if _start(lay, "containerd", flags.containerd(lay)):
+        _wait(
+            "containerd socket",
+            lambda: (
+                _check_alive(lay, "containerd")
+                and _ctr(lay, "version", check=False).returncode == 0
+            ),
+            20,
+            lay.log_file("containerd"),
+        )
+    ensure_images(lay)
+    lay.node_name_file.write_text(node + "\n")
+    _start(lay, "kubelet", flags.kubelet_argv(lay, node, node_ip))
+    with _client(lay) as c:
+        took = _wait(
+            f"node {node} Ready",
+            lambda: _check_alive(lay, "kubelet") and _node_ready(c, node),
+            90,
+            lay.log_file("kubelet"),
+        )
+    say(f"node {node} Ready ({took:.1f} s; total {time.monotonic() - t0:.1f} s)")
+
+
+# -- down ----------------------------------------------------------------------------------
+def _kubectl(lay: Layout, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(lay.kubectl), f"--kubeconfig={lay.kubeconfig('admin')}", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _drain(lay: Layout, node: str) -> None:
+    """Delete the node's pods through the API while the kubelet runs, so it unmounts their
+    volumes and tears down their sandboxes; cordon first so nothing lands there meanwhile."""
+    if not lay.kubectl.is_file() or not apiserver_ready(lay):
+        return
+    _kubectl(lay, "cordon", node)
+    sel = f"--field-selector=spec.nodeName={node}"
+    out = _kubectl(lay, "get", "pods", "-A", sel, "-o", "name").stdout.split()
+    if not out:
+        return
+    say(f"deleting {len(out)} pod(s) on {node}")
+    _kubectl(lay, "delete", "pods", "-A", sel, "--grace-period=1", "--wait=false")
+    deadline = time.monotonic() + 45
+    while time.monotonic() < deadline:
+        if not _kubectl(lay, "get", "pods", "-A", sel, "-o", "name").stdout.split():
+            return
+        time.sleep(0.5)
+    say("pods still present after 45 s; forcing")
+    _kubectl(lay, "delete", "pods", "-A", sel, "--grace-period=0", "--force")
+
+
+def _kill_containers(lay: Layout) -> None:
+    """Whatever the kubelet left: SIGKILL every task and delete it, so its shim exits."""
+    tasks = _ctr(lay, "tasks", "ls", "-q", check=False).stdout.split()
+    for t in tasks:
+        _ctr(lay, "tasks", "kill", "-s", "SIGKILL", t, check=False)
+    for t in tasks:
+        for _ in range(20):
+            if _ctr(lay, "tasks", "delete", t, check=False).returncode == 0:
+                break
+            time.sleep(0.1)
+
+
+def _kill_shims(lay: Layout) -> None:
+    """Shims of our containerd that outlived it: their containers first, then the shim."""
+    for shim in procs.find_processes("containerd-shim-runc-v2", str(lay.containerd_socket)):
+        for child in _children(shim.pid):
+            procs.stop(child, grace=0)
+        procs.stop(shim, grace=2)
+
+
+def _children(pid: int) -> list[procs.ProcRecord]:
+    kids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == pid:
+            rec = procs.record_for(int(entry.name))
+            if rec is not None:
+                kids.append(rec)
+    return kids
+
+
+def _unmount_all(roots: Sequence[Path]) -> list[str]:
+    """Unmount per the pure plan until nothing is left; returns what stayed mounted."""
+    left: list[str] = []
+    for _ in range(5):
+        plan = cleanup.unmount_plan(
+            Path("/proc/self/mountinfo").read_text(), [str(r) for r in roots], str(NETNS_DIR)
+        )
+        if not plan:
+            return []
+        for mp in plan:
+            if subprocess.run(["umount", mp], capture_output=True).returncode != 0:
+                subprocess.run(["umount", "-l", mp], capture_output=True)
+        left = plan
+    return left
+
+
+def down(lay: Layout) -> None:
+    running = [n for n in cleanup.STOP_ORDER if procs.running(lay.pid_file(n)) is not None]
+    # Host paths (/var/lib/kubelet, cni0, ...) are shared by every cluster home on the machine:
+    # touch them only when this home ran a node (its PID files or node name remain).
+    had_node = lay.node_name_file.exists() or any(lay.pid_file(n).exists() for n in NODE_PROCESSES)
+    node = running_node(lay)
+    if node is not None:
+        _drain(lay, node)
+    for name in cleanup.stop_plan(running):
+        rec = procs.running(lay.pid_file(name))
+        if rec is None:
+            continue
+        if name == "containerd":
+            _kill_containers(lay)
+        say(f"stopping {name} (pid {rec.pid})")
+        procs.stop(rec, grace=15)
+    _kill_shims(lay)
+    if had_node and os.geteuid() == 0:
+        left = _unmount_all([KUBELET_ROOT, lay.containerd_root, lay.containerd_state])
+        if left:
+            say(f"still mounted: {' '.join(left)}")
+        for ns in NETNS_DIR.glob("cni-*") if NETNS_DIR.is_dir() else ():
+            ns.unlink(missing_ok=True)
+        if Path(f"/sys/class/net/{CNI_BRIDGE}").exists():
+            subprocess.run(["ip", "link", "del", CNI_BRIDGE], capture_output=True)
+        for d in HOST_DIRS_TO_REMOVE:
+            shutil.rmtree(d, ignore_errors=True)
+        # containerd keeps shim sockets in /run/containerd/s whatever its config says; remove
+        # the directories only when empty, as another containerd may use them.
+        for d in (Path("/run/containerd/s"), Path("/run/containerd")):
+            with contextlib.suppress(OSError):
+                d.rmdir()
+    for d in lay.runtime_dirs:
+        shutil.rmtree(d, ignore_errors=True)
+    for name in cleanup.STOP_ORDER:
+        lay.pid_file(name).unlink(missing_ok=True)
+    lay.node_name_file.unlink(missing_ok=True)
+    say("down: nothing of the cluster is running")
+
+
+@contextlib.contextmanager
+def state_lock(lay: Layout) -> Iterator[None]:
+    """One `up` or `down` at a time per cluster home: tests in several sessions call `up`
+    concurrently, and an `up` racing a `down` would leave processes without PID files."""
+    lay.run.mkdir(parents=True, exist_ok=True)
+    with (lay.run / ".lock").open("w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            say("waiting for another `akri-trio cluster up/down` to finish")
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+# -- status / env --------------------------------------------------------------------------
+def status(lay: Layout) -> bool:
+    ok = True
+    for name in (*CONTROL_PLANE, "containerd", "kubelet"):
+        rec = procs.running(lay.pid_file(name))
+        print(f"{name:<24} {'running, pid ' + str(rec.pid) if rec else 'stopped'}")
+        if name in CONTROL_PLANE and rec is None:
+            ok = False
+    ready = apiserver_ready(lay)
+    print(f"{'apiserver /readyz':<24} {'ok' if ready else 'not ready'}")
+    node = running_node(lay)
+    if node is not None:
+        print(f"{'node':<24} {node}")
+    return ok and ready
+
+
+def env_lines(lay: Layout) -> list[str]:
+    pairs = {
+        "KUBECONFIG": lay.kubeconfig("admin"),
+        "AKRI_TRIO_RESTRICTED_KUBECONFIG": lay.kubeconfig("restricted"),
+        "ETCD_ENDPOINT": lay.etcd_url,
+        "KUBECTL": lay.kubectl,
+        "AKRI_TRIO_APISERVER": lay.apiserver_url,
+        "AKRI_TRIO_CA_CERT": lay.pki / "ca.crt",
+        "AKRI_TRIO_CA_KEY": lay.pki / "ca.key",
+        "AKRI_TRIO_WEBHOOK_CERT": lay.pki / "webhook.crt",
+        "AKRI_TRIO_WEBHOOK_KEY": lay.pki / "webhook.key",
+        "AKRI_TRIO_CLUSTER_DIR": lay.run,
+    }
+    node = running_node(lay)
+    if node is not None:
+        pairs |= {
+            "AKRI_TRIO_NODE_NAME": node,
+            "AKRI_TRIO_DEVICE_PLUGIN_DIR": lay.device_plugin_dir,
+            "AKRI_TRIO_POD_RESOURCES_SOCKET": lay.pod_resources_socket,
+            "AKRI_TRIO_CONTAINERD_SOCKET": lay.containerd_socket,
+        }
+    return [f"{k}={v}" for k, v in pairs.items()]
+
+
+def main_error(exc: ClusterError) -> int:
+    print(f"[cluster] error: {exc}", file=sys.stderr, flush=True)
+    return 1

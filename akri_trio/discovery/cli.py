@@ -1,0 +1,95 @@
+"""`akri-trio discovery-handler <name> ...`: run one built-in handler as a standalone process.
+
+Upstream ships a binary per handler for its DaemonSets; this is ours. It parses flags and the
+environment into `run_standalone`'s arguments and nothing more.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import logging
+import os
+import signal
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+
+import trio
+
+from akri_trio.discovery.handlers import BUILTIN, UnknownHandler, load_handler
+from akri_trio.discovery.standalone import REGISTRATION_SOCKET, handlers_directory, run_standalone
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return host, int(port)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="akri-trio discovery-handler",
+        description="Serve a discovery handler and register it with the node's agent.",
+    )
+    parser.add_argument("name", help=f"handler name: {', '.join(sorted(BUILTIN))}")
+    parser.add_argument(
+        "--registration-socket",
+        type=Path,
+        help="the agent's registration socket "
+        "(default $DISCOVERY_HANDLERS_DIRECTORY/agent-registration.sock)",
+    )
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--socket", type=Path, help="serve on this Unix socket (default <dir>/<name>.sock)"
+    )
+    where.add_argument(
+        "--network",
+        type=_host_port,
+        metavar="HOST:PORT",
+        help="serve on TCP instead (port 0 = any free port)",
+    )
+    parser.add_argument(
+        "--advertise-host", help="host to register for --network (default: the bound host)"
+    )
+    parser.add_argument("--log-level", default="INFO")
+    return parser
+
+
+def main(argv: list[str], env: Mapping[str, str] | None = None) -> int:
+    environ = os.environ if env is None else env
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        handler = load_handler(args.name, environ)
+    except UnknownHandler as exc:
+        parser.error(str(exc))
+    directory = handlers_directory(environ)
+    socket_path = args.socket
+    if args.network is None and socket_path is None:
+        socket_path = directory / f"{handler.name}.sock"
+    run = functools.partial(
+        run_standalone,
+        handler,
+        registration_socket=args.registration_socket or directory / REGISTRATION_SOCKET,
+        socket_path=socket_path,
+        network=args.network,
+        advertise_host=args.advertise_host,
+    )
+    trio.run(_until_signalled, run)
+    return 0
+
+
+async def _until_signalled(run: Callable[[], Awaitable[None]]) -> None:
+    # SIGTERM (the kubelet stopping the pod) cancels cleanly, so the socket file is removed.
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run)
+            async for signum in signals:
+                logging.getLogger(__name__).info("got signal %d: stopping", signum)
+                nursery.cancel_scope.cancel()
+                break

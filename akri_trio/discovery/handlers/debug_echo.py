@@ -1,0 +1,100 @@
+"""debugEcho: upstream's test handler, which "discovers" whatever the Configuration lists.
+
+It lets the whole pipeline (registration, Discover streams, Instances, device plugins, brokers)
+run on any machine, and lets tests make devices vanish and return by writing `OFFLINE` into an
+availability file, as upstream's e2e tests do. The parsing and the device list are pure; the
+only I/O is a cheap stat of that file once a second (reading it only when it changed).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Final
+
+import attrs
+import trio
+
+from akri_trio.discovery.interface import Properties, Send, load_mapping, required_str_list
+from akri_trio.model.device import Device
+
+NAME: Final = "debugEcho"
+PROPERTY: Final = "DEBUG_ECHO_DESCRIPTION"
+SHARED_ENV: Final = "DEBUG_ECHO_INSTANCES_SHARED"
+# Ours, not upstream's: lets tests and side-by-side handlers use their own file.
+AVAILABILITY_ENV: Final = "DEBUG_ECHO_AVAILABILITY_PATH"
+DEFAULT_AVAILABILITY_PATH: Final = Path("/tmp/debug-echo-availability.txt")
+OFFLINE: Final = "OFFLINE"
+
+
+@attrs.frozen
+class DebugEchoDetails:
+    descriptions: tuple[str, ...]
+
+
+def parse_details(text: str) -> DebugEchoDetails:
+    """`descriptions: [..]` (required, strings). Other keys are ignored, as upstream's serde."""
+    return DebugEchoDetails(required_str_list(load_mapping(text), "descriptions"))
+
+
+def devices_for(details: DebugEchoDetails, availability: str | None) -> list[Device]:
+    """The devices to report given the availability file's content (None: no file).
+
+    Upstream checks `contains("OFFLINE")`, so any content mentioning it takes devices away.
+    """
+    if availability is not None and OFFLINE in availability:
+        return []
+    return [Device(id=d, properties={PROPERTY: d}) for d in details.descriptions]
+
+
+def shared_from_env(env: Mapping[str, str]) -> bool:
+    return env.get(SHARED_ENV, "").strip().lower() in ("true", "1")
+
+
+FileSignature = tuple[int, int, int] | None
+
+
+def _signature(path: Path) -> FileSignature:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(errors="replace")
+    except FileNotFoundError:
+        return None
+
+
+@attrs.define
+class DebugEcho:
+    """The handler. `poll_interval` is how often the availability file is stat-ed."""
+
+    shared: bool = False
+    availability_path: Path = DEFAULT_AVAILABILITY_PATH
+    poll_interval: float = 1.0
+    name: str = NAME
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> DebugEcho:
+        env = os.environ if env is None else env
+        path = env.get(AVAILABILITY_ENV) or DEFAULT_AVAILABILITY_PATH
+        return cls(shared=shared_from_env(env), availability_path=Path(path))
+
+    def parse_details(self, text: str) -> DebugEchoDetails:
+        return parse_details(text)
+
+    async def discover(self, details: DebugEchoDetails, properties: Properties, send: Send) -> None:
+        last: FileSignature | object = object()  # never equal: the first round always sends
+        while True:
+            # A stat (and rarely a read) of a tiny local file: cheaper than a thread hop.
+            signature = _signature(self.availability_path)
+            if signature != last:
+                last = signature
+                text = None if signature is None else _read(self.availability_path)
+                await send(devices_for(details, text))
+            await trio.sleep(self.poll_interval)

@@ -1,0 +1,132 @@
+"""The agent's v0.Registration server: where discovery handlers announce themselves.
+
+Handlers call RegisterDiscoveryHandler on `$DISCOVERY_HANDLERS_DIRECTORY/agent-registration.sock`
+(mode 0600: only the node's privileged handlers may register). Requests are validated here,
+purely, before anything reaches the registry: an empty name or an endpoint that does not match
+its type is answered with InvalidArgument and a message saying what is wrong; no request can
+crash the server. The same task also removes handlers that stayed Offline past their grace
+period on time, since the registry itself has no clock to wake it.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from pathlib import Path
+from typing import Final
+
+import purerpc
+import trio
+
+from akri_trio.discovery.registry import EndpointType, Registration, Registry, RegistryEvent
+from akri_trio.rpc.gen import discovery_pb2 as pb
+from akri_trio.rpc.gen.discovery_grpc import RegistrationServicer
+from akri_trio.rpc.uds import TcpEndpoint, UnixEndpoint, parse_endpoint, serve_unix
+
+log = logging.getLogger(__name__)
+
+SOCKET_NAME: Final = "agent-registration.sock"
+SOCKET_MODE: Final = 0o600
+_TYPES = {
+    pb.RegisterDiscoveryHandlerRequest.UDS: EndpointType.UDS,
+    pb.RegisterDiscoveryHandlerRequest.NETWORK: EndpointType.NETWORK,
+}
+
+
+class InvalidRegistration(ValueError):
+    pass
+
+
+def registration_from_request(request: pb.RegisterDiscoveryHandlerRequest) -> Registration:
+    """Validate a request (pure); raises InvalidRegistration with a message for the handler."""
+    name = request.name
+    if not name.strip():
+        raise InvalidRegistration("name must not be empty")
+    if name != name.strip() or any(c.isspace() or not c.isprintable() for c in name):
+        raise InvalidRegistration(f"name {name!r} must not contain whitespace")
+    kind = _TYPES.get(request.endpoint_type)
+    if kind is None:
+        raise InvalidRegistration(f"unknown endpoint_type {request.endpoint_type}")
+    if not request.endpoint:
+        raise InvalidRegistration("endpoint must not be empty")
+    try:
+        target: UnixEndpoint | TcpEndpoint | None = parse_endpoint(request.endpoint)
+    except ValueError as exc:
+        if kind is EndpointType.NETWORK:
+            raise InvalidRegistration(f"bad endpoint: {exc}") from exc
+        target = None
+    if kind is EndpointType.UDS and not (
+        isinstance(target, UnixEndpoint) and os.path.isabs(target.path)
+    ):
+        raise InvalidRegistration(
+            f"endpoint_type UDS needs an absolute socket path, got {request.endpoint!r}"
+        )
+    if kind is EndpointType.NETWORK and not isinstance(target, TcpEndpoint):
+        raise InvalidRegistration(
+            f"endpoint_type NETWORK needs http://host:port, got {request.endpoint!r}"
+        )
+    return Registration(name, request.endpoint, kind, request.shared)
+
+
+class RegistrationService(RegistrationServicer):
+    """v0.Registration, feeding `registry`."""
+
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+
+    async def RegisterDiscoveryHandler(  # the gRPC method name
+        self, input_message: pb.RegisterDiscoveryHandlerRequest
+    ) -> pb.Empty:
+        try:
+            registration = registration_from_request(input_message)
+        except InvalidRegistration as exc:
+            log.warning("rejected a discovery handler registration: %s", exc)
+            raise purerpc.InvalidArgumentError(str(exc)) from exc
+        log.info(
+            "discovery handler %s registered at %s (%s, shared=%s)",
+            registration.name,
+            registration.endpoint,
+            registration.endpoint_type.value,
+            registration.shared,
+        )
+        self.registry.register(registration)
+        return pb.Empty()
+
+
+async def expire_offline(registry: Registry) -> None:
+    """Call `registry.expire()` whenever an Offline endpoint's grace period runs out, so its
+    removal is announced on time. Runs until cancelled; sleeps when nothing is due."""
+    changed = trio.Event()
+
+    def on_event(event: RegistryEvent) -> None:
+        changed.set()
+
+    unsubscribe = registry.subscribe(on_event)
+    try:
+        while True:
+            changed = trio.Event()
+            due = registry.next_expiry()
+            with trio.move_on_at(due if due is not None else float("inf")):
+                await changed.wait()
+            registry.expire()
+    finally:
+        unsubscribe()
+
+
+async def serve_registration(
+    registry: Registry,
+    socket_path: Path,
+    *,
+    task_status: trio.TaskStatus[Path] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve v0.Registration on `socket_path` (mode 0600; a stale file is replaced, ours is
+    removed on the way out) and expire Offline handlers, until cancelled."""
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(expire_offline, registry)
+        path: Path = await nursery.start(
+            functools.partial(
+                serve_unix, socket_path, RegistrationService(registry), mode=SOCKET_MODE
+            )
+        )
+        task_status.started(path)

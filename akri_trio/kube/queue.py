@@ -1,0 +1,161 @@
+"""The per-key reconcile queue: in order per key, never concurrent per key, parallel across keys.
+
+Controllers are level-triggered: a reconcile looks at the current state of one object (a key,
+e.g. `namespace/name`) and drives the world toward it. What must never happen is two reconciles
+of one key racing each other (both would act on the same stale read); what should happen is
+that an event arriving while its key reconciles causes one more reconcile afterwards, so the
+last state is always seen. Different keys run in parallel up to `workers` at a time. This is
+kopf's per-object queue and client-go's workqueue, on trio.
+
+A reconcile returns `None` (done), `Requeue(after=s)` (look again later, e.g. a timeout it
+waits out), or raises (logged, retried with per-key capped exponential backoff; a success
+resets it). A fresh `enqueue` of a key waiting out a delay runs it now: news beats a timer.
+
+Shutdown: cancel the scope around `run`; reconciles in flight are cancelled with it, so they
+must be cancel-safe (every write they make is idempotent and re-done by the next reconcile).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from collections.abc import Awaitable, Callable
+
+import attrs
+import trio
+
+from akri_trio.kube.backoff import Backoff
+
+log = logging.getLogger(__name__)
+
+
+@attrs.frozen
+class Requeue:
+    """Reconcile this key again after `after` seconds (unless an event brings it sooner)."""
+
+    after: float
+
+
+Reconcile = Callable[[str], Awaitable[Requeue | None]]
+
+QUEUE_BACKOFF = Backoff(base=0.5, cap=300.0)
+
+
+class ReconcileQueue:
+    """`queue = ReconcileQueue(reconcile, workers=4)`; `nursery.start_soon(queue.run)`;
+    then `queue.enqueue(key)` from anywhere in the same trio run (it never blocks)."""
+
+    def __init__(
+        self,
+        reconcile: Reconcile,
+        *,
+        workers: int = 4,
+        backoff: Backoff = QUEUE_BACKOFF,
+        rand: Callable[[], float] = random.random,
+    ) -> None:
+        if workers < 1:
+            raise ValueError("workers must be >= 1")
+        self._reconcile = reconcile
+        self._backoff = backoff
+        self._rand = rand
+        self._workers = workers
+        self._pending: dict[str, None] = {}  # ready to run, FIFO; never holds a running key
+        self._running: set[str] = set()
+        self._dirty: set[str] = set()  # enqueued while running: run again when done
+        self._delayed: dict[str, float] = {}  # key -> trio deadline
+        self._failures: dict[str, int] = {}
+        self._ready = trio.Event()
+        self._timer_changed = trio.Event()
+
+    # --- feeding -----------------------------------------------------------------------------
+
+    def enqueue(self, key: str) -> None:
+        """Reconcile `key` as soon as a worker is free (and its previous reconcile is done)."""
+        self._delayed.pop(key, None)
+        if key in self._running:
+            self._dirty.add(key)
+        elif key not in self._pending:
+            self._pending[key] = None
+            self._ready.set()
+
+    def enqueue_after(self, key: str, delay: float) -> None:
+        """Reconcile `key` in `delay` seconds; an earlier schedule or a pending run wins."""
+        if key in self._pending:
+            return
+        deadline = trio.current_time() + max(0.0, delay)
+        if deadline < self._delayed.get(key, math.inf):
+            self._delayed[key] = deadline
+            self._timer_changed.set()
+
+    # --- introspection (metrics, tests) -------------------------------------------------------
+
+    @property
+    def running(self) -> frozenset[str]:
+        return frozenset(self._running)
+
+    def failures(self, key: str) -> int:
+        """Consecutive failed reconciles of `key` (0 after a success)."""
+        return self._failures.get(key, 0)
+
+    def __len__(self) -> int:
+        """Keys waiting: ready, dirty or delayed (not counting those running and clean)."""
+        return len(self._pending.keys() | self._dirty | self._delayed.keys())
+
+    # --- running -----------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Dispatch forever; cancel to stop (in-flight reconciles are cancelled too)."""
+        slots = trio.Semaphore(self._workers)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._timer)
+            task_status.started()
+            while True:
+                while not self._pending:
+                    await self._ready.wait()
+                    self._ready = trio.Event()
+                await slots.acquire()
+                key = next(iter(self._pending))
+                del self._pending[key]
+                self._running.add(key)
+                nursery.start_soon(self._work, key, slots)
+
+    async def _work(self, key: str, slots: trio.Semaphore) -> None:
+        try:
+            result = await self._reconcile(key)
+        except Exception:
+            attempt = self._failures.get(key, 0)
+            self._failures[key] = attempt + 1
+            delay = self._backoff.delay(attempt, self._rand)
+            log.exception(
+                "reconcile %s failed (attempt %d); retry in %.1fs", key, attempt + 1, delay
+            )
+            self._finish(key)
+            self.enqueue_after(key, delay)
+        else:
+            self._failures.pop(key, None)
+            self._finish(key)
+            if result is not None:
+                self.enqueue_after(key, result.after)
+        finally:
+            slots.release()
+            self._running.discard(key)
+
+    def _finish(self, key: str) -> None:
+        self._running.discard(key)
+        if key in self._dirty:
+            self._dirty.discard(key)
+            self.enqueue(key)
+
+    async def _timer(self) -> None:
+        """Moves delayed keys to ready when due; sleeps until the earliest deadline."""
+        while True:
+            deadline = min(self._delayed.values(), default=math.inf)
+            with trio.move_on_at(deadline):
+                await self._timer_changed.wait()
+            if self._timer_changed.is_set():
+                self._timer_changed = trio.Event()
+            now = trio.current_time()
+            for key, due in list(self._delayed.items()):
+                if due <= now:
+                    self.enqueue(key)

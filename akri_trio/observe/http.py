@@ -1,0 +1,278 @@
+"""The observability endpoint: /healthz, /readyz and /metrics over HTTP/1.1 on trio.
+
+Kubelet probes and Prometheus scrapes need a tiny HTTP server in every agent and controller
+pod; pulling in a web framework for three GET routes is not worth it. h11 (already here as an
+httpx dependency) does the protocol, so a malformed request is h11's to reject and ours only
+to answer with 400. Routing is a pure function of (method, target) so it is tested without
+sockets; the shell only moves bytes.
+
+The one timeout this module owns is protocol-level: each request/response exchange (including
+the wait for a keep-alive connection's next request) must finish within `request_timeout`, so a
+client that connects and says nothing, or dribbles a byte at a time, cannot hold a connection
+(and its file descriptor) forever.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import TypeAlias
+
+import attrs
+import h11
+import trio
+
+from akri_trio.observe.metrics import CONTENT_TYPE, Registry
+
+__all__ = [
+    "NamedChecks",
+    "Readiness",
+    "Reply",
+    "evaluate_readiness",
+    "handle_connection",
+    "route",
+    "serve_observe",
+]
+
+log = logging.getLogger(__name__)
+
+NamedChecks: TypeAlias = Mapping[str, Callable[[], bool]] | Sequence[tuple[str, Callable[[], bool]]]
+# Either one callable saying (ready, why) or named boolean checks, reported one per line.
+Readiness: TypeAlias = Callable[[], tuple[bool, str]] | NamedChecks
+
+TEXT = "text/plain; charset=utf-8"
+# Request heads are a line and a Host header; anything bigger is not one of our clients. h11
+# checks the limit only while a head is incomplete, so a head is refused (431) once it exceeds
+# this by up to one read; heads that arrive whole in one read may be a little larger.
+MAX_HEAD_BYTES = 16 * 1024
+RECEIVE_BYTES = 16 * 1024
+
+_REASONS = {
+    200: b"OK",
+    400: b"Bad Request",
+    404: b"Not Found",
+    405: b"Method Not Allowed",
+    408: b"Request Timeout",
+    413: b"Content Too Large",
+    431: b"Request Header Fields Too Large",
+    500: b"Internal Server Error",
+    503: b"Service Unavailable",
+    505: b"HTTP Version Not Supported",
+}
+
+
+@attrs.frozen
+class Reply:
+    status: int
+    body: bytes
+    content_type: str = TEXT
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+# --------------------------------------------------------------------------------------------
+# Pure core
+
+
+def evaluate_readiness(ready: Readiness) -> tuple[bool, str]:
+    """Run the checks; (all passed, a body naming each check). A check that raises fails."""
+    if callable(ready):
+        try:
+            ok, why = ready()
+        except Exception as exc:
+            return False, f"readiness check raised {exc!r}\n"
+        return ok, (why or ("ok" if ok else "not ready")) + "\n"
+    checks = list(ready.items()) if isinstance(ready, Mapping) else list(ready)
+    lines: list[str] = []
+    failing: list[str] = []
+    for name, check in checks:
+        try:
+            ok = bool(check())
+            detail = "ok" if ok else "failed"
+        except Exception as exc:
+            ok, detail = False, f"failed: {exc!r}"
+        if not ok:
+            failing.append(name)
+        # The kube-apiserver's verbose /readyz layout, familiar to anyone reading probe output.
+        lines.append(f"[{'+' if ok else '-'}]{name} {detail}")
+    lines.append(f"not ready: {', '.join(failing)}" if failing else "ok")
+    return not failing, "\n".join(lines) + "\n"
+
+
+def route(method: str, target: str, *, registry: Registry, ready: Readiness) -> Reply:
+    """The response to one request. HEAD is GET without the body (the shell drops it)."""
+    path = target.split("?", 1)[0]
+    if path not in ("/healthz", "/readyz", "/metrics"):
+        return Reply(404, b"not found\n")
+    if method not in ("GET", "HEAD"):
+        return Reply(405, b"method not allowed\n", headers=(("allow", "GET, HEAD"),))
+    if path == "/healthz":
+        # Answering at all is the check: a wedged event loop would never get here.
+        return Reply(200, b"ok\n")
+    if path == "/readyz":
+        ok, body = evaluate_readiness(ready)
+        return Reply(200 if ok else 503, body.encode())
+    try:
+        text = registry.render()
+    except Exception:
+        # A broken gauge callback: a 500 makes the scrape fail visibly (up == 0) instead of
+        # silently exporting a partial set that dashboards would read as real zeros.
+        log.exception("rendering /metrics failed")
+        return Reply(500, b"metrics collection failed\n")
+    return Reply(200, text.encode(), content_type=CONTENT_TYPE)
+
+
+# --------------------------------------------------------------------------------------------
+# I/O shell
+
+
+async def serve_observe(
+    host: str | None,
+    port: int,
+    *,
+    registry: Registry,
+    ready: Readiness = (),
+    request_timeout: float = 10.0,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve until cancelled; `task_status.started(bound_port)` once accepting (port 0 = any).
+
+    `host` None listens on every local address (IPv4 and IPv6), which needs a fixed port: with
+    port 0 each address family would get a different one, and that is refused.
+
+    Every connection is a task in this function's nursery, so cancelling the server closes the
+    listener and every open connection before it returns.
+    """
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    try:
+        ports = {listener.socket.getsockname()[1] for listener in listeners}
+        if len(ports) != 1:
+            # port 0 on a name resolving to several addresses binds each to a different port.
+            raise OSError(f"{host!r} port {port} bound several ports {sorted(ports)}")
+        bound = ports.pop()
+        handler = functools.partial(
+            handle_connection, registry=registry, ready=ready, request_timeout=request_timeout
+        )
+        async with trio.open_nursery() as nursery:
+            await nursery.start(trio.serve_listeners, handler, listeners)
+            log.info("observe endpoint listening on %s:%d", host, bound)
+            task_status.started(bound)
+    finally:
+        # serve_listeners closes them when it ran; this covers failing before it started.
+        for listener in listeners:
+            await trio.aclose_forcefully(listener)
+
+
+async def handle_connection(
+    stream: trio.abc.HalfCloseableStream,
+    *,
+    registry: Registry,
+    ready: Readiness,
+    request_timeout: float,
+) -> None:
+    """Answer requests on one connection until it closes, errs or misses a deadline.
+
+    Never raises an Exception: one bad client must not take the server's nursery down.
+    """
+    conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
+    try:
+        while True:
+            with trio.move_on_after(request_timeout) as scope:
+                keep_alive = await _exchange(conn, stream, registry, ready)
+            if scope.cancelled_caught:
+                log.debug("dropping connection: no complete exchange in %ss", request_timeout)
+                return
+            if not keep_alive:
+                return
+            conn.start_next_cycle()
+    except (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError):
+        pass  # the peer went away mid-exchange; nothing to answer
+    except Exception:
+        log.exception("observe connection failed")
+    finally:
+        await trio.aclose_forcefully(stream)
+
+
+async def _exchange(
+    conn: h11.Connection,
+    stream: trio.abc.HalfCloseableStream,
+    registry: Registry,
+    ready: Readiness,
+) -> bool:
+    """One request and its response; True if the connection may carry another."""
+    try:
+        request = await _receive_request(conn, stream)
+    except h11.RemoteProtocolError as exc:
+        if conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
+            return False
+        await _send(conn, stream, Reply(exc.error_status_hint, b"bad request\n"), head=False)
+        await _linger(stream)
+        return False
+    if request is None:
+        return False
+    method = request.method.decode("ascii", "replace")
+    reply = route(method, request.target.decode("ascii", "replace"), registry=registry, ready=ready)
+    await _send(conn, stream, reply, head=method == "HEAD")
+    # A client still sending a body (we read none) cannot be followed by a next request.
+    if conn.our_state is h11.DONE and conn.their_state is h11.DONE:
+        return True
+    await _linger(stream)
+    return False
+
+
+async def _receive_request(
+    conn: h11.Connection, stream: trio.abc.HalfCloseableStream
+) -> h11.Request | None:
+    """The next request head, its (bodiless) end consumed if already here; None on EOF."""
+    request: h11.Request | None = None
+    while True:
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            if request is not None:
+                # The head is complete but a body is still coming: answer without it.
+                return request
+            conn.receive_data(bytes(await stream.receive_some(RECEIVE_BYTES)))
+        elif isinstance(event, h11.Request):
+            request = event
+        elif isinstance(event, h11.EndOfMessage):
+            return request
+        elif not isinstance(event, h11.Data):
+            # ConnectionClosed (clean EOF between requests), or PAUSED, which cannot happen
+            # before start_next_cycle but would spin here forever if it did.
+            return request
+        # h11.Data: a body we do not need; keep draining what is buffered.
+
+
+async def _send(
+    conn: h11.Connection, stream: trio.abc.HalfCloseableStream, reply: Reply, *, head: bool
+) -> None:
+    headers = [
+        ("content-type", reply.content_type),
+        ("content-length", str(len(reply.body))),
+        ("cache-control", "no-store"),
+        *reply.headers,
+    ]
+    if reply.status >= 400 and reply.status not in (404, 405, 503):
+        # After a protocol error the byte stream cannot be trusted for a next request.
+        headers.append(("connection", "close"))
+    reason = _REASONS.get(reply.status, b"")
+    data = conn.send(h11.Response(status_code=reply.status, headers=headers, reason=reason))
+    assert data is not None
+    if not head:
+        body = conn.send(h11.Data(data=reply.body))
+        assert body is not None
+        data += body
+    end = conn.send(h11.EndOfMessage())
+    assert end is not None
+    await stream.send_all(data + end)
+
+
+async def _linger(stream: trio.abc.HalfCloseableStream) -> None:
+    """Half-close, then discard input until the peer closes (bounded by the caller's deadline).
+
+    Closing a socket with unread input makes the kernel send RST, which can destroy the
+    response we just sent before the client reads it; a 400 the client never sees is useless.
+    """
+    await stream.send_eof()
+    while await stream.receive_some(RECEIVE_BYTES):
+        pass

@@ -1,0 +1,509 @@
+"""gRPC over Unix domain sockets (and TCP) with purerpc on trio: servers, channels, and fixes.
+
+Akri's agent speaks gRPC on Unix sockets in both directions: it serves the discovery-handler
+Registration socket and one DevicePlugin socket per resource (the kubelet dials in), and it calls
+the kubelet's Registration and PodResources sockets and the handlers' Discover streams. purerpc
+is the only pure-Python gRPC stack that runs on trio, but 0.8.0 (pinned exactly for this module)
+serves TCP only and has bugs that matter here. Everything that touches purerpc's internals is in
+this one module; see research/stack.md §2 and research/real-k8s.md §8 for the measurements.
+
+Patches to purerpc, applied once at import (idempotent; `_PATCH_MARK` guards re-application):
+
+(a) `SocketWrapper._set_socket_options` sets TCP options unconditionally, which fail with
+    EOPNOTSUPP on AF_UNIX: skipped for Unix sockets.
+(b) `GRPCConnection._stream_reset` drops RST_STREAM on the floor: it now calls the connection's
+    `on_stream_reset(stream_id, error_code)` hook when one is set (only our server and client
+    set one; purerpc's own classes behave as before). The server cancels that stream's
+    handler; the client ends the call with a status, in order with the batch's other events.
+(e) purerpc's server catches everything with bare `except:` and logs "Got exception ..." at
+    WARNING even for trio's `Cancelled`, i.e. every time we cancel a handler on purpose: a
+    filter on the `purerpc.server` logger drops exactly those records; real errors still log.
+
+Glue (subclasses, not patches):
+
+(b) The server's connection handler runs each stream in its own cancel scope, cancelled on
+    RST_STREAM and on connection EOF, so a parked server-streaming generator (ListAndWatch,
+    Discover) runs its `finally` at once instead of at its next `yield`. The kubelet never sends
+    RST_STREAM; it just drops the connection, so the EOF path is the one that matters.
+(c) Per-connection errors arrive wrapped in ExceptionGroups (anyio 4 / trio strict groups):
+    `except*` keeps one broken connection (EPIPE, BrokenResourceError) from ever taking the
+    listener down.
+(d) purerpc's channel never closes the socket it opens (one fd leaked per channel): ours do.
+(f) On the client, purerpc leaves a call waiting forever when the server goes away mid-call
+    (EOF) or resets the stream: our channels end such calls with UNAVAILABLE / CANCELLED, so
+    the agent notices a dead discovery handler instead of hanging on its Discover stream.
+
+A purerpc `Server`'s service context managers can be entered only once, so every (re)serve
+builds a fresh one (`make_server`); `serve_unix` / `serve_tcp` do that themselves.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import secrets
+import socket
+import stat
+import sys
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Protocol, Self
+from urllib.parse import urlsplit
+
+import anyio
+import anyio.abc
+import purerpc
+import trio
+from purerpc import grpc_socket
+from purerpc.client import _Channel
+from purerpc.grpc_proto import GRPCProtoSocket
+from purerpc.grpc_socket import GRPCStreamState
+from purerpc.grpclib.config import GRPCConfiguration
+from purerpc.grpclib.connection import GRPCConnection
+from purerpc.grpclib.events import RequestReceived, ResponseEnded, WindowUpdated
+from purerpc.grpclib.exceptions import ProtocolError
+from purerpc.server import ConnectionHandler
+
+log = logging.getLogger(__name__)
+
+PURERPC_VERSION = "0.8.0"
+_PATCH_MARK = "_akri_trio_patched"
+
+# Errors that mean "this connection is gone"; anything else on a connection is logged loudly.
+_CONNECTION_ERRORS = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
+# accept() failures that mean "out of resources right now": back off instead of dying (as
+# trio.serve_listeners does).
+_ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+_ACCEPT_BACKOFF_S = 0.1
+
+
+# ---- (a), (b), (e): patches, once -------------------------------------------------------------
+
+
+def _is_cancellation(exc: BaseException | None) -> bool:
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_is_cancellation(e) for e in exc.exceptions)
+    return isinstance(exc, trio.Cancelled)
+
+
+class _DropCancelledWarnings(logging.Filter):
+    """Drop purerpc.server's records logged while handling a cancellation (they are logged
+    from inside bare `except:` blocks, so the exception in flight tells them apart). That
+    includes errors raised *during* the cancellation, e.g. h2's StreamClosedError when purerpc
+    tries to send trailers on a stream the client has just reset."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else sys.exception()
+        while exc is not None:
+            if _is_cancellation(exc):
+                return False
+            exc = exc.__context__
+        return True
+
+
+def _apply_patches() -> None:
+    if getattr(GRPCConnection, _PATCH_MARK, False):
+        return
+    if purerpc.__version__ != PURERPC_VERSION:
+        # The patches reach into private code; a different version must be re-checked by hand.
+        raise ImportError(
+            f"akri_trio.rpc.uds is written against purerpc {PURERPC_VERSION}, "
+            f"found {purerpc.__version__}"
+        )
+
+    set_tcp_options = grpc_socket.SocketWrapper._set_socket_options
+
+    def set_socket_options(stream: anyio.abc.SocketStream) -> None:
+        if stream.extra(anyio.abc.SocketAttribute.family) != socket.AF_UNIX:
+            set_tcp_options(stream)
+
+    def stream_reset(self: GRPCConnection, event: Any) -> list[Any]:
+        # The hook may return events to deliver in order with the rest of this batch.
+        hook = getattr(self, "on_stream_reset", None)
+        return list(hook(event.stream_id, event.error_code) or ()) if hook is not None else []
+
+    grpc_socket.SocketWrapper._set_socket_options = staticmethod(set_socket_options)
+    GRPCConnection._stream_reset = stream_reset
+    logging.getLogger("purerpc.server").addFilter(_DropCancelledWarnings())
+    setattr(GRPCConnection, _PATCH_MARK, True)
+
+
+_apply_patches()
+
+
+# ---- servers ----------------------------------------------------------------------------------
+
+
+class HasService(Protocol):
+    """What purerpc-generated servicers (`...Servicer` subclasses) provide."""
+
+    @property
+    def service(self) -> purerpc.Service: ...
+
+
+def make_server(*servicers: HasService) -> purerpc.Server:
+    """A fresh purerpc Server holding `servicers`: one per (re)serve, never reused."""
+    server = purerpc.Server(port=0)
+    for servicer in servicers:
+        server.add_service(servicer.service)
+    return server
+
+
+class _ConnectionHandler(ConnectionHandler):  # type: ignore[misc]  # purerpc is untyped
+    """purerpc's per-connection handler with per-stream cancellation and contained failures."""
+
+    async def __call__(self, conn: anyio.abc.SocketStream) -> None:
+        scopes: dict[int, trio.CancelScope] = {}
+
+        def on_stream_reset(stream_id: int, error_code: int) -> None:
+            scope = scopes.get(stream_id)
+            if scope is not None:
+                scope.cancel()
+
+        async def run_stream(stream: Any) -> None:
+            with trio.CancelScope() as scope:
+                scopes[stream.stream_id] = scope
+                try:
+                    await self.request_received(stream)
+                finally:
+                    del scopes[stream.stream_id]
+
+        try:
+            async with conn, GRPCProtoSocket(self.config, conn) as grpc_conn:
+                grpc_conn._grpc_connection.on_stream_reset = on_stream_reset
+                async with trio.open_nursery() as nursery:
+                    async for stream in grpc_conn.listen():
+                        nursery.start_soon(run_stream, stream)
+                    # listen() ends on EOF: the peer is gone, so nobody awaits these handlers.
+                    nursery.cancel_scope.cancel()
+        except* _CONNECTION_ERRORS as group:
+            log.debug("gRPC connection dropped: %r", group.exceptions)
+        except* Exception as group:
+            log.warning("gRPC connection failed", exc_info=group)
+
+
+async def _accept_forever(
+    listener: anyio.abc.SocketListener,
+    handle: Callable[[anyio.abc.SocketStream], Awaitable[None]],
+) -> None:
+    async with trio.open_nursery() as nursery:
+        while True:
+            try:
+                conn = await listener.accept()
+            except OSError as exc:
+                if exc.errno not in _ACCEPT_CAPACITY_ERRNOS:
+                    raise
+                log.error("accept() failed, backing off: %s", exc)
+                await trio.sleep(_ACCEPT_BACKOFF_S)
+                continue
+            nursery.start_soon(handle, conn)
+
+
+async def _serve(server: purerpc.Server, listener: anyio.abc.SocketListener) -> None:
+    async with AsyncExitStack() as stack:
+        services = {
+            name: await stack.enter_async_context(cm) for name, cm in server.services.items()
+        }
+        await _accept_forever(listener, _ConnectionHandler(services, server))
+
+
+def bind_unix_socket(path: Path, mode: int | None, backlog: int = 128) -> tuple[socket.socket, int]:
+    """A listening AF_UNIX socket at `path`, replacing a stale socket file there, and the
+    inode of its file (to tell it from a later replacement).
+
+    The socket is bound under a temporary name in the same directory, chmod-ed, renamed over
+    `path` and only then put into listening state: no client can ever connect to it with the
+    wrong mode, and a stale file at `path` is replaced atomically. Anything at `path` that is
+    not a socket is left alone (FileExistsError).
+    """
+    try:
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            raise FileExistsError(errno.EEXIST, "exists and is not a socket", str(path))
+    except FileNotFoundError:
+        pass
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        tmp = path.parent / f".{secrets.token_hex(4)}.sock"
+        sock.bind(os.fspath(tmp))
+        try:
+            if mode is not None:
+                os.chmod(tmp, mode)
+            inode = os.lstat(tmp).st_ino
+            os.rename(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        sock.listen(backlog)
+    except BaseException:
+        sock.close()
+        raise
+    return sock, inode
+
+
+def _remove_if_ours(path: Path, inode: int) -> None:
+    # A newer server may already have replaced the file (a restart racing our exit): leave it.
+    try:
+        if os.lstat(path).st_ino == inode:
+            path.unlink()
+    except FileNotFoundError:
+        pass
+
+
+async def serve_unix(
+    path: str | os.PathLike[str],
+    *servicers: HasService,
+    mode: int | None = None,
+    task_status: trio.TaskStatus[Path] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve `servicers` over gRPC on a Unix socket at `path` until cancelled.
+
+    Reports the socket's path through `task_status` once it accepts connections (use
+    `await nursery.start(serve_unix, path, servicer)`; `functools.partial` for `mode`). A stale
+    socket file at `path` is replaced; `mode` (e.g. 0o600) is in force before anyone can
+    connect. The socket file is removed on the way out, cancellation included, unless someone
+    else has replaced it meanwhile. Each call builds a fresh purerpc Server.
+    """
+    sock_path = Path(path)
+    server = make_server(*servicers)
+    sock, inode = bind_unix_socket(sock_path, mode)
+    try:
+        listener = await anyio.abc.SocketListener.from_socket(sock)
+    except BaseException:
+        sock.close()
+        _remove_if_ours(sock_path, inode)
+        raise
+    try:
+        async with listener:
+            task_status.started(sock_path)
+            await _serve(server, listener)
+    finally:
+        _remove_if_ours(sock_path, inode)
+
+
+async def serve_tcp(
+    host: str,
+    port: int,
+    *servicers: HasService,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve `servicers` over gRPC on TCP `host:port` (0 picks a free port) until cancelled.
+
+    For discovery handlers registered as NETWORK endpoints. Reports the bound port through
+    `task_status`. Same per-stream cancellation and failure containment as `serve_unix`.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    server = make_server(*servicers)
+    sock = socket.create_server((host, port), family=family)
+    try:
+        listener = await anyio.abc.SocketListener.from_socket(sock)
+    except BaseException:
+        sock.close()
+        raise
+    async with listener:
+        task_status.started(listener.extra(anyio.abc.SocketAttribute.local_port))
+        await _serve(server, listener)
+
+
+# ---- clients ----------------------------------------------------------------------------------
+
+# How a reset stream surfaces to the caller, as gRPC clients map it. Keys are HTTP/2 error
+# codes (RFC 9113 §7): REFUSED_STREAM = 0x7, CANCEL = 0x8.
+_RESET_STATUS = {
+    0x7: purerpc.StatusCode.UNAVAILABLE,
+    0x8: purerpc.StatusCode.CANCELLED,
+}
+
+
+@dataclass(frozen=True)
+class _Reset:
+    """RST_STREAM as an event on the client's queue: ends that call, in order."""
+
+    stream_id: int
+    error_code: int
+
+
+_REMOTE_OPEN = (GRPCStreamState.OPEN, GRPCStreamState.HALF_CLOSED_LOCAL)
+
+
+class _ClientSocket(GRPCProtoSocket):  # type: ignore[misc]  # purerpc is untyped
+    """purerpc's client connection, ending open calls when the server goes away ((f) above).
+
+    The read loop replaces purerpc's `_listen` on the client side: same dispatch, plus resets,
+    and events for calls that already ended are dropped instead of raising KeyError.
+    """
+
+    def __init__(self, config: GRPCConfiguration, sock: anyio.abc.SocketStream) -> None:
+        super().__init__(config, sock)
+        self._grpc_connection.on_stream_reset = self._on_stream_reset
+
+    @staticmethod
+    def _on_stream_reset(stream_id: int, error_code: int) -> list[_Reset]:
+        return [_Reset(stream_id, error_code)]
+
+    async def _read_responses(self) -> None:
+        while True:
+            try:
+                data = await self._socket.recv(self._receive_buffer_size)
+            except (anyio.EndOfStream, anyio.BrokenResourceError):
+                return
+            events = self._grpc_connection.receive_data(data)
+            await self._socket.flush()  # h2 may owe the server ACKs / window updates
+            for event in events:
+                if isinstance(event, WindowUpdated):
+                    ids = list(self._streams) if event.stream_id == 0 else [event.stream_id]
+                    for sid in ids:
+                        if sid in self._streams:
+                            await self._streams[sid]._set_flow_control_update()
+                    continue
+                if isinstance(event, RequestReceived):
+                    raise ProtocolError("Received request on client end")
+                stream = self._streams.get(event.stream_id)
+                if stream is None or stream.state not in _REMOTE_OPEN:
+                    continue  # e.g. RST_STREAM(NO_ERROR) after the trailers
+                if isinstance(event, _Reset):
+                    code = _RESET_STATUS.get(event.error_code, purerpc.StatusCode.INTERNAL)
+                    message = f"stream reset by the server (HTTP/2 error code {event.error_code})"
+                    event = ResponseEnded(event.stream_id, purerpc.Status(code, message))
+                await stream._incoming_events[0].send(event)
+                if isinstance(event, ResponseEnded):
+                    stream._close_remote()
+
+    async def _reader_thread(self) -> None:
+        try:
+            await self._read_responses()
+        finally:
+            # EOF (or our own exit): calls still waiting for an answer will never get one.
+            status = purerpc.Status(purerpc.StatusCode.UNAVAILABLE, "connection closed")
+            for sid, stream in list(self._streams.items()):
+                if stream.state in _REMOTE_OPEN:
+                    stream._incoming_events[0].send_nowait(ResponseEnded(sid, status))
+                    stream._close_remote()
+
+
+class _ClosingChannel(_Channel):  # type: ignore[misc]  # purerpc is untyped
+    """purerpc's channel, but it closes the socket it opened ((d) above)."""
+
+    async def _connect(self) -> anyio.abc.SocketStream:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        await AsyncExitStack.__aenter__(self)
+        try:
+            sock = await self._connect()
+            self.push_async_callback(sock.aclose)
+            self._grpc_socket = await self.enter_async_context(
+                _ClientSocket(GRPCConfiguration(client_side=True), sock)
+            )
+        except BaseException:
+            await self.aclose()
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        # purerpc's task group wraps whatever the body raised in an ExceptionGroup, together
+        # with its own tasks' errors. Give callers one exception: the body's own (connection
+        # errors beside it are incidental), or UnavailableError when the broken connection
+        # interrupted the body. Anything else (a bug) stays a group.
+        try:
+            return bool(await super().__aexit__(exc_type, exc, tb))
+        except BaseExceptionGroup as group:
+            leaves = _leaves(group)
+            if any(e is not exc and not isinstance(e, _CONNECTION_ERRORS) for e in leaves):
+                raise
+            if exc is not None and any(e is exc for e in leaves):
+                raise exc from None
+            if exc is None:
+                return False  # every call in the body completed; the hang-up came after
+            raise purerpc.UnavailableError(f"connection lost: {leaves[0]!r}") from group
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    return [
+        leaf
+        for e in group.exceptions
+        for leaf in (_leaves(e) if isinstance(e, BaseExceptionGroup) else [e])
+    ]
+
+
+class UnixChannel(_ClosingChannel):
+    """A purerpc channel to a gRPC server on a Unix socket (the kubelet, a discovery handler).
+
+    `async with UnixChannel(path) as channel: stub = XStub(channel)`. A missing socket raises
+    FileNotFoundError from `__aenter__`. A failed call inside the block raises one exception,
+    not a group: its status error (`purerpc.InvalidArgumentError`, ...), or
+    `purerpc.UnavailableError` when the server went away mid-call.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        # purerpc sends ":authority: localhost:0"; gRPC servers on sockets ignore it.
+        super().__init__("localhost", 0)
+        self.path = os.fspath(path)
+
+    async def _connect(self) -> anyio.abc.SocketStream:
+        return await anyio.connect_unix(self.path)
+
+
+class TcpChannel(_ClosingChannel):
+    """A purerpc channel over plain TCP (a discovery handler's NETWORK endpoint); no TLS."""
+
+    def __init__(self, host: str, port: int) -> None:
+        super().__init__(host, port)
+
+    async def _connect(self) -> anyio.abc.SocketStream:
+        return await anyio.connect_tcp(self._host, self._port)
+
+
+@dataclass(frozen=True)
+class UnixEndpoint:
+    path: str
+
+
+@dataclass(frozen=True)
+class TcpEndpoint:
+    host: str
+    port: int
+
+
+def parse_endpoint(endpoint: str) -> UnixEndpoint | TcpEndpoint:
+    """Parse a gRPC endpoint as discovery handlers register it.
+
+    Unix: `/abs/path`, `unix:///abs/path`, `unix:path`. TCP: `http://host:port`, `host:port`,
+    `[v6addr]:port`. Raises ValueError for anything else, including `https://` (no TLS here).
+    """
+    if endpoint.startswith("/"):
+        return UnixEndpoint(endpoint)
+    if endpoint.startswith("unix:"):
+        path = endpoint.removeprefix("unix:")
+        if path.startswith("//"):
+            path = path.removeprefix("//")
+        if not path:
+            raise ValueError(f"empty socket path in endpoint {endpoint!r}")
+        return UnixEndpoint(path)
+    url = endpoint if "://" in endpoint else f"http://{endpoint}"
+    parts = urlsplit(url)
+    if parts.scheme != "http":
+        raise ValueError(f"unsupported endpoint scheme {parts.scheme!r} in {endpoint!r}")
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"bad port in endpoint {endpoint!r}") from exc
+    if not parts.hostname or port is None or parts.path not in ("", "/"):
+        raise ValueError(f"expected http://host:port, got {endpoint!r}")
+    return TcpEndpoint(parts.hostname, port)
+
+
+def open_channel(endpoint: str | UnixEndpoint | TcpEndpoint) -> UnixChannel | TcpChannel:
+    """The channel for an endpoint string (see `parse_endpoint`); enter it with `async with`."""
+    target = parse_endpoint(endpoint) if isinstance(endpoint, str) else endpoint
+    if isinstance(target, UnixEndpoint):
+        return UnixChannel(target.path)
+    return TcpChannel(target.host, target.port)

@@ -1,0 +1,26 @@
+"""Fixtures for agent tests against the real control plane."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from akri_trio.kube.client import Client
+from akri_trio.kube.config import load_config
+from tests.support.akri_cluster import install_crds, purge_akri
+
+
+@pytest.fixture
+async def api(cluster: dict[str, str]) -> AsyncIterator[Client]:
+    async with Client.open(load_config(cluster["KUBECONFIG"])) as client:
+        yield client
+
+
+@pytest.fixture
+async def akri(api: Client) -> AsyncIterator[Client]:
+    """CRDs installed and no akri objects left over, before and after the test."""
+    await install_crds(api)
+    await purge_akri(api)
+    yield api
+    await purge_akri(api)

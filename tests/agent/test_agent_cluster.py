@@ -1,0 +1,248 @@
+"""The agent against the real control plane, with a grpcio kubelet stand-in for the node side.
+
+The real kubelet has its own end-to-end tests (tests/node); these cover what one machine cannot
+do with one kubelet (two agents racing for one slot) and keep the agent's API behaviour fast to
+check: Instances, status, write-only-on-change, Allocate claims, configuration-level mapping.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import trio
+
+from akri_trio.agent.run import Agent, AgentSettings, run_agent
+from akri_trio.kube.client import Client
+from tests.support.akri_cluster import (
+    CONFIGURATIONS,
+    INSTANCES,
+    debug_echo_config,
+    ensure_namespace,
+)
+from tests.support.kubelet_standin import KubeletStandin
+
+NS = "agent-tests"
+
+
+class Node:
+    """One agent plus its kubelet stand-in, in a directory of its own."""
+
+    def __init__(self, name: str, root: Path, availability: Path) -> None:
+        self.name = name
+        self.kubelet = KubeletStandin(root / name / "device-plugins").start()
+        self.settings = AgentSettings(
+            node=name,
+            discovery_handlers_directory=root / name / "akri",
+            device_plugin_dir=root / name / "device-plugins",
+            pod_resources_socket=root / name / "pod-resources.sock",
+            enable_debug_echo=True,
+            debug_echo_shared=True,
+            debug_echo_availability=availability,
+            metrics_port=None,
+        )
+        self.agent: Agent | None = None
+        self.scope = trio.CancelScope()
+
+    async def run(self, api: Client, *, task_status: trio.TaskStatus[None]) -> None:
+        with self.scope:
+            self.agent = await _start(api, self.settings)
+            task_status.started()
+            await trio.sleep_forever()
+
+    async def wait(self, predicate: Callable[[KubeletStandin], bool]) -> None:
+        await trio.to_thread.run_sync(self.kubelet.wait_for, predicate, 20.0)
+
+    async def allocate(self, resource: str, requests: list[list[str]]) -> Any:
+        return await trio.to_thread.run_sync(self.kubelet.allocate, resource, requests)
+
+
+_nursery_for_agents: list[trio.Nursery] = []
+
+
+async def _start(api: Client, settings: AgentSettings) -> Agent:
+    agent: Agent = await _nursery_for_agents[-1].start(
+        lambda **kw: run_agent(settings, api=api, **kw)
+    )
+    return agent
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """Unix socket paths must stay under 108 bytes; pytest's tmp_path is too deep."""
+    with tempfile.TemporaryDirectory(prefix="ak", dir="/tmp") as d:
+        yield Path(d)
+
+
+@pytest.fixture
+async def nodes(akri: Client, short_tmp: Path) -> AsyncIterator[Callable[..., Any]]:
+    tmp_path = short_tmp
+    await ensure_namespace(akri, NS)
+    availability = tmp_path / "availability"
+    started: list[Node] = []
+    async with trio.open_nursery() as nursery:
+        _nursery_for_agents.append(nursery)
+
+        async def start(name: str) -> Node:
+            node = Node(name, tmp_path, availability)
+            await nursery.start(node.run, akri)
+            started.append(node)
+            return node
+
+        start.availability = availability  # type: ignore[attr-defined]
+        try:
+            yield start
+        finally:
+            nursery.cancel_scope.cancel()
+            _nursery_for_agents.pop()
+            for node in started:
+                node.kubelet.stop()
+
+
+async def _instances(api: Client) -> dict[str, dict[str, Any]]:
+    return {o["metadata"]["name"]: o for o in (await api.list(INSTANCES, namespace=NS)).items}
+
+
+async def _until(check: Callable[[], Any]) -> Any:
+    with trio.fail_after(20):
+        while True:
+            value = await check()
+            if value:
+                return value
+            await trio.sleep(0.1)
+
+
+async def test_discovered_devices_become_instances_and_plugins(akri: Client, nodes: Any) -> None:
+    node = await nodes("node-a")
+    await akri.create(
+        CONFIGURATIONS,
+        debug_echo_config(
+            "echo", NS, ["foo0", "foo1"], capacity=2, broker_properties={"GREETING": "hi"}
+        ),
+    )
+
+    async def two() -> dict[str, Any] | None:
+        found = await _instances(akri)
+        return found if len(found) == 2 else None
+
+    instances = await _until(two)
+    assert set(instances) == {"echo-8120fe", "echo-a19705"}  # BLAKE2b-3 of foo0 / foo1 (shared)
+    spec = instances["echo-8120fe"]["spec"]
+    assert spec["brokerProperties"] == {"DEBUG_ECHO_DESCRIPTION": "foo0", "GREETING": "hi"}
+    assert spec["nodes"] == ["node-a"] and spec["capacity"] == 2 and spec["shared"] is True
+    assert instances["echo-8120fe"]["metadata"]["finalizers"] == ["node-a"]
+    await node.wait(
+        lambda k: len(k.healthy("akri.sh/echo-8120fe")) == 2 and len(k.healthy("akri.sh/echo")) == 2
+    )
+    registered = node.kubelet.registrations["akri.sh/echo"]
+    assert registered.options.get_preferred_allocation_available is True
+
+    status = (await akri.get(CONFIGURATIONS, "echo", namespace=NS))["status"]["nodes"][0]
+    assert status["node"] == "node-a" and status["instances"] == 2
+    assert {c["type"]: c["status"] for c in status["conditions"]} == {
+        "HandlerAvailable": "True",
+        "DiscoveryDetailsValid": "True",
+        "PropertiesResolved": "True",
+    }
+
+
+async def test_unchanged_discovery_makes_no_writes(akri: Client, nodes: Any) -> None:
+    await nodes("node-a")
+    await akri.create(CONFIGURATIONS, debug_echo_config("quiet", NS, ["q0"]))
+    await _until(lambda: _instances(akri))
+    await trio.sleep(1.5)  # let the first round of writes (Instance, status) settle
+    before = {n: o["metadata"]["resourceVersion"] for n, o in (await _instances(akri)).items()}
+    config_rv = (await akri.get(CONFIGURATIONS, "quiet", namespace=NS))["metadata"][
+        "resourceVersion"
+    ]
+    await trio.sleep(3)  # several debugEcho polls, each reporting the same list
+    after = {n: o["metadata"]["resourceVersion"] for n, o in (await _instances(akri)).items()}
+    assert after == before
+    assert (await akri.get(CONFIGURATIONS, "quiet", namespace=NS))["metadata"][
+        "resourceVersion"
+    ] == config_rv
+
+
+async def test_offline_removes_instances_and_restore_brings_them_back(
+    akri: Client, nodes: Any
+) -> None:
+    node = await nodes("node-a")
+    await akri.create(CONFIGURATIONS, debug_echo_config("flaky", NS, ["f0", "f1"]))
+    await _until(lambda: _count(akri, 2))
+    nodes.availability.write_text("OFFLINE")
+    await _until(lambda: _count(akri, 0))
+    await node.wait(lambda k: k.healthy("akri.sh/flaky") == [])
+    nodes.availability.write_text("ONLINE")
+    await _until(lambda: _count(akri, 2))
+    await node.wait(lambda k: len(k.healthy("akri.sh/flaky")) == 2)
+
+
+async def _count(api: Client, n: int) -> bool:
+    return len(await _instances(api)) == n
+
+
+async def test_allocate_claims_slot_and_returns_env(akri: Client, nodes: Any) -> None:
+    node = await nodes("node-a")
+    await akri.create(CONFIGURATIONS, debug_echo_config("cam", NS, ["c0"], capacity=2))
+    await node.wait(lambda k: len(k.healthy("akri.sh/cam-da7ab9")) == 2)
+    response = await node.allocate("akri.sh/cam-da7ab9", [["cam-da7ab9-1"]])
+    envs = dict(response.container_responses[0].envs)
+    assert envs == {"DEBUG_ECHO_DESCRIPTION": "c0", "DEBUG_ECHO_DESCRIPTION_DA7AB9": "c0"}
+    usage = (await akri.get(INSTANCES, "cam-da7ab9", namespace=NS))["spec"]["deviceUsage"]
+    assert usage == {"cam-da7ab9-1": "node-a"}
+    # The configuration-level plugin now offers one free vdev for the one free slot.
+    await node.wait(lambda k: len(k.healthy("akri.sh/cam")) == 1)
+
+
+async def test_configuration_level_maps_to_distinct_devices(akri: Client, nodes: Any) -> None:
+    node = await nodes("node-a")
+    await akri.create(CONFIGURATIONS, debug_echo_config("any", NS, ["a0", "a1"], capacity=2))
+    await node.wait(lambda k: k.healthy("akri.sh/any") == ["any-0", "any-1"])
+    response = await node.allocate("akri.sh/any", [["any-0", "any-1"]])
+    envs = dict(response.container_responses[0].envs)
+    described = {v for k, v in envs.items() if k.startswith("DEBUG_ECHO_DESCRIPTION_")}
+    assert described == {"a0", "a1"}  # two different devices, not two slots of one
+    usages = [o["spec"].get("deviceUsage", {}) for o in (await _instances(akri)).values()]
+    assert sorted(v for u in usages for v in u.values()) == ["C:any-0:node-a", "C:any-1:node-a"]
+    # Held vdevs stay listed; each device still has a free slot, so two fresh vdevs appear.
+    await node.wait(lambda k: k.healthy("akri.sh/any") == ["any-0", "any-1", "any-2", "any-3"])
+    # Three distinct devices out of two: refused, and nothing more is claimed.
+    with pytest.raises(grpc.RpcError) as info:
+        await node.allocate("akri.sh/any", [["any-0", "any-1", "any-2"]])
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    usages = [o["spec"].get("deviceUsage", {}) for o in (await _instances(akri)).values()]
+    assert sorted(v for u in usages for v in u.values()) == ["C:any-0:node-a", "C:any-1:node-a"]
+
+
+async def test_two_agents_race_for_one_shared_slot(akri: Client, nodes: Any) -> None:
+    a, b = await nodes("node-a"), await nodes("node-b")
+    trials = 25
+    await akri.create(CONFIGURATIONS, debug_echo_config("race", NS, ["r0"], capacity=trials))
+    inst = "race-" + "8779fd"
+    resource = f"akri.sh/{inst}"
+    for node in (a, b):
+        await node.wait(lambda k: len(k.healthy(resource)) == trials)
+    winners: dict[str, list[str]] = {"node-a": [], "node-b": []}
+    for i in range(trials):
+        slot = f"{inst}-{i}"
+        outcomes: dict[str, bool] = {}
+
+        async def claim(node: Node, slot: str = slot, outcomes: dict[str, bool] = outcomes) -> None:
+            try:
+                await node.allocate(resource, [[slot]])
+                outcomes[node.name] = True
+            except grpc.RpcError as exc:
+                assert exc.code() == grpc.StatusCode.FAILED_PRECONDITION, exc
+                outcomes[node.name] = False
+
+        async with trio.open_nursery() as race:
+            race.start_soon(claim, a)
+            race.start_soon(claim, b)
+        assert sorted(outcomes.values()) == [False, True], outcomes
+        winners[next(n for n, won in outcomes.items() if won)].append(slot)
+    usage = (await akri.get(INSTANCES, inst, namespace=NS))["spec"]["deviceUsage"]
+    assert usage == {s: n for n, slots in winners.items() for s in slots}

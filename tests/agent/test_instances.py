@@ -1,0 +1,149 @@
+"""The Instance plan: what this node writes for what it discovered, and nothing more."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from akri_trio.agent.discovery import DiscoveredDevice
+from akri_trio.agent.instances import Apply, Leave, Remove, desired_body, plan
+from akri_trio.model.convert import structure
+from akri_trio.model.device import Device
+from akri_trio.model.resources import Configuration, Instance
+
+NODE = "node-a"
+
+
+def config(capacity: int = 2, props: dict[str, str] | None = None) -> Configuration:
+    return structure(
+        {
+            "metadata": {"name": "cam", "namespace": "ns", "uid": "cfg-uid"},
+            "spec": {
+                "discoveryHandler": {"name": "debugEcho"},
+                "capacity": capacity,
+                "brokerProperties": props or {},
+            },
+        },
+        Configuration,
+    )
+
+
+def found(device_id: str, shared: bool = True, **props: str) -> DiscoveredDevice:
+    return DiscoveredDevice(Device(device_id, {"ID": device_id, **props}), shared, "embedded")
+
+
+def as_cluster(body: dict[str, Any], **spec_changes: Any) -> Instance:
+    """What the API server would hold after applying `body` (plus optional drift)."""
+    data = {**body, "spec": {**body["spec"], **spec_changes}}
+    return structure(data, Instance)
+
+
+def test_new_device_is_applied_with_upstream_names_and_fields() -> None:
+    (op,) = plan(NODE, config(props={"ID": "override"}), [found("my_shared_device")], {})
+    assert isinstance(op, Apply)
+    assert op.name == "cam-4294ea"  # upstream's hash vector for "my_shared_device"
+    meta, spec = op.body["metadata"], op.body["spec"]
+    assert meta["finalizers"] == [NODE]
+    assert meta["ownerReferences"][0]["uid"] == "cfg-uid"
+    assert meta["ownerReferences"][0]["controller"] is True
+    assert spec == {
+        "configurationName": "cam",
+        "cdiName": "akri.sh/cam=4294ea",
+        "capacity": 2,
+        "brokerProperties": {"ID": "override"},  # the Configuration wins on a clash
+        "shared": True,
+        "nodes": [NODE],
+    }
+
+
+def test_local_devices_hash_the_node_name() -> None:
+    (op,) = plan("my_node", config(), [found("my_local_device", shared=False)], {})
+    assert op.name == "cam-e77db4"
+
+
+def test_unchanged_discovery_writes_nothing() -> None:
+    cfg, dev = config(), found("a")
+    body = desired_body(cfg, dev, NODE)
+    assert plan(NODE, cfg, [dev], {body["metadata"]["name"]: as_cluster(body)}) == []
+
+
+def test_instance_shared_with_another_node_is_joined() -> None:
+    cfg, dev = config(), found("a")
+    body = desired_body(cfg, dev, "node-b")
+    theirs = as_cluster(body)
+    (op,) = plan(NODE, cfg, [dev], {theirs.metadata.name: theirs})
+    assert isinstance(op, Apply) and op.body["spec"]["nodes"] == [NODE]
+
+
+def test_capacity_and_property_changes_propagate() -> None:
+    dev = found("a")
+    body = desired_body(config(), dev, NODE)
+    current = {body["metadata"]["name"]: as_cluster(body)}
+    (op,) = plan(NODE, config(capacity=3), [dev], current)
+    assert isinstance(op, Apply) and op.body["spec"]["capacity"] == 3
+    (op,) = plan(NODE, config(props={"X": "1"}), [dev], current)
+    assert isinstance(op, Apply) and op.body["spec"]["brokerProperties"]["X"] == "1"
+
+
+def test_vanished_device_is_left_keeping_required_fields() -> None:
+    cfg = config()
+    body = desired_body(cfg, found("a"), NODE)
+    current = as_cluster(body, nodes=[NODE, "node-b"])
+    (op,) = plan(NODE, cfg, [], {current.metadata.name: current})
+    assert isinstance(op, Leave)
+    assert op.body["spec"] == {**body["spec"], "nodes": []}  # co-owns all but its own entry
+    assert "finalizers" not in op.body["metadata"]
+    assert op.body["metadata"]["resourceVersion"] == current.metadata.resource_version
+
+
+def test_last_node_drops_its_finalizer_then_deletes() -> None:
+    cfg = config()
+    current = as_cluster(desired_body(cfg, found("a"), NODE))
+    (op,) = plan(NODE, cfg, [], {current.metadata.name: current})
+    assert isinstance(op, Remove) and op.delete
+    assert op.body["spec"]["nodes"] == [NODE]  # emptying the list would null it
+    assert "finalizers" not in op.body["metadata"]
+
+
+def test_instances_of_other_nodes_are_not_touched() -> None:
+    cfg = config()
+    theirs = as_cluster(desired_body(cfg, found("a"), "node-b"))
+    assert plan(NODE, cfg, [], {theirs.metadata.name: theirs}) == []
+
+
+def test_instance_being_deleted_is_left_not_rejoined() -> None:
+    cfg, dev = config(), found("a")
+    body = desired_body(cfg, dev, NODE)
+    body["metadata"]["deletionTimestamp"] = "2026-11-22T00:00:00Z"
+    current = as_cluster(body)
+    (op,) = plan(NODE, cfg, [dev], {current.metadata.name: current})
+    assert isinstance(op, Remove) and not op.delete  # the garbage collector is deleting it
+    assert "finalizers" not in op.body["metadata"]
+    body["metadata"]["finalizers"] = []
+    gone_soon = as_cluster(body, nodes=[])
+    assert plan(NODE, cfg, [dev], {gone_soon.metadata.name: gone_soon}) == []
+
+
+ids = st.lists(st.sampled_from(["a", "b", "c", "d"]), unique=True)
+
+
+@given(before=ids, after=ids)
+def test_plan_converges_in_one_step(before: list[str], after: list[str]) -> None:
+    """Apply the plan for `before`, then for `after`: a second plan for `after` is empty."""
+    cfg = config()
+    cluster: dict[str, Instance] = {}
+
+    def run(device_ids: list[str]) -> None:
+        for op in plan(NODE, cfg, [found(i) for i in device_ids], cluster):
+            if isinstance(op, Apply):
+                cluster[op.name] = as_cluster(op.body)
+            else:
+                assert isinstance(op, Remove) and op.delete  # the only node: it deletes
+                del cluster[op.name]
+
+    run(before)
+    run(after)
+    assert plan(NODE, cfg, [found(i) for i in after], cluster) == []
+    assert len(cluster) == len(after)

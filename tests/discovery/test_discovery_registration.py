@@ -1,0 +1,128 @@
+"""The agent's registration server: validation, a real grpcio client, the socket file's life."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import trio
+
+from akri_trio.discovery.registration import (
+    InvalidRegistration,
+    registration_from_request,
+    serve_registration,
+)
+from akri_trio.discovery.registry import EndpointType, Registration, Registry
+from akri_trio.rpc.gen import discovery_pb2 as pb
+from akri_trio.rpc.gen import discovery_pb2_grpc
+
+UDS = pb.RegisterDiscoveryHandlerRequest.UDS
+NETWORK = pb.RegisterDiscoveryHandlerRequest.NETWORK
+pb_grpc: Any = discovery_pb2_grpc  # grpcio stubs are untyped
+
+
+def request(
+    name: str = "udev", endpoint: str = "/var/lib/akri/udev.sock", kind: int = UDS
+) -> pb.RegisterDiscoveryHandlerRequest:
+    return pb.RegisterDiscoveryHandlerRequest(
+        name=name,
+        endpoint=endpoint,
+        endpoint_type=kind,  # type: ignore[arg-type]
+        shared=False,
+    )
+
+
+def test_valid_requests() -> None:
+    assert registration_from_request(request()) == Registration(
+        "udev", "/var/lib/akri/udev.sock", EndpointType.UDS, False
+    )
+    net = registration_from_request(request("onvif", "http://10.1.2.3:10000", NETWORK))
+    assert net.endpoint_type is EndpointType.NETWORK
+    assert registration_from_request(request(endpoint="unix:///x/y.sock")).endpoint_type is (
+        EndpointType.UDS
+    )
+
+
+@pytest.mark.parametrize(
+    ("req", "message"),
+    [
+        (request(name=""), "name must not be empty"),
+        (request(name="  "), "name must not be empty"),
+        (request(name="a b"), "must not contain whitespace"),
+        (request(endpoint=""), "endpoint must not be empty"),
+        (request(endpoint="relative.sock"), "UDS needs an absolute socket path"),
+        (request(endpoint="http://h:1"), "UDS needs an absolute socket path"),
+        (request(endpoint="/a.sock", kind=NETWORK), "NETWORK needs http://host:port"),
+        (request(endpoint="https://h:1", kind=NETWORK), "bad endpoint"),
+        (request(endpoint="http://h:notaport", kind=NETWORK), "bad endpoint"),
+        (request(kind=7), "unknown endpoint_type 7"),
+    ],
+)
+def test_invalid_requests(req: pb.RegisterDiscoveryHandlerRequest, message: str) -> None:
+    with pytest.raises(InvalidRegistration, match=message):
+        registration_from_request(req)
+
+
+def _grpcio_register(
+    path: Path, req: pb.RegisterDiscoveryHandlerRequest
+) -> tuple[grpc.StatusCode, str]:
+    """A blocking grpcio call (run it in a thread): the status code and details."""
+    with grpc.insecure_channel(f"unix://{path}") as channel:
+        try:
+            pb_grpc.RegistrationStub(channel).RegisterDiscoveryHandler(req, timeout=5)
+        except grpc.RpcError as err:
+            assert isinstance(err, grpc.Call)
+            return err.code(), err.details() or ""
+    return grpc.StatusCode.OK, ""
+
+
+async def test_grpcio_client_bad_input_gets_invalid_argument_and_server_keeps_working(
+    sock_dir: Path,
+) -> None:
+    registry = Registry(trio.current_time)
+    path = sock_dir / "agent-registration.sock"
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(serve_registration, registry, path)
+            assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+
+            for bad, message in [
+                (request(name=""), "name must not be empty"),
+                (request(endpoint="nope"), "UDS needs an absolute socket path, got 'nope'"),
+                (request(kind=5), "unknown endpoint_type 5"),
+            ]:
+                code, details = await trio.to_thread.run_sync(_grpcio_register, path, bad)
+                assert code == grpc.StatusCode.INVALID_ARGUMENT
+                assert message in details
+            assert registry.names() == []
+
+            good = request("debugEcho", "/var/lib/akri/debugEcho.sock")
+            code, _ = await trio.to_thread.run_sync(_grpcio_register, path, good)
+            assert code == grpc.StatusCode.OK
+            assert [r.endpoint for r in registry.registrations("debugEcho")] == [
+                "/var/lib/akri/debugEcho.sock"
+            ]
+            nursery.cancel_scope.cancel()
+    assert not path.exists()  # removed on shutdown
+
+
+async def test_stale_socket_file_is_replaced(sock_dir: Path) -> None:
+    path = sock_dir / "agent-registration.sock"
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(str(path))
+    stale.close()  # a file nobody listens on, as a crashed agent leaves it
+    old_inode = os.stat(path).st_ino
+    registry = Registry(trio.current_time)
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(serve_registration, registry, path)
+            assert os.stat(path).st_ino != old_inode
+            code, _ = await trio.to_thread.run_sync(_grpcio_register, path, request())
+            assert code == grpc.StatusCode.OK
+            nursery.cancel_scope.cancel()
+    assert not path.exists()

@@ -1,0 +1,88 @@
+"""Test helpers over the real cluster: install the CRDs, create and purge akri objects."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import trio
+import yaml
+
+from akri_trio.kube.client import Client, Resource
+from akri_trio.kube.errors import NotFound
+
+REPO = Path(__file__).resolve().parent.parent.parent
+CRDS = Resource(
+    "apiextensions.k8s.io",
+    "v1",
+    "customresourcedefinitions",
+    "CustomResourceDefinition",
+    namespaced=False,
+)
+CONFIGURATIONS = Resource("akri.sh", "v0", "configurations", "Configuration")
+INSTANCES = Resource("akri.sh", "v0", "instances", "Instance")
+NAMESPACES = Resource.core("namespaces", "Namespace", namespaced=False)
+
+
+async def install_crds(api: Client) -> None:
+    for path in sorted((REPO / "k8s" / "crds").glob("*.yaml")):
+        crd = yaml.safe_load(path.read_text())
+        await api.apply(CRDS, crd, field_manager="akri-trio-tests", force=True)
+    with trio.fail_after(30):
+        for name in ("configurations.akri.sh", "instances.akri.sh"):
+            while True:
+                obj = await api.get(CRDS, name)
+                conditions = (obj.get("status") or {}).get("conditions") or []
+                if any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
+                    break
+                await trio.sleep(0.1)
+
+
+async def ensure_namespace(api: Client, name: str) -> None:
+    body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+    await api.apply(NAMESPACES, body, field_manager="akri-trio-tests")
+
+
+async def purge_akri(api: Client) -> None:
+    """Delete every Configuration and Instance, stripping finalizers of agents that are gone."""
+    for res in (CONFIGURATIONS, INSTANCES):
+        listed = await api.list(res)
+        for obj in listed.items:
+            meta = obj["metadata"]
+            try:
+                if meta.get("finalizers"):
+                    await api.merge_patch(
+                        res,
+                        meta["name"],
+                        {"metadata": {"finalizers": None}},
+                        namespace=meta["namespace"],
+                    )
+                await api.delete(res, meta["name"], namespace=meta["namespace"])
+            except NotFound:
+                pass
+    with trio.fail_after(30):
+        while (await api.list(INSTANCES)).items or (await api.list(CONFIGURATIONS)).items:
+            await trio.sleep(0.1)
+
+
+def debug_echo_config(
+    name: str,
+    namespace: str,
+    descriptions: list[str],
+    *,
+    capacity: int = 2,
+    broker_properties: Mapping[str, str] | None = None,
+    details: str | None = None,
+) -> dict[str, Any]:
+    text = details if details is not None else yaml.safe_dump({"descriptions": descriptions})
+    return {
+        "apiVersion": "akri.sh/v0",
+        "kind": "Configuration",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "discoveryHandler": {"name": "debugEcho", "discoveryDetails": text},
+            "capacity": capacity,
+            "brokerProperties": dict(broker_properties or {}),
+        },
+    }
