@@ -1,18 +1,33 @@
-"""The README's demo: a real local cluster, Akri's CRDs, and a debugEcho Configuration.
+"""The README's demo: devices discovered and used, on a real local Kubernetes node.
 
-Runs as `scripts/just demo` (or `python -m akri_trio.demo`). Each step prints what it does, and
-the last shows the result the way a user would look at it: with kubectl.
+Runs as `scripts/just demo` (or `python -m akri_trio.demo`):
+1. a real cluster with a node (etcd, apiserver, controller-manager, scheduler, containerd,
+   kubelet), built from source on the first run;
+2. Akri's CRDs and the akri-trio agent on the node (a host process here; a DaemonSet in a
+   real cluster, see k8s/agent.yaml), with the embedded debugEcho discovery handler;
+3. a debugEcho Configuration: two fake devices become two Instances and three kubelet
+   resources (one per device, one for "any of them");
+4. a Pod that asks for one device and a Pod that asks for two of the Configuration: their logs
+   show the env vars Allocate gave them — two *different* devices for the second;
+5. cleanup of what the demo made (the cluster keeps running; `scripts/just cluster-down`).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
+import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "k8s" / "examples" / "debug-echo.yaml"
+CONFIG = "akri-debug-echo-foo"
 
 
 def _step(title: str) -> None:
@@ -28,30 +43,148 @@ def _cluster(*args: str) -> str:
     return proc.stdout
 
 
-def main() -> int:
-    _step("starting a real local Kubernetes (etcd, apiserver, controller-manager, scheduler)")
-    print(_cluster("up"), end="")
-    env = dict(line.split("=", 1) for line in _cluster("env").splitlines() if "=" in line)
-    kubectl_env = {**os.environ, "KUBECONFIG": env["KUBECONFIG"]}
+def _until(check: Callable[[], bool], what: str, seconds: float = 90) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out waiting for {what}")
+        time.sleep(0.5)
 
-    def kubectl(*args: str) -> None:
+
+class Kubectl:
+    def __init__(self, env: dict[str, str]) -> None:
+        self.path = env["KUBECTL"]
+        self.env = {**os.environ, "KUBECONFIG": env["KUBECONFIG"]}
+
+    def show(self, *args: str, stdin: str | None = None) -> None:
         print(f"$ kubectl {' '.join(args)}", flush=True)
-        subprocess.run([env["KUBECTL"], *args], env=kubectl_env, check=True)
+        subprocess.run([self.path, *args], env=self.env, input=stdin, text=True, check=True)
+
+    def json(self, *args: str) -> Any:
+        out = subprocess.run(
+            [self.path, *args, "-o", "json"],
+            env=self.env,
+            text=True,
+            capture_output=True,
+            check=True,
+        ).stdout
+        return json.loads(out)
+
+    def quiet(self, *args: str) -> None:
+        subprocess.run([self.path, *args], env=self.env, capture_output=True, check=False)
+
+
+def _pod(name: str, resource: str, count: int) -> str:
+    return json.dumps(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {
+                "terminationGracePeriodSeconds": 1,
+                "restartPolicy": "Never",
+                "containers": [
+                    {
+                        "name": "broker",
+                        "image": "docker.io/library/busybox:latest",
+                        "imagePullPolicy": "Never",
+                        "command": ["sh", "-c", "env | grep ^DEBUG_ECHO | sort; sleep 3600"],
+                        "resources": {"limits": {resource: str(count)}},
+                    }
+                ],
+            },
+        }
+    )
+
+
+def main() -> int:
+    _step("starting a real local Kubernetes with one node (the first run builds it)")
+    print(_cluster("up", "--node"), end="")
+    env = dict(line.split("=", 1) for line in _cluster("env").splitlines() if "=" in line)
+    node = env["AKRI_TRIO_NODE_NAME"]
+    k = Kubectl(env)
 
     _step("installing the akri.sh/v0 CRDs")
-    kubectl("apply", "-f", str(REPO / "k8s" / "crds"))
-    kubectl(
+    k.show("apply", "-f", str(REPO / "k8s" / "crds"))
+    k.show(
         "wait",
         "--for=condition=Established",
         "--timeout=30s",
         "crd/configurations.akri.sh",
         "crd/instances.akri.sh",
     )
-    _step("applying a debugEcho Configuration")
-    kubectl("apply", "-f", str(EXAMPLE))
-    kubectl("get", "akric")
-    print(f"\nThe cluster keeps running; use it with:  export KUBECONFIG={env['KUBECONFIG']}")
-    print("Stop it with:  scripts/just cluster-down")
+
+    _step(f"starting the akri-trio agent for node {node} (embedded debugEcho handler)")
+    work = Path(tempfile.mkdtemp(prefix="akri-demo-"))
+    log = open(work / "agent.log", "wb")  # noqa: SIM115  (lives as long as the agent)
+    agent = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "akri_trio",
+            "agent",
+            "--node-name",
+            node,
+            "--discovery-handlers-directory",
+            str(work / "akri"),
+            "--enable-debug-echo",
+            "--debug-echo-availability",
+            str(work / "availability"),
+            "--metrics-port",
+            "-1",
+        ],
+        env={**k.env, "PYTHONUNBUFFERED": "1"},
+        stdout=log,
+        stderr=log,
+    )
+    print(f"agent pid {agent.pid}, log {work / 'agent.log'}")
+    try:
+        _step("applying a debugEcho Configuration: two fake devices, capacity 2")
+        k.show("apply", "-f", str(EXAMPLE))
+        _until(lambda: len(k.json("get", "akrii")["items"]) == 2, "two Instances")
+        k.show("get", "akric,akrii")
+        _until(
+            lambda: (
+                sum(
+                    1
+                    for r in k.json("get", "node", node)["status"]["allocatable"]
+                    if r.startswith("akri.sh/")
+                )
+                == 3
+            ),
+            "the node's akri.sh resources",
+        )
+        allocatable = k.json("get", "node", node)["status"]["allocatable"]
+        print(
+            "node allocatable:", {r: v for r, v in allocatable.items() if r.startswith("akri.sh/")}
+        )
+
+        instance = k.json("get", "akrii")["items"][0]["metadata"]["name"]
+        _step(f"a Pod that asks for one specific device: akri.sh/{instance}: 1")
+        k.show("apply", "-f", "-", stdin=_pod("one-device", f"akri.sh/{instance}", 1))
+        _step(f"a Pod that asks for any two devices: akri.sh/{CONFIG}: 2")
+        k.show("apply", "-f", "-", stdin=_pod("two-devices", f"akri.sh/{CONFIG}", 2))
+        k.show(
+            "wait", "--for=condition=Ready", "--timeout=90s", "pod/one-device", "pod/two-devices"
+        )
+        k.show("logs", "one-device")
+        k.show("logs", "two-devices")
+        _step("the slots they hold, in each Instance's deviceUsage")
+        k.show(
+            "get",
+            "akrii",
+            "-o",
+            "custom-columns=INSTANCE:.metadata.name,DEVICE-USAGE:.spec.deviceUsage",
+        )
+    finally:
+        _step("cleaning up what the demo made (the cluster keeps running)")
+        k.quiet("delete", "pod", "one-device", "two-devices", "--wait=true", "--timeout=60s")
+        k.quiet("delete", "-f", str(EXAMPLE), "--wait=true", "--timeout=60s")
+        agent.send_signal(signal.SIGTERM)
+        agent.wait(timeout=30)
+        log.close()
+    print(f"\nUse the cluster with:  export KUBECONFIG={env['KUBECONFIG']}")
+    print("Stop it with:          scripts/just cluster-down")
     return 0
 
 

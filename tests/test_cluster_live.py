@@ -193,3 +193,18 @@ def test_down_stops_only_its_own_home_and_keeps_the_pki(
     assert _run_cli("status").returncode == 0
     if cluster.get("AKRI_TRIO_NODE_NAME"):
         assert Path("/var/lib/kubelet/device-plugins/kubelet.sock").exists()
+
+
+def test_failed_build_shows_the_log_tail(tmp_path: Path) -> None:
+    script = tmp_path / "fail.sh"
+    script.write_text(
+        "echo '[build] compiling'\nfor i in $(seq 1 40); do echo line-$i; done\n"
+        "echo 'FATAL: no Go today'\nexit 3\n"
+    )
+    env = {**os.environ, "AKRI_TRIO_HOME": str(tmp_path), "AKRI_TRIO_BUILD_SCRIPT": str(script)}
+    proc = _run_cli("up", env=env)
+    assert proc.returncode == 1
+    assert "[build] compiling" in proc.stdout  # progress is streamed
+    assert "build failed (exit 3)" in proc.stderr
+    assert "FATAL: no Go today" in proc.stderr and "line-40" in proc.stderr
+    assert "line-1\n" not in proc.stderr  # a tail, not the whole log

@@ -142,6 +142,14 @@ def test_controller_manager_and_scheduler_disable_insecure_ports() -> None:
         assert o["--port"] == "0" and o["--bind-address"] == "127.0.0.1"
     kcm = _opts(flags.kube_controller_manager(LAY))
     assert kcm["--service-account-private-key-file"] == "/h/run/pki/sa.key"
+    assert kcm["--controllers"] == "*"  # GC, Jobs, ServiceAccount tokens, ...
+
+
+def test_controller_manager_credentials_cover_all_its_controllers() -> None:
+    """Without per-controller ServiceAccounts, the kcm's own user must be allowed everything."""
+    kcm = _opts(flags.kube_controller_manager(LAY))
+    if kcm["--use-service-account-credentials"] == "false":
+        assert "system:masters" in configs.TOKEN_USERS["controller-manager"][1]
 
 
 def test_kubelet_ip_node_uses_hostname_override_and_standard_root_dir() -> None:

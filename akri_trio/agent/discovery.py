@@ -135,6 +135,7 @@ class _Discovery:
                 del self.tasks[endpoint]
                 self.lists.pop(endpoint, None)
                 self.invalid.pop(endpoint, None)
+                self.retry_now.pop(endpoint, None)
         for endpoint in current:
             if endpoint not in self.tasks:
                 scope = trio.CancelScope()
@@ -182,6 +183,7 @@ class _Discovery:
     async def _keep_streaming(self, endpoint: str) -> None:
         attempt = 0
         while (registration := self._current(endpoint)) is not None:
+            # Set by a re-registration of this endpoint: it is alive, skip the backoff.
             retry_now = self.retry_now[endpoint] = trio.Event()
             outcome, got_messages = await self.stream_once(registration)
             if got_messages:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Build kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and kubectl v1.20.2 from Debian's
-# `kubernetes` source package, offline, with Debian's Go 1.19. No registry ships these binaries;
+# Build kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and kubectl v1.20.2 from
+# Debian's `kubernetes` source package, offline, with Debian's Go 1.19. No registry ships these binaries;
 # Debian's orig tarball carries upstream's vendor/ tree, so nothing is fetched but Debian packages.
 #
 # kubectl is built too so the client matches the 1.20 server (no skew warnings) on any machine;

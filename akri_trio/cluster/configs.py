@@ -15,10 +15,12 @@ import yaml
 
 # Users authenticated by static token (--token-auth-file). The names of the controller-manager
 # and scheduler match the bootstrap RBAC bindings, so they need no RBAC objects of ours.
-# `akri-restricted` is authenticated but bound to nothing: tests use it to see 403 Forbidden.
+# The controller-manager is also a master: it runs every controller with its own credentials
+# (see flags.kube_controller_manager). `akri-restricted` is authenticated but bound to nothing:
+# tests use it to see 403 Forbidden.
 TOKEN_USERS: Mapping[str, tuple[str, tuple[str, ...]]] = {
     "admin": ("admin", ("system:masters",)),
-    "controller-manager": ("system:kube-controller-manager", ()),
+    "controller-manager": ("system:kube-controller-manager", ("system:masters",)),
     "scheduler": ("system:kube-scheduler", ()),
     "restricted": ("akri-restricted", ()),
 }

@@ -51,6 +51,12 @@ NODE_PACKAGES = (
 BUILD_SCRIPT = Path(__file__).with_name("build_k8s.sh")
 
 
+def build_script() -> Path:
+    """build_k8s.sh, unless AKRI_TRIO_BUILD_SCRIPT names another (e.g. one that fetches
+    prebuilt binaries from a CI cache; tests use it to exercise a failing build)."""
+    return Path(os.environ.get("AKRI_TRIO_BUILD_SCRIPT") or BUILD_SCRIPT)
+
+
 class ClusterError(Exception):
     """A failure `up`/`down` explains to the user in one message (no traceback)."""
 
@@ -145,7 +151,7 @@ def ensure_binaries(lay: Layout) -> None:
     lay.k8s_dir.mkdir(parents=True, exist_ok=True)
     with lay.build_log.open("a") as log:
         proc = subprocess.Popen(
-            ["bash", str(BUILD_SCRIPT), str(lay.k8s_dir)],
+            ["bash", str(build_script()), str(lay.k8s_dir)],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -380,7 +386,7 @@ def default_route_ip() -> str | None:
     """The source address of the default route (no packet is sent by a UDP connect)."""
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
-        s.connect(("192.0.2.255", 9))
+        s.connect(("198.51.100.1", 9))  # TEST-NET-2: any address via the default route
         ip: str = s.getsockname()[0]
         return None if ip.startswith("127.") or ip == "0.0.0.0" else ip
     except OSError:

@@ -4,6 +4,18 @@ The agent and the controller import from here; the submodules hold the pieces:
 `config` (kubeconfig / in-cluster -> httpx client), `client` (`Client`, `Resource`),
 `errors` (`ApiError` and subclasses), `watch` (state machine + driver), `store` (reflector
 cache), `queue` (per-key reconcile queue), `backoff` (retry delays).
+
+The shape of a controller loop built from them:
+
+    INSTANCES = Resource("akri.sh", "v0", "instances", "Instance")
+    store = Store()
+    queue = ReconcileQueue(reconcile_instance, workers=4)   # async (key) -> Requeue | None
+    async with Client.open() as client, trio.open_nursery() as nursery:
+        with store.subscribe() as changes:      # before the first sync: it reports every key
+            nursery.start_soon(reflect, client, INSTANCES, store)
+            await nursery.start(queue.run)
+            async for key in changes:           # "namespace/name"
+                queue.enqueue(key)
 """
 
 from akri_trio.kube.backoff import Backoff

@@ -33,7 +33,7 @@ import trio
 
 from akri_trio.kube.backoff import Backoff
 from akri_trio.kube.client import DEFAULT_PAGE_SIZE, JSON, Client, Resource
-from akri_trio.kube.errors import ApiError, Gone, error_from_status
+from akri_trio.kube.errors import ApiError, Gone, TooManyRequests, error_from_status
 
 log = logging.getLogger(__name__)
 
@@ -240,7 +240,11 @@ async def run_watch(
                 if gones > 1:  # a relist that is itself Gone: do not spin
                     await trio.sleep(backoff.delay(gones - 2, rand))
             except (ApiError, httpx.HTTPError, WatchProtocolError, ValueError) as exc:
+                if machine.next_request() != request:
+                    failures = 0  # the stream made progress before failing: not a streak
                 delay = backoff.delay(failures, rand)
+                if isinstance(exc, TooManyRequests) and exc.retry_after is not None:
+                    delay = max(delay, exc.retry_after)  # the server knows its load best
                 failures += 1
                 log.warning(
                     "watch %s: %s: %s; retrying in %.1fs",

@@ -417,3 +417,40 @@ async def test_standalone_process_over_the_cli(sock_dir: Path, tmp_path: Path) -
             assert await proc.wait() == 0
             assert os.listdir(sock_dir) == ["agent-registration.sock"]  # its socket is gone
             nursery.cancel_scope.cancel()
+
+
+@attrs.define
+class Flaky:
+    """Sends one list, then fails: every Discover stream breaks after its first message."""
+
+    name: str = "debugEcho"
+    shared: bool = False
+    calls: int = 0
+
+    def parse_details(self, text: str) -> str:
+        return text
+
+    async def discover(self, details: str, properties: Properties, send: Send) -> None:
+        self.calls += 1
+        await send([Device(f"call-{self.calls}")])
+        await trio.sleep(0.05)
+        raise RuntimeError("device bus exploded")
+
+
+async def test_failing_handler_drops_devices_goes_offline_and_is_retried(sock_dir: Path) -> None:
+    registry = Registry(trio.current_time)
+    handler = Flaky()
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            await start_agent(nursery, registry, sock_dir)
+            _, endpoint = await start_handler(nursery, handler, sock_dir)
+            await registered(registry, endpoint)
+            _, results = await discover(nursery, registry)
+            await results.until(lambda r: ids(r) == ["call-1"])
+            dropped = await results.until(lambda r: r.devices == ())
+            assert isinstance(dropped.handlers[endpoint], Offline)
+            # Reconnected (with backoff) while it stays registered; each stream replaces the
+            # list, and a reconnect makes it Active again.
+            again = await results.until(lambda r: ids(r) == ["call-3"])
+            assert again.handlers[endpoint] == ACTIVE
+            nursery.cancel_scope.cancel()

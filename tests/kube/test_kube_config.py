@@ -31,8 +31,22 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A self-signed CA-ish cert and its key, made with the openssl CLI."""
     d = tmp_path_factory.mktemp("pki")
     subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-         "-subj", "/CN=test", "-keyout", str(d / "k.pem"), "-out", str(d / "c.pem")],
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=test",
+            "-keyout",
+            str(d / "k.pem"),
+            "-out",
+            str(d / "c.pem"),
+        ],
         check=True,
         capture_output=True,
     )
@@ -40,7 +54,10 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def kubeconfig(
-    *, clusters: dict[str, Any], users: dict[str, Any], contexts: dict[str, Any],
+    *,
+    clusters: dict[str, Any],
+    users: dict[str, Any],
+    contexts: dict[str, Any],
     current: str | None = None,
 ) -> dict[str, Any]:
     doc: dict[str, Any] = {
@@ -96,10 +113,19 @@ def test_explicit_context_overrides_current(tmp_path: Path) -> None:
 
 def test_data_fields_win_over_files() -> None:
     doc = kubeconfig(
-        clusters={"c": {"server": "https://x", "certificate-authority": "/nonexistent",
-                        "certificate-authority-data": base64.b64encode(b"CA").decode()}},
-        users={"u": {"client-certificate-data": base64.b64encode(b"CERT").decode(),
-                     "client-key-data": base64.b64encode(b"KEY").decode()}},
+        clusters={
+            "c": {
+                "server": "https://x",
+                "certificate-authority": "/nonexistent",
+                "certificate-authority-data": base64.b64encode(b"CA").decode(),
+            }
+        },
+        users={
+            "u": {
+                "client-certificate-data": base64.b64encode(b"CERT").decode(),
+                "client-key-data": base64.b64encode(b"KEY").decode(),
+            }
+        },
         contexts={"x": {"cluster": "c", "user": "u"}},
         current="x",
     )
@@ -193,9 +219,14 @@ def test_in_cluster_needs_env_and_token(sa_dir: Path) -> None:
 
 def test_load_order(tmp_path: Path, sa_dir: Path) -> None:
     """explicit path > $KUBECONFIG > in-cluster > ~/.kube/config."""
+
     def server_doc(server: str) -> dict[str, Any]:
-        return kubeconfig(clusters={"c": {"server": server}}, users={"u": {}},
-                          contexts={"x": {"cluster": "c", "user": "u"}}, current="x")
+        return kubeconfig(
+            clusters={"c": {"server": server}},
+            users={"u": {}},
+            contexts={"x": {"cluster": "c", "user": "u"}},
+            current="x",
+        )
 
     explicit = write(tmp_path / "explicit", server_doc("https://explicit"))
     from_env = write(tmp_path / "env", server_doc("https://env"))
@@ -243,7 +274,8 @@ def test_auth_precedence(tmp_path: Path) -> None:
         if auth is None:
             return None
         request = next(auth.auth_flow(httpx.Request("GET", "https://x/api")))
-        return request.headers.get("Authorization")
+        value: str | None = request.headers.get("Authorization")
+        return value
 
     tok = tmp_path / "tok"
     tok.write_text("from-file\n")

@@ -111,8 +111,13 @@ def test_http_code_wins_over_a_missing_or_odd_body_code() -> None:
 def test_watch_error_event_status_without_http_code() -> None:
     # The ERROR event of an expired watch: 200 on the wire, the code lives in the object.
     err = error_from_status(
-        {"kind": "Status", "status": "Failure", "code": 410, "reason": "Expired",
-         "message": "too old resource version: 1 (200)"}
+        {
+            "kind": "Status",
+            "status": "Failure",
+            "code": 410,
+            "reason": "Expired",
+            "message": "too old resource version: 1 (200)",
+        }
     )
     assert isinstance(err, Gone)
     assert "too old" in str(err)

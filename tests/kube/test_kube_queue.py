@@ -3,12 +3,13 @@ cancellation. Time is trio's MockClock (autojump), so minutes of backoff take no
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import pytest
 import trio
-import trio.testing
+from trio.testing import MockClock
 
 from akri_trio.kube.backoff import Backoff
 from akri_trio.kube.queue import ReconcileQueue, Requeue
@@ -39,21 +40,15 @@ class Recorder:
         return [k for _, k in self.started]
 
 
-async def running(
-    queue: ReconcileQueue, body: Callable[[], Awaitable[None]]
-) -> None:
+async def running(queue: ReconcileQueue, body: Callable[[], Awaitable[None]]) -> None:
     async with trio.open_nursery() as nursery:
         await nursery.start(queue.run)
         await body()
         nursery.cancel_scope.cancel()
 
 
-@pytest.fixture
-async def t0(autojump_clock: trio.testing.MockClock) -> AsyncIterator[float]:
-    yield trio.current_time()
-
-
-async def test_keys_run_in_enqueue_order_with_one_worker(t0: float) -> None:
+async def test_keys_run_in_enqueue_order_with_one_worker(autojump_clock: MockClock) -> None:
+    t0 = trio.current_time()
     rec = Recorder()
     queue = ReconcileQueue(rec, workers=1)
     for key in ["c", "a", "b", "a"]:  # the second "a" is already pending: coalesced
@@ -67,7 +62,10 @@ async def test_keys_run_in_enqueue_order_with_one_worker(t0: float) -> None:
     assert [t - t0 for t, _ in rec.started] == [0, 1, 2]
 
 
-async def test_one_key_never_reconciles_twice_at_once_and_reruns_after(t0: float) -> None:
+async def test_one_key_never_reconciles_twice_at_once_and_reruns_after(
+    autojump_clock: MockClock,
+) -> None:
+    t0 = trio.current_time()
     rec = Recorder(work=5)
     queue = ReconcileQueue(rec, workers=4)
 
@@ -85,7 +83,10 @@ async def test_one_key_never_reconciles_twice_at_once_and_reruns_after(t0: float
     assert [(t - t0, k) for t, k in rec.started] == [(0, "a"), (5, "a")]
 
 
-async def test_different_keys_run_in_parallel_up_to_the_worker_bound(t0: float) -> None:
+async def test_different_keys_run_in_parallel_up_to_the_worker_bound(
+    autojump_clock: MockClock,
+) -> None:
+    t0 = trio.current_time()
     rec = Recorder(work=10)
     queue = ReconcileQueue(rec, workers=3)
     for key in "abcde":
@@ -97,11 +98,18 @@ async def test_different_keys_run_in_parallel_up_to_the_worker_bound(t0: float) 
     await running(queue, body)
     assert rec.max_active == 3
     assert [(t - t0, k) for t, k in rec.started] == [
-        (0, "a"), (0, "b"), (0, "c"), (10, "d"), (10, "e")
+        (0, "a"),
+        (0, "b"),
+        (0, "c"),
+        (10, "d"),
+        (10, "e"),
     ]
 
 
-async def test_failures_back_off_exponentially_and_success_resets(t0: float) -> None:
+async def test_failures_back_off_exponentially_and_success_resets(
+    autojump_clock: MockClock,
+) -> None:
+    t0 = trio.current_time()
     attempts: list[float] = []
 
     async def flaky(key: str) -> Requeue | None:
@@ -124,7 +132,7 @@ async def test_failures_back_off_exponentially_and_success_resets(t0: float) -> 
     assert queue.failures("k") == 0
 
 
-async def test_backoff_is_capped_and_jittered(t0: float) -> None:
+async def test_backoff_is_capped_and_jittered(autojump_clock: MockClock) -> None:
     attempts: list[float] = []
 
     async def failing(key: str) -> Requeue | None:
@@ -139,11 +147,12 @@ async def test_backoff_is_capped_and_jittered(t0: float) -> None:
         await trio.sleep(30)
 
     await running(queue, body)
-    gaps = [b - a for a, b in zip(attempts, attempts[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(attempts)]
     assert gaps[:5] == [0.5, 1, 2, 2, 2]
 
 
-async def test_an_event_cuts_a_backoff_short(t0: float) -> None:
+async def test_an_event_cuts_a_backoff_short(autojump_clock: MockClock) -> None:
+    t0 = trio.current_time()
     attempts: list[float] = []
 
     async def fail_once(key: str) -> Requeue | None:
@@ -164,7 +173,8 @@ async def test_an_event_cuts_a_backoff_short(t0: float) -> None:
     assert attempts == [0, 5]
 
 
-async def test_requeue_after(t0: float) -> None:
+async def test_requeue_after(autojump_clock: MockClock) -> None:
+    t0 = trio.current_time()
     runs: list[float] = []
 
     async def periodic(key: str) -> Requeue | None:
@@ -181,7 +191,8 @@ async def test_requeue_after(t0: float) -> None:
     assert runs == [0, 30, 60]
 
 
-async def test_enqueue_after_keeps_the_earliest_deadline(t0: float) -> None:
+async def test_enqueue_after_keeps_the_earliest_deadline(autojump_clock: MockClock) -> None:
+    t0 = trio.current_time()
     rec = Recorder(work=0)
     queue = ReconcileQueue(rec)
 
@@ -196,7 +207,8 @@ async def test_enqueue_after_keeps_the_earliest_deadline(t0: float) -> None:
     assert [(t - t0, k) for t, k in rec.started] == [(20, "k")]
 
 
-async def test_cancel_stops_in_flight_reconciles_promptly(t0: float) -> None:
+async def test_cancel_stops_in_flight_reconciles_promptly(autojump_clock: MockClock) -> None:
+    t0 = trio.current_time()
     cleaned = trio.Event()
 
     async def slow(key: str) -> Requeue | None:

@@ -9,7 +9,15 @@ import trio
 import trio.testing
 
 from akri_trio.kube.store import KeyChanges, Store, object_key
-from akri_trio.kube.watch import Apply, Delete, Init, InitApply, InitDone, WatchProtocolError
+from akri_trio.kube.watch import (
+    Apply,
+    Delete,
+    Init,
+    InitApply,
+    InitDone,
+    WatchEvent,
+    WatchProtocolError,
+)
 
 
 def obj(name: str, rv: int = 1, namespace: str | None = "ns") -> dict[str, Any]:
@@ -21,7 +29,8 @@ def obj(name: str, rv: int = 1, namespace: str | None = "ns") -> dict[str, Any]:
 
 def listed(*objs: dict[str, Any]) -> Store:
     store = Store()
-    for event in [Init(), *(InitApply(o) for o in objs), InitDone()]:
+    events: list[WatchEvent] = [Init(), *(InitApply(o) for o in objs), InitDone()]
+    for event in events:
         store.apply(event)
     return store
 
@@ -51,15 +60,28 @@ def test_relist_is_invisible_until_init_done() -> None:
 def test_relist_notifies_exactly_the_keys_that_differ() -> None:
     store = listed(obj("same", 1), obj("changed", 1), obj("gone", 1))
     with store.subscribe() as changes:
-        for event in [Init(), InitApply(obj("same", 1)), InitApply(obj("changed", 2)),
-                      InitApply(obj("new", 3)), InitDone()]:
+        relist: list[WatchEvent] = [
+            Init(),
+            InitApply(obj("same", 1)),
+            InitApply(obj("changed", 2)),
+            InitApply(obj("new", 3)),
+            InitDone(),
+        ]
+        for event in relist:
             store.apply(event)
         assert sorted(drain(changes)) == ["ns/changed", "ns/gone", "ns/new"]
 
 
 def test_a_second_init_drops_the_partial_relist() -> None:
     store = Store()
-    for event in [Init(), InitApply(obj("stale")), Init(), InitApply(obj("fresh")), InitDone()]:
+    events: list[WatchEvent] = [
+        Init(),
+        InitApply(obj("stale")),
+        Init(),
+        InitApply(obj("fresh")),
+        InitDone(),
+    ]
+    for event in events:
         store.apply(event)
     assert set(store.snapshot()) == {"ns/fresh"}
 
@@ -115,8 +137,11 @@ async def test_wait_for_a_predicate_on_a_key() -> None:
     result: list[Any] = []
 
     async def waiter() -> None:
-        result.append(await store.wait_for("ns/a", lambda o: o is not None
-                                           and o["metadata"]["resourceVersion"] == "3"))
+        result.append(
+            await store.wait_for(
+                "ns/a", lambda o: o is not None and o["metadata"]["resourceVersion"] == "3"
+            )
+        )
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(waiter)
@@ -150,3 +175,17 @@ async def test_key_changes_coalesce_and_keep_first_seen_order() -> None:
             nursery.cancel_scope.cancel()
     store.apply(Apply(obj("z")))  # unsubscribed: nobody is told, nothing piles up
     assert drain(changes) == []
+
+
+def test_a_subscriber_from_before_the_first_sync_hears_every_key() -> None:
+    store = Store()
+    events: list[WatchEvent] = [
+        Init(),
+        InitApply(obj("a")),
+        InitApply(obj("b", namespace=None)),
+        InitDone(),
+    ]
+    with store.subscribe() as changes:
+        for event in events:
+            store.apply(event)
+        assert drain(changes) == ["b", "ns/a"]

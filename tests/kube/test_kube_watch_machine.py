@@ -38,8 +38,10 @@ def ev(kind: str, o: dict[str, Any]) -> dict[str, Any]:
 
 
 def error_event(code: int, reason: str) -> dict[str, Any]:
-    return ev("ERROR", {"kind": "Status", "status": "Failure", "code": code, "reason": reason,
-                        "message": "m"})
+    return ev(
+        "ERROR",
+        {"kind": "Status", "status": "Failure", "code": code, "reason": reason, "message": "m"},
+    )
 
 
 def watching(rv: int = 10) -> WatchMachine:
@@ -83,8 +85,9 @@ def test_last_page_without_resource_version_is_an_error() -> None:
         WatchMachine().on_page([], "", None)
 
 
-@pytest.mark.parametrize(("kind", "cls"), [("ADDED", Apply), ("MODIFIED", Apply),
-                                           ("DELETED", Delete)])
+@pytest.mark.parametrize(
+    ("kind", "cls"), [("ADDED", Apply), ("MODIFIED", Apply), ("DELETED", Delete)]
+)
 def test_changes_are_surfaced_and_move_the_resume_point(kind: str, cls: type) -> None:
     m = watching(10)
     o = obj("a", 11)
@@ -94,8 +97,10 @@ def test_changes_are_surfaced_and_move_the_resume_point(kind: str, cls: type) ->
 
 def test_bookmark_moves_the_resume_point_silently() -> None:
     m = watching(10)
-    assert m.on_event(ev("BOOKMARK", {"kind": "ConfigMap",
-                                      "metadata": {"resourceVersion": "42"}})) == []
+    assert (
+        m.on_event(ev("BOOKMARK", {"kind": "ConfigMap", "metadata": {"resourceVersion": "42"}}))
+        == []
+    )
     assert m.next_request() == WatchRequest("42")
 
 
@@ -129,9 +134,7 @@ def test_410_mid_list_restarts_the_list_from_scratch() -> None:
     m.on_page([obj("a", 1)], "9", "tok")
     m.on_gone()  # the continue token expired
     assert m.next_request() == ListRequest(None)
-    assert m.on_page([obj("b", 12)], "12", None) == [
-        Init(), InitApply(obj("b", 12)), InitDone()
-    ]
+    assert m.on_page([obj("b", 12)], "12", None) == [Init(), InitApply(obj("b", 12)), InitDone()]
 
 
 @pytest.mark.parametrize(
@@ -212,8 +215,10 @@ def test_store_fed_by_the_machine_equals_the_servers_truth(data: st.DataObject) 
             request = machine.next_request()
             if isinstance(request, ListRequest):
                 if request.continue_token is None:
-                    snapshot = (sorted(server.objects.values(),
-                                       key=lambda o: o["metadata"]["name"]), server.rv)
+                    snapshot = (
+                        sorted(server.objects.values(), key=lambda o: o["metadata"]["name"]),
+                        server.rv,
+                    )
                     offset = 0
                 elif data.draw(st.booleans(), label="continue token expired"):
                     machine.on_gone()
@@ -264,13 +269,18 @@ def test_store_fed_by_the_machine_equals_the_servers_truth(data: st.DataObject) 
             machine.on_gone()
         else:
             if request.continue_token is None:
-                snapshot = (sorted(server.objects.values(),
-                                   key=lambda o: o["metadata"]["name"]), server.rv)
+                snapshot = (
+                    sorted(server.objects.values(), key=lambda o: o["metadata"]["name"]),
+                    server.rv,
+                )
             items, list_rv = snapshot
             offset = int(request.continue_token or 0)
             end = offset + page_size
-            feed(machine.on_page(items[offset:end], str(list_rv),
-                                 str(end) if end < len(items) else None))
+            feed(
+                machine.on_page(
+                    items[offset:end], str(list_rv), str(end) if end < len(items) else None
+                )
+            )
     else:
         pytest.fail("the watcher did not converge")
     assert store.snapshot() == server.objects

@@ -11,10 +11,10 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
-import h2.config  # type: ignore[import-untyped]  # h2 3.x has no types
-import h2.connection  # type: ignore[import-untyped]
-import h2.errors  # type: ignore[import-untyped]
-import h2.events  # type: ignore[import-untyped]
+import h2.config  # h2 3.x has no types
+import h2.connection
+import h2.errors
+import h2.events
 import purerpc
 import pytest
 import trio

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import h2.connection  # type: ignore[import-untyped]  # h2 3.x has no types
-import h2.errors  # type: ignore[import-untyped]
-import h2.events  # type: ignore[import-untyped]
+import h2.connection  # h2 3.x has no types
+import h2.errors
+import h2.events
 import pytest
 import trio
 

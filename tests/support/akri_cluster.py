@@ -62,7 +62,7 @@ async def purge_akri(api: Client) -> None:
             except NotFound:
                 pass
     with trio.fail_after(30):
-        while (await api.list(INSTANCES)).items or (await api.list(CONFIGURATIONS)).items:
+        while (await api.list(INSTANCES)).items or (await api.list(CONFIGURATIONS)).items:  # noqa: ASYNC110  (polling the API server)
             await trio.sleep(0.1)
 
 

@@ -1,0 +1,133 @@
+"""k8s/agent.yaml's ClusterRole is exactly enough: the agent runs with a ServiceAccount bound
+to it and nothing more, discovers, writes Instances and status, claims slots, and reads a
+discoveryProperty from a Secret."""
+
+from __future__ import annotations
+
+import base64
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import yaml
+
+from akri_trio.agent.run import AgentSettings, run_agent
+from akri_trio.kube.client import Client, Resource
+from akri_trio.kube.config import KubeConfig
+from akri_trio.kube.errors import NotFound
+from akri_trio.model.naming import device_hash
+from tests.support.akri_cluster import (
+    CONFIGURATIONS,
+    INSTANCES,
+    debug_echo_config,
+    ensure_namespace,
+)
+from tests.support.kubelet_standin import KubeletStandin
+
+MANIFEST = Path(__file__).parents[2] / "k8s" / "agent.yaml"
+NS = "rbac-tests"
+KINDS = {
+    "Namespace": Resource.core("namespaces", "Namespace", namespaced=False),
+    "ServiceAccount": Resource.core("serviceaccounts", "ServiceAccount"),
+    "ClusterRole": Resource(
+        "rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", namespaced=False
+    ),
+    "ClusterRoleBinding": Resource(
+        "rbac.authorization.k8s.io",
+        "v1",
+        "clusterrolebindings",
+        "ClusterRoleBinding",
+        namespaced=False,
+    ),
+}
+SECRETS = Resource.core("secrets", "Secret")
+
+
+async def _agent_token(api: Client) -> str:
+    """Apply the manifest's RBAC objects; the token of the agent's ServiceAccount."""
+    for doc in yaml.safe_load_all(MANIFEST.read_text()):
+        if doc["kind"] in KINDS:
+            await api.apply(KINDS[doc["kind"]], doc, field_manager="akri-trio-tests", force=True)
+    sa_res = KINDS["ServiceAccount"]
+    with trio.fail_after(30):
+        while True:  # the token controller adds the secret shortly after the ServiceAccount
+            sa = await api.get(sa_res, "akri-agent-sa", namespace="akri")
+            if sa.get("secrets"):
+                break
+            await trio.sleep(0.2)
+    secret = await api.get(SECRETS, sa["secrets"][0]["name"], namespace="akri")
+    return base64.b64decode(secret["data"]["token"]).decode()
+
+
+@pytest.fixture
+async def agent_api(akri: Client, cluster: dict[str, str]) -> AsyncIterator[Client]:
+    """A client that authenticates as the agent's ServiceAccount."""
+    config = KubeConfig(
+        server=cluster["AKRI_TRIO_APISERVER"],
+        token=await _agent_token(akri),
+        ca_pem=await trio.Path(cluster["AKRI_TRIO_CA_CERT"]).read_bytes(),
+    )
+    async with Client.open(config) as client:
+        yield client
+
+
+async def test_agent_works_with_exactly_the_manifest_rbac(akri: Client, agent_api: Client) -> None:
+    await ensure_namespace(akri, NS)
+    await akri.apply(
+        SECRETS,
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "cred", "namespace": NS},
+            "data": {"pw": base64.b64encode(b"s3cret").decode()},
+        },
+        field_manager="akri-trio-tests",
+    )
+    config: dict[str, Any] = debug_echo_config("rbac", NS, ["x0"], capacity=1)
+    config["spec"]["discoveryHandler"]["discoveryProperties"] = [
+        {
+            "name": "password",
+            "valueFrom": {"secretKeyRef": {"name": "cred", "namespace": NS, "key": "pw"}},
+        }
+    ]
+    with tempfile.TemporaryDirectory(prefix="ak", dir="/tmp") as d:
+        root = Path(d)
+        kubelet = KubeletStandin(root / "dp").start()
+        settings = AgentSettings(
+            node="rbac-node",
+            discovery_handlers_directory=root / "akri",
+            device_plugin_dir=root / "dp",
+            pod_resources_socket=root / "pr.sock",
+            enable_debug_echo=True,
+            debug_echo_availability=root / "avail",
+            metrics_port=None,
+        )
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(lambda **kw: run_agent(settings, api=agent_api, **kw))
+                await akri.create(CONFIGURATIONS, config)
+                name = "rbac-" + device_hash("x0", "rbac-node")
+                resource = f"akri.sh/{name}"
+                await trio.to_thread.run_sync(
+                    kubelet.wait_for, lambda k: k.healthy(resource) == [f"{name}-0"], 20.0
+                )
+                await trio.to_thread.run_sync(kubelet.allocate, resource, [[f"{name}-0"]])
+                inst = await akri.get(INSTANCES, name, namespace=NS)
+                assert inst["spec"]["deviceUsage"] == {f"{name}-0": "rbac-node"}
+                status = (await akri.get(CONFIGURATIONS, "rbac", namespace=NS))["status"]
+                conditions = {c["type"]: c["status"] for c in status["nodes"][0]["conditions"]}
+                assert conditions["PropertiesResolved"] == "True"
+                await akri.delete(CONFIGURATIONS, "rbac", namespace=NS)
+                with trio.fail_after(20):  # the agent releases its finalizer: the Instance goes
+                    while True:
+                        try:
+                            await akri.get(INSTANCES, name, namespace=NS)
+                        except NotFound:
+                            break
+                        await trio.sleep(0.2)
+                nursery.cancel_scope.cancel()
+        finally:
+            kubelet.stop()

@@ -1,0 +1,31 @@
+"""`akri-trio discovery-handler` argument handling (the serving itself is in test_discovery_e2e)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from akri_trio.discovery.cli import _host_port, build_parser, main
+
+
+def test_host_port() -> None:
+    assert _host_port("0.0.0.0:10000") == ("0.0.0.0", 10000)
+    assert _host_port("[::1]:0") == ("::1", 0)
+    for bad in ("nohost", ":1", "h:x", "h:70000"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            _host_port(bad)
+
+
+def test_socket_and_network_are_exclusive(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(["debugEcho", "--socket", "/x.sock", "--network", "h:1"])
+    assert info.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_unknown_handler_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["nope"], env={})
+    assert info.value.code == 2
+    assert "unknown discovery handler 'nope' (known: debugEcho)" in capsys.readouterr().err

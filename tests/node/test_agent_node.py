@@ -1,0 +1,277 @@
+"""The agent on a real node: a real kubelet, containerd and pods (issue: agent, §6).
+
+The agent runs as a real process (so restarts are real), with the embedded debugEcho handler
+and a short reclaim grace; Pods are real busybox containers whose logs show what Allocate gave
+them. One module-scoped Configuration (capacity 2, two devices) serves the whole story, which
+runs in file order: offer, consume, map, refuse, reclaim, survive restarts, go offline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from akri_trio.model import naming
+
+pytestmark = pytest.mark.node
+
+NS = "akri-node-e2e"
+CONFIG = "e2e-echo"
+DESCRIPTIONS = ("d0", "d1")
+
+
+class Env:
+    def __init__(self, env: dict[str, str], tmp: Path) -> None:
+        self.env = env
+        self.node = env["AKRI_TRIO_NODE_NAME"]
+        self.kubectl_env = {**os.environ, "KUBECONFIG": env["KUBECONFIG"]}
+        self.availability = tmp / "availability"
+        self.tmp = tmp
+        self.agent: subprocess.Popen[bytes] | None = None
+        self.metrics_port = _free_port()
+        self.instances = {
+            d: naming.instance_name(CONFIG, naming.device_hash(d, self.node)) for d in DESCRIPTIONS
+        }
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
+        proc = subprocess.run(
+            [self.env["KUBECTL"], *args],
+            env=self.kubectl_env,
+            input=input,
+            capture_output=True,
+            text=True,
+        )
+        if check and proc.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)}: {proc.stderr}")
+        return proc.stdout
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self.kubectl(*args, "-o", "json"))
+
+    def start_agent(self) -> None:
+        log = open(self.tmp / "agent.log", "ab")  # noqa: SIM115  (closed with the process)
+        self.agent = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "akri_trio",
+                "agent",
+                "--node-name",
+                self.node,
+                "--discovery-handlers-directory",
+                str(self.tmp / "akri"),
+                "--enable-debug-echo",
+                "--debug-echo-availability",
+                str(self.availability),
+                "--metrics-port",
+                str(self.metrics_port),
+                "--reclaim-period",
+                "1",
+                "--reclaim-grace",
+                "3",
+            ],
+            env={**self.kubectl_env, "PYTHONUNBUFFERED": "1"},
+            stdout=log,
+            stderr=log,
+        )
+
+    def stop_agent(self) -> None:
+        if self.agent is not None:
+            self.agent.send_signal(signal.SIGTERM)
+            assert self.agent.wait(timeout=15) == 0, self.agent_log()
+            self.agent = None
+
+    def agent_log(self) -> str:
+        return (self.tmp / "agent.log").read_text()[-4000:]
+
+    def allocatable(self) -> dict[str, str]:
+        node = self.json("get", "node", self.node)
+        return {k: v for k, v in node["status"]["allocatable"].items() if k.startswith("akri.sh/")}
+
+    def usage(self) -> dict[str, dict[str, str]]:
+        items = self.json("get", "instances.akri.sh", "-n", NS)["items"]
+        return {i["metadata"]["name"]: i["spec"].get("deviceUsage", {}) for i in items}
+
+    def pod(self, name: str, resources: dict[str, int]) -> None:
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {
+                "terminationGracePeriodSeconds": 1,
+                "restartPolicy": "Never",
+                "containers": [
+                    {
+                        "name": "c",
+                        "image": "docker.io/library/busybox:latest",
+                        "imagePullPolicy": "Never",
+                        "command": ["sh", "-c", "env | grep ^DEBUG_ECHO | sort; sleep 3600"],
+                        "resources": {"limits": {k: str(v) for k, v in resources.items()}},
+                    }
+                ],
+            },
+        }
+        self.kubectl("apply", "-f", "-", input=json.dumps(pod))
+
+    def pod_phase(self, name: str) -> str:
+        return str(self.json("get", "pod", name, "-n", NS).get("status", {}).get("phase", ""))
+
+    def logs(self, name: str) -> dict[str, str]:
+        out = self.kubectl("logs", name, "-n", NS)
+        return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+    def delete_pods(self, *names: str) -> None:
+        self.kubectl("delete", "pod", "-n", NS, "--wait=true", "--timeout=60s", *names)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def until(check: Callable[[], Any], seconds: float = 60, what: str = "") -> Any:
+    deadline = time.monotonic() + seconds
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(0.5)
+    raise AssertionError(f"not within {seconds}s: {what or check} (last: {last!r})")
+
+
+@pytest.fixture(scope="module")
+def e2e(node_cluster: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    env = Env(node_cluster, tmp_path_factory.mktemp("node-e2e"))
+    env.kubectl("apply", "-f", str(Path(__file__).parents[2] / "k8s" / "crds"))
+    env.kubectl(
+        "wait", "--for=condition=Established", "crd/configurations.akri.sh", "crd/instances.akri.sh"
+    )
+    env.kubectl("create", "namespace", NS, check=False)
+    env.start_agent()
+    config = {
+        "apiVersion": "akri.sh/v0",
+        "kind": "Configuration",
+        "metadata": {"name": CONFIG, "namespace": NS},
+        "spec": {
+            "discoveryHandler": {
+                "name": "debugEcho",
+                "discoveryDetails": yaml.safe_dump({"descriptions": list(DESCRIPTIONS)}),
+            },
+            "capacity": 2,
+        },
+    }
+    env.kubectl("apply", "-f", "-", input=json.dumps(config))
+    try:
+        yield env
+    finally:
+        env.kubectl(
+            "delete", "pods", "--all", "-n", NS, "--wait=true", "--timeout=60s", check=False
+        )
+        env.kubectl(
+            "delete",
+            "configurations.akri.sh",
+            CONFIG,
+            "-n",
+            NS,
+            "--wait=true",
+            "--timeout=30s",
+            check=False,
+        )
+        env.stop_agent()
+
+
+def test_node_offers_instance_and_configuration_resources(e2e: Env) -> None:
+    expected = {f"akri.sh/{i}": "2" for i in e2e.instances.values()} | {f"akri.sh/{CONFIG}": "2"}
+    until(lambda: e2e.allocatable() == expected, what=f"allocatable == {expected}")
+
+
+def test_pod_gets_one_device_with_its_env(e2e: Env) -> None:
+    inst = e2e.instances["d0"]
+    e2e.pod("one", {f"akri.sh/{inst}": 1})
+    until(lambda: e2e.pod_phase("one") == "Running", what="pod one Running")
+    digest = inst.rsplit("-", 1)[1].upper()
+    assert e2e.logs("one") == {
+        "DEBUG_ECHO_DESCRIPTION": "d0",
+        f"DEBUG_ECHO_DESCRIPTION_{digest}": "d0",
+    }
+    assert list(e2e.usage()[inst].values()) == [e2e.node]
+
+
+def test_pod_asking_two_of_the_configuration_gets_two_devices(e2e: Env) -> None:
+    e2e.pod("two", {f"akri.sh/{CONFIG}": 2})
+    until(lambda: e2e.pod_phase("two") == "Running", what="pod two Running")
+    hashed = {k: v for k, v in e2e.logs("two").items() if k.startswith("DEBUG_ECHO_DESCRIPTION_")}
+    assert sorted(hashed.values()) == ["d0", "d1"]  # two different devices
+
+
+def test_three_of_two_devices_does_not_start(e2e: Env) -> None:
+    e2e.pod("three", {f"akri.sh/{CONFIG}": 3})
+    time.sleep(5)
+    assert e2e.pod_phase("three") in ("Pending", "Failed")
+    e2e.delete_pods("three")
+
+
+def test_deleted_pods_slots_are_reclaimed(e2e: Env) -> None:
+    assert any(e2e.usage().values())
+    e2e.delete_pods("one", "two")
+    until(lambda: not any(e2e.usage().values()), seconds=30, what="deviceUsage empty")
+    expected = {f"akri.sh/{i}": "2" for i in e2e.instances.values()} | {f"akri.sh/{CONFIG}": "2"}
+    until(lambda: e2e.allocatable() == expected, what="all slots offered again")
+
+
+def test_kubelet_restart_brings_the_plugins_back(e2e: Env) -> None:
+    run_dir = Path(e2e.env["AKRI_TRIO_CLUSTER_DIR"])
+    pid = int(next(run_dir.rglob("kubelet.pid")).read_text())
+    os.kill(pid, signal.SIGTERM)
+    until(lambda: not Path(f"/proc/{pid}").exists(), seconds=30, what="kubelet exited")
+    subprocess.run(
+        [sys.executable, "-m", "akri_trio", "cluster", "up", "--node"],
+        check=True,
+        capture_output=True,
+    )
+    inst = e2e.instances["d1"]
+    e2e.pod("after-kubelet", {f"akri.sh/{inst}": 1})
+    until(
+        lambda: e2e.pod_phase("after-kubelet") == "Running",
+        seconds=90,
+        what="a pod runs after the kubelet restart",
+    )
+    e2e.delete_pods("after-kubelet")
+
+
+def test_agent_restart_loses_and_doubles_no_claim(e2e: Env) -> None:
+    inst = e2e.instances["d0"]
+    e2e.pod("keeper", {f"akri.sh/{inst}": 1})
+    until(lambda: e2e.pod_phase("keeper") == "Running", what="keeper Running")
+    before = e2e.usage()[inst]
+    e2e.stop_agent()
+    e2e.start_agent()
+    e2e.pod("second", {f"akri.sh/{inst}": 1})
+    until(lambda: e2e.pod_phase("second") == "Running", seconds=90, what="second Running")
+    after = e2e.usage()[inst]
+    assert set(before.items()) < set(after.items())  # the keeper's claim survived
+    assert sorted(after) == [f"{inst}-0", f"{inst}-1"]  # and the second got the other slot
+    e2e.delete_pods("keeper", "second")
+
+
+def test_offline_removes_devices_and_restore_brings_them_back(e2e: Env) -> None:
+    e2e.availability.write_text("OFFLINE")
+    until(lambda: not e2e.usage(), seconds=30, what="Instances gone")
+    until(lambda: all(v == "0" for v in e2e.allocatable().values()), what="allocatable 0")
+    e2e.availability.write_text("")
+    until(lambda: len(e2e.usage()) == 2, seconds=30, what="Instances back")
+    expected = {f"akri.sh/{i}": "2" for i in e2e.instances.values()} | {f"akri.sh/{CONFIG}": "2"}
+    until(lambda: e2e.allocatable() == expected, what="resources offered again")
