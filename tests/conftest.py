@@ -2,7 +2,9 @@
 
 Tests that need Kubernetes take `cluster` (control plane) or `node_cluster` (plus kubelet and
 containerd). Both run `akri-trio cluster up` (which builds the binaries on a new machine) and
-never skip: a cluster that cannot start fails the tests that need it.
+never skip: a cluster that cannot start fails the tests that need it. A cluster that was already
+running (a developer's) is left running; one this session started is stopped at its end, so a CI
+run leaves no processes, mounts or bridges behind.
 """
 
 from __future__ import annotations
@@ -40,13 +42,27 @@ def _env() -> dict[str, str]:
     return {k.strip(): v.strip() for k, v in pairs}
 
 
+def _running() -> bool:
+    return (
+        subprocess.run(
+            [sys.executable, "-m", "akri_trio", "cluster", "status"],
+            cwd=REPO,
+            capture_output=True,
+        ).returncode
+        == 0
+    )
+
+
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[dict[str, str]]:
     """The control plane (etcd, apiserver, controller-manager, scheduler); its `env` as a dict."""
+    was_running = _running()
     _cli("up")
     env = _env()
     os.environ.setdefault("KUBECONFIG", env["KUBECONFIG"])
     yield env
+    if not was_running:
+        _cli("down")
 
 
 @pytest.fixture(scope="session")

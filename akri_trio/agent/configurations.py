@@ -49,6 +49,8 @@ INSTANCES = Resource("akri.sh", "v0", "instances", "Instance")
 SECRETS = Resource.core("secrets", "Secret")
 CONFIG_MAPS = Resource.core("configmaps", "ConfigMap")
 RETRY_UNSOLVABLE_S = 30.0
+MAX_DEPART_ATTEMPTS = 5
+WRITE_CONCURRENCY = 8  # parallel Instance writes per reconcile: a big discovery lands fast
 
 
 def _iso(wall: float) -> str:
@@ -181,8 +183,8 @@ class ConfigurationReconciler:
         }
         self.view.set_devices(key, devices)
         existing = self._instances_of(namespace, name)
-        for op in plan_.plan(self.node, config, result.devices, existing):
-            await self._execute(namespace, op)
+        ops = plan_.plan(self.node, config, result.devices, existing)
+        await self._execute_all(key, config.metadata.uid, namespace, ops)
         await self._write_status(config, result, unsolvable)
         if self.metrics is not None:
             self._count_instances(key, namespace, name)
@@ -205,6 +207,28 @@ class ConfigurationReconciler:
             if inst.metadata.namespace == namespace and inst.spec.configuration_name == config
         }
 
+    async def _execute_all(
+        self, key: str, uid: str, namespace: str, ops: list[plan_.Operation]
+    ) -> None:
+        """Run the plan's writes, a few at a time; stop as soon as the Configuration is gone or
+        replaced (its reconcile then leaves what was made), so a deleted Configuration with
+        a thousand devices does not go on getting Instances for tens of seconds."""
+        limit = trio.Semaphore(WRITE_CONCURRENCY)
+
+        def current() -> bool:
+            obj = self.configs.get(key)
+            meta = (obj or {}).get("metadata") or {}
+            return obj is not None and meta.get("uid") == uid and not meta.get("deletionTimestamp")
+
+        async def one(op: plan_.Operation) -> None:
+            async with limit:
+                if current():
+                    await self._execute(namespace, op)
+
+        async with trio.open_nursery() as nursery:
+            for op in ops:
+                nursery.start_soon(one, op)
+
     async def _apply(self, namespace: str, body: JSON) -> Instance:
         written = await self.api.apply(
             INSTANCES, body, field_manager=self.node, force=True, namespace=namespace
@@ -216,37 +240,50 @@ class ConfigurationReconciler:
             case plan_.Apply(name, body):
                 await self._apply(namespace, body)
                 log.info("applied Instance %s/%s", namespace, name)
-            case plan_.Leave(name, body):
+            case plan_.Leave() | plan_.Remove():
+                await self._depart(namespace, op)
+
+    async def _depart(self, namespace: str, op: plan_.Leave | plan_.Remove) -> None:
+        """Leave or remove an Instance; the bodies carry the read resourceVersion, so when
+        someone wrote meanwhile (409) — or the other nodes left at the same moment, which
+        would empty the schema-required `nodes` (422) — re-read and decide again."""
+        for _ in range(MAX_DEPART_ATTEMPTS):
+            try:
+                inst = await self._apply(namespace, op.body)
+            except NotFound:
+                self.view.drop_instance(instance_key(namespace, op.name))
+                return
+            except (Conflict, Invalid):
                 try:
-                    await self._apply(namespace, body)
-                    log.info("left Instance %s/%s", namespace, name)
-                except Invalid:
-                    # The other nodes left at the same moment: we are the last one after all.
-                    fresh = structure(
-                        await self.api.get(INSTANCES, name, namespace=namespace), Instance
+                    obj = await self.api.get(INSTANCES, op.name, namespace=namespace)
+                except NotFound:
+                    self.view.drop_instance(instance_key(namespace, op.name))
+                    return
+                fresh = self.view.put_instance(obj)
+                if self.node not in fresh.spec.nodes and self.node not in fresh.metadata.finalizers:
+                    return
+                op = plan_.departure(fresh, self.node)
+                continue
+            if isinstance(op, plan_.Leave):
+                log.info("left Instance %s/%s", namespace, op.name)
+            elif op.delete:
+                try:
+                    await self.api.delete(
+                        INSTANCES,
+                        op.name,
+                        namespace=namespace,
+                        resource_version=inst.metadata.resource_version,
                     )
-                    await self._execute(namespace, plan_.departure(fresh, self.node))
-            case plan_.Remove(name, body, delete):
-                inst = await self._apply(namespace, body)
-                if delete:
-                    try:
-                        await self.api.delete(
-                            INSTANCES,
-                            name,
-                            namespace=namespace,
-                            resource_version=inst.metadata.resource_version,
-                        )
-                        log.info("deleted Instance %s/%s (no node left)", namespace, name)
-                    except (NotFound, Conflict):
-                        pass  # gone already, or a node joined meanwhile: both fine
+                    log.info("deleted Instance %s/%s (no node left)", namespace, op.name)
+                except (NotFound, Conflict):
+                    pass  # gone already, or a node joined meanwhile: both fine
+            return
+        raise RuntimeError(f"Instance {namespace}/{op.name} kept changing while leaving it")
 
     async def _leave_all(self, namespace: str, config: str) -> None:
         for inst in self._instances_of(namespace, config).values():
             if self.node in inst.spec.nodes or self.node in inst.metadata.finalizers:
-                try:
-                    await self._execute(namespace, plan_.departure(inst, self.node))
-                except NotFound:
-                    self.view.drop_instance(instance_key(namespace, inst.metadata.name))
+                await self._depart(namespace, plan_.departure(inst, self.node))
 
     async def _write_status(
         self, config: Configuration, result: DiscoveryResult | None, unsolvable: str | None

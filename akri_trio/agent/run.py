@@ -44,6 +44,8 @@ from akri_trio.kube.client import Client
 from akri_trio.kube.config import load_config
 from akri_trio.kube.queue import ReconcileQueue
 from akri_trio.kube.store import Store, reflect
+from akri_trio.model.convert import unstructure
+from akri_trio.model.resources import Instance
 from akri_trio.observe.http import serve_observe
 
 log = logging.getLogger(__name__)
@@ -96,11 +98,25 @@ async def _feed_view(instances: Store, view: NodeView, enqueue: Callable[[str], 
             enqueue(_config_key(existing))
         async for key in changes:
             obj = instances.get(key)
+            before = view.instance(key)
             if obj is None:
                 view.drop_instance(key)
-            else:
-                view.put_instance(obj)
+                if before is not None:
+                    enqueue(_config_key(unstructure(before)))
+                continue
+            after = view.put_instance(obj)
+            # deviceUsage changes (every Allocate) are the plugins' business, not the plan's.
+            if before is None or _plan_inputs(before) != _plan_inputs(after):
                 enqueue(_config_key(obj))
+
+
+def _plan_inputs(inst: Instance) -> Instance:
+    """What `instances.plan` and the status depend on: everything but deviceUsage."""
+    return attrs.evolve(
+        inst,
+        metadata=attrs.evolve(inst.metadata, resource_version="", generation=0),
+        spec=attrs.evolve(inst.spec, device_usage={}),
+    )
 
 
 def _config_key(instance: dict[str, Any]) -> str:

@@ -50,12 +50,44 @@ def _resource_version(obj: Mapping[str, Any]) -> int:
 
 
 class NodeView:
+    """`changes` ticks on every change; `changes_of(key)` only on changes that concern `key`:
+    an Instance key (`ns/instance`) or a Configuration key (`ns/config`, ticked when any of its
+    Instances or its devices change). A plugin waits on its own key, so a write to one Instance
+    wakes the plugins of that Instance and its Configuration, not every plugin on the node."""
+
     def __init__(self, node: str) -> None:
         self.node = node
         self.changes = Changes()
+        self._keyed: dict[str, Changes] = {}
         self._instances: dict[str, Instance] = {}
         self._devices: dict[str, Device] = {}  # instance key -> device this node discovered
         self._devices_by_config: dict[str, dict[str, Device]] = {}
+
+    def changes_of(self, key: str) -> Changes:
+        changes = self._keyed.get(key)
+        if changes is None:
+            changes = self._keyed[key] = Changes()
+        return changes
+
+    def forget(self, key: str) -> None:
+        """Drop the keyed counter of a key nobody waits on any more (a stopped plugin)."""
+        self._keyed.pop(key, None)
+
+    def touch(self, *keys: str) -> None:
+        """Tell the waiters on `keys` to look again (something they read besides the view
+        changed, e.g. which Instances a configuration plugin serves)."""
+        self._notify(*keys)
+
+    def _notify(self, *keys: str) -> None:
+        self.changes.notify()
+        for key in keys:
+            changes = self._keyed.get(key)
+            if changes is not None:
+                changes.notify()
+
+    @staticmethod
+    def _config_key(inst: Instance) -> str:
+        return instance_key(inst.metadata.namespace, inst.spec.configuration_name)
 
     # --- Instances (from the watch, and from our own writes) ---------------------------------
 
@@ -75,12 +107,14 @@ class NodeView:
             return held
         if held != inst:
             self._instances[key] = inst
-            self.changes.notify()
+            configs = {self._config_key(inst)} | ({self._config_key(held)} if held else set())
+            self._notify(key, *configs)
         return inst
 
     def drop_instance(self, key: str) -> None:
-        if self._instances.pop(key, None) is not None:
-            self.changes.notify()
+        held = self._instances.pop(key, None)
+        if held is not None:
+            self._notify(key, self._config_key(held))
 
     def replace_instances(self, objs: Mapping[str, Mapping[str, Any]]) -> None:
         """A relist: the whole set at once."""
@@ -88,7 +122,7 @@ class NodeView:
         for obj in objs.values():
             inst = structure(obj, Instance)
             self._instances[instance_key(inst.metadata.namespace, inst.metadata.name)] = inst
-        self.changes.notify()
+        self._notify(*self._keyed)
 
     # --- devices this node discovered --------------------------------------------------------
 
@@ -107,4 +141,4 @@ class NodeView:
         else:
             self._devices_by_config.pop(config_key, None)
         self._devices.update(devices)
-        self.changes.notify()
+        self._notify(config_key, *old.keys(), *devices.keys())

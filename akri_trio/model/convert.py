@@ -96,8 +96,22 @@ lenient = _make(strict=False)
 strict = _make(strict=True)
 
 
+def drop_nulls(data: Any) -> Any:
+    """The API server writes `null` for emptied fields (e.g. `finalizers` after the last one is
+    removed); for Kubernetes objects null and absent mean the same, so read null as absent."""
+    if isinstance(data, dict):
+        return {k: drop_nulls(v) for k, v in data.items() if v is not None}
+    if isinstance(data, list):
+        return [drop_nulls(v) for v in data]
+    return data
+
+
 def structure(data: Any, cls: type[T], *, strict_keys: bool = False) -> T:
-    return (strict if strict_keys else lenient).structure(data, cls)
+    """Strict mode (the webhook) checks what a user wrote, nulls included; lenient mode reads
+    what the API server returns."""
+    if strict_keys:
+        return strict.structure(data, cls)
+    return lenient.structure(drop_nulls(data), cls)
 
 
 def unstructure(obj: Any) -> Any:

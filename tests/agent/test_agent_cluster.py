@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import httpx
 import pytest
 import trio
 
@@ -32,7 +33,7 @@ NS = "agent-tests"
 class Node:
     """One agent plus its kubelet stand-in, in a directory of its own."""
 
-    def __init__(self, name: str, root: Path, availability: Path) -> None:
+    def __init__(self, name: str, root: Path, availability: Path, metrics: bool = False) -> None:
         self.name = name
         self.kubelet = KubeletStandin(root / name / "device-plugins").start()
         self.settings = AgentSettings(
@@ -43,7 +44,8 @@ class Node:
             enable_debug_echo=True,
             debug_echo_shared=True,
             debug_echo_availability=availability,
-            metrics_port=None,
+            metrics_port=0 if metrics else None,
+            metrics_host="127.0.0.1",
         )
         self.agent: Agent | None = None
         self.scope = trio.CancelScope()
@@ -87,8 +89,8 @@ async def nodes(akri: Client, short_tmp: Path) -> AsyncIterator[Callable[..., An
     async with trio.open_nursery() as nursery:
         _nursery_for_agents.append(nursery)
 
-        async def start(name: str) -> Node:
-            node = Node(name, tmp_path, availability)
+        async def start(name: str, metrics: bool = False) -> Node:
+            node = Node(name, tmp_path, availability, metrics)
             await nursery.start(node.run, akri)
             started.append(node)
             return node
@@ -246,3 +248,107 @@ async def test_two_agents_race_for_one_shared_slot(akri: Client, nodes: Any) -> 
         winners[next(n for n, won in outcomes.items() if won)].append(slot)
     usage = (await akri.get(INSTANCES, inst, namespace=NS))["spec"]["deviceUsage"]
     assert usage == {s: n for n, slots in winners.items() for s in slots}
+
+
+async def _node_status(api: Client, config: str) -> dict[str, Any]:
+    obj = await api.get(CONFIGURATIONS, config, namespace=NS)
+    entries = (obj.get("status") or {}).get("nodes") or []
+    return entries[0] if entries else {}
+
+
+def _conditions(entry: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    return {c["type"]: (c["status"], c["message"]) for c in entry.get("conditions", [])}
+
+
+async def test_invalid_details_show_in_the_configuration_status(akri: Client, nodes: Any) -> None:
+    await nodes("node-a")
+    await akri.create(CONFIGURATIONS, debug_echo_config("bad", NS, [], details="descriptions: 7"))
+
+    async def invalid() -> dict[str, tuple[str, str]] | None:
+        conditions = _conditions(await _node_status(akri, "bad"))
+        return conditions if conditions.get("DiscoveryDetailsValid", ("",))[0] == "False" else None
+
+    _, message = (await _until(invalid))["DiscoveryDetailsValid"]
+    assert "descriptions" in message  # the handler's own words, naming the field
+    assert await _instances(akri) == {}
+
+
+async def test_unsolvable_property_shows_in_the_status(akri: Client, nodes: Any) -> None:
+    await nodes("node-a")
+    config = debug_echo_config("props", NS, ["p0"])
+    config["spec"]["discoveryHandler"]["discoveryProperties"] = [
+        {"name": "pw", "valueFrom": {"secretKeyRef": {"name": "nope", "namespace": NS, "key": "k"}}}
+    ]
+    await akri.create(CONFIGURATIONS, config)
+
+    async def unsolvable() -> dict[str, tuple[str, str]] | None:
+        conditions = _conditions(await _node_status(akri, "props"))
+        return conditions if conditions.get("PropertiesResolved", ("",))[0] == "False" else None
+
+    _, message = (await _until(unsolvable))["PropertiesResolved"]
+    assert "pw" in message and "nope" in message
+    assert await _instances(akri) == {}
+
+
+async def test_capacity_change_reaches_a_live_instance(akri: Client, nodes: Any) -> None:
+    node = await nodes("node-a")
+    await akri.create(CONFIGURATIONS, debug_echo_config("cap", NS, ["k0"], capacity=1))
+    resource = "akri.sh/cap-" + "14c2c6"
+    await node.wait(lambda k: k.healthy(resource) == ["cap-14c2c6-0"])
+    await akri.merge_patch(CONFIGURATIONS, "cap", {"spec": {"capacity": 3}}, namespace=NS)
+    await node.wait(lambda k: len(k.healthy(resource)) == 3)
+    assert (await akri.get(INSTANCES, "cap-14c2c6", namespace=NS))["spec"]["capacity"] == 3
+
+
+async def test_preferred_allocation_picks_distinct_devices(akri: Client, nodes: Any) -> None:
+    node = await nodes("node-a")
+    await akri.create(CONFIGURATIONS, debug_echo_config("pref", NS, ["p0", "p1"], capacity=2))
+    await node.wait(lambda k: k.healthy("akri.sh/pref") == ["pref-0", "pref-1"])
+    # Hold one slot of each device through the configuration plugin...
+    await node.allocate("akri.sh/pref", [["pref-0"]])
+    await node.allocate("akri.sh/pref", [["pref-1"]])
+    await node.wait(lambda k: len(k.healthy("akri.sh/pref")) == 4)
+    available = node.kubelet.healthy("akri.sh/pref")
+    chosen = await trio.to_thread.run_sync(node.kubelet.preferred, "akri.sh/pref", available, 2)
+    assert len(chosen) == 2
+    # ...and the preferred pair is allocatable as one container: two different devices.
+    response = await node.allocate("akri.sh/pref", [chosen])
+    envs = response.container_responses[0].envs
+    assert sorted(v for k, v in envs.items() if k.startswith("DEBUG_ECHO_DESCRIPTION_")) == [
+        "p0",
+        "p1",
+    ]
+
+
+async def test_metrics_are_really_exported(akri: Client, nodes: Any) -> None:
+    node = await nodes("node-a", metrics=True)
+    await akri.create(CONFIGURATIONS, debug_echo_config("seen", NS, ["s0"]))
+    await node.wait(lambda k: len(k.healthy("akri.sh/seen")) == 1)
+    assert node.agent is not None and node.agent.metrics_port
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{node.agent.metrics_port}") as http:
+        ready = await http.get("/readyz")
+        text = (await http.get("/metrics")).text
+    assert ready.status_code == 200
+    assert f'akri_instance_count{{configuration="{NS}/seen",is_shared="true"}} 1' in text
+    assert (
+        'akri_discovery_handler_endpoints{discovery_handler_name="debugEcho",state="Active"} 1'
+        in text
+    )
+    assert "akri_device_plugins_registered 2" in text
+    assert "process_resident_memory_bytes" in text
+
+
+async def test_concurrent_allocates_on_one_device_share_writes(akri: Client, nodes: Any) -> None:
+    node = await nodes("node-a")
+    n = 20
+    await akri.create(CONFIGURATIONS, debug_echo_config("busy", NS, ["b0"], capacity=n))
+    inst = "busy-" + "3cdfc5"
+    await node.wait(lambda k: len(k.healthy(f"akri.sh/{inst}")) == n)
+    before = (await akri.get(INSTANCES, inst, namespace=NS))["metadata"]["generation"]
+    async with trio.open_nursery() as burst:
+        for i in range(n):
+            burst.start_soon(node.allocate, f"akri.sh/{inst}", [[f"{inst}-{i}"]])
+    after = await akri.get(INSTANCES, inst, namespace=NS)
+    assert after["spec"]["deviceUsage"] == {f"{inst}-{i}": "node-a" for i in range(n)}
+    # Every spec write bumps the generation: group commit needs far fewer than one per call.
+    assert after["metadata"]["generation"] - before < n

@@ -149,3 +149,19 @@ def test_instance_round_trip() -> None:
     inst = structure(data, Instance, strict_keys=True)
     assert inst.spec.nodes == ("node-a", "node-b")
     assert unstructure(inst) == data
+
+
+def test_nulls_from_the_api_server_read_as_absent() -> None:
+    data = {
+        "metadata": {"name": "i", "finalizers": None, "deletionTimestamp": None},
+        "spec": {
+            "configurationName": "c",
+            "cdiName": "akri.sh/c=1",
+            "capacity": 1,
+            "nodes": None,
+            "deviceUsage": None,
+        },
+    }
+    inst = structure(data, Instance)
+    assert inst.metadata.finalizers == ()
+    assert inst.spec.nodes == () and inst.spec.device_usage == {}

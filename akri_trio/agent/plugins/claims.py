@@ -8,8 +8,9 @@ into the view. A 409 (someone wrote in between, or another node's field manager 
 re-reads from the API server and decides again — the slot may still be free — up to a bound; a
 slot that is really taken ends in SlotTaken, which the plugin turns into a clear gRPC error.
 
-Field manager `dp-<node>` (as upstream) owns exactly the keys this node holds; the applied map
-is always "every slot this node holds in this Instance", so omitting a key frees it.
+Field manager `dp-<node>` (as upstream) owns exactly the keys this node holds. A write is a JSON
+merge patch of only the keys that change (null frees one) plus the read resourceVersion as the
+precondition.
 Claims on one Instance are serialized inside the agent (a lock per Instance) so that two
 Allocates on this node never race each other into 409s; different Instances go in parallel.
 """
@@ -21,6 +22,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack
 
+import attrs
 import httpx
 import trio
 
@@ -62,17 +64,40 @@ def held_by(usage: Mapping[str, str], node: str) -> dict[str, str]:
     return out
 
 
-def usage_body(inst: Instance, usage: Mapping[str, str], node: str) -> JSON:
+def usage_patch(inst: Instance, usage: Mapping[str, str], node: str) -> JSON:
+    """A JSON merge patch of just the keys this node's claims change, carrying the
+    resourceVersion that was read: the API server refuses it (409) if anyone wrote since, so
+    the claim is a compare-and-swap. Sending only the changed keys keeps every write the same
+    size however many slots the node holds (an apply would have to restate all of them)."""
+    old, new = held_by(inst.spec.device_usage, node), held_by(usage, node)
     return {
-        "apiVersion": naming.API_VERSION,
-        "kind": "Instance",
-        "metadata": {
-            "name": inst.metadata.name,
-            "namespace": inst.metadata.namespace,
-            "resourceVersion": inst.metadata.resource_version,
-        },
-        "spec": {"deviceUsage": held_by(usage, node)},
+        "metadata": {"resourceVersion": inst.metadata.resource_version},
+        "spec": {"deviceUsage": slots.merge_patch(old, new)},
     }
+
+
+@attrs.define(eq=False)
+class _Request:
+    decide: Callable[[Instance], Mapping[str, str]]
+    done: bool = False
+    result: Instance | None = None
+    error: BaseException | None = None
+
+
+def _decide_all(inst: Instance, batch: list[_Request]) -> tuple[dict[str, str], list[_Request]]:
+    """Run each request's decision on the usage left by the ones before it."""
+    usage = dict(inst.spec.device_usage)
+    accepted: list[_Request] = []
+    for request in batch:
+        request.error = None
+        current = attrs.evolve(inst, spec=attrs.evolve(inst.spec, device_usage=usage))
+        try:
+            usage = dict(request.decide(current))
+        except (slots.SlotError, vdevs.VdevError, ValueError) as exc:
+            request.error = exc
+            continue
+        accepted.append(request)
+    return usage, accepted
 
 
 class Claims:
@@ -81,6 +106,7 @@ class Claims:
         self.view = view
         self.node = view.node
         self._locks: defaultdict[str, trio.Lock] = defaultdict(trio.Lock)
+        self._queues: defaultdict[str, list[_Request]] = defaultdict(list)
 
     async def _fresh(self, key: str) -> Instance:
         namespace, name = key.split("/", 1)
@@ -99,9 +125,10 @@ class Claims:
     async def _write(self, inst: Instance, usage: Mapping[str, str]) -> Instance:
         """One apply; Conflict propagates to the caller's retry loop."""
         try:
-            obj = await self.api.apply(
+            obj = await self.api.merge_patch(
                 INSTANCES,
-                usage_body(inst, usage, self.node),
+                inst.metadata.name,
+                usage_patch(inst, usage, self.node),
                 field_manager=usage_field_manager(self.node),
                 namespace=inst.metadata.namespace,
             )
@@ -116,23 +143,63 @@ class Claims:
     async def update_instance(
         self, key: str, decide: Callable[[Instance], Mapping[str, str]]
     ) -> Instance:
-        """Apply `decide(instance) -> new deviceUsage` to one Instance with retries on 409.
+        """Apply `decide(instance) -> new deviceUsage` to one Instance, with retries on 409.
 
-        `decide` may raise (SlotTaken, BadSlot...): that ends the attempt with nothing written.
-        Returns the Instance as written (or unchanged when `decide` changed nothing of ours).
+        `decide` may raise (SlotTaken, BadSlot...): that refuses this caller only, with nothing
+        of its own written. Concurrent callers on one Instance are committed together (group
+        commit): whoever holds the Instance's lock decides every queued request in arrival
+        order against one read and writes them as one compare-and-swap, so fifty Allocates
+        on one device cost a few writes, not fifty serialized ones.
         """
-        async with self._locks[key]:
+        request = _Request(decide)
+        queue = self._queues[key]
+        queue.append(request)
+        try:
+            async with self._locks[key]:
+                if not request.done:
+                    await self._commit(key)
+        except BaseException:
+            if request in queue:  # never decided: nothing of ours can have been written
+                queue.remove(request)
+            raise
+        if request.error is not None:
+            raise request.error
+        assert request.result is not None
+        return request.result
+
+    async def _commit(self, key: str) -> None:
+        """Decide and write every queued request on `key` (the caller holds its lock)."""
+        batch, self._queues[key] = self._queues[key], []
+        try:
             inst = self._cached(key) or await self._fresh(key)
             for attempt in range(MAX_ATTEMPTS):
-                new = decide(inst)
-                if held_by(new, self.node) == held_by(inst.spec.device_usage, self.node):
-                    return inst
-                try:
-                    return await self._write(inst, new)
-                except Conflict:
-                    log.debug("deviceUsage of %s changed under us (attempt %d)", key, attempt + 1)
-                    inst = await self._fresh(key)
+                usage, accepted = _decide_all(inst, batch)
+                if held_by(usage, self.node) != held_by(inst.spec.device_usage, self.node):
+                    try:
+                        inst = await self._write(inst, usage)
+                    except Conflict:
+                        log.debug("deviceUsage of %s changed under us (try %d)", key, attempt + 1)
+                        inst = await self._fresh(key)
+                        continue
+                for request in accepted:
+                    request.result = inst
+                return
             raise ClaimFailed(f"deviceUsage of {key} kept changing; gave up after {MAX_ATTEMPTS}")
+        except (ClaimFailed, InstanceGone) as exc:
+            for request in batch:
+                if request.error is None:
+                    request.error = exc
+        except BaseException:
+            # Cancelled (or a bug) mid-commit: hand the undecided requests back to the queue;
+            # the next lock holder decides them afresh (claims are idempotent, so a write that
+            # did land meanwhile is simply found already done).
+            for request in batch:
+                request.error = request.result = None
+            self._queues[key][:0] = batch
+            raise
+        finally:
+            for request in batch:
+                request.done = request.error is not None or request.result is not None
 
     # --- instance level ------------------------------------------------------------------------
 

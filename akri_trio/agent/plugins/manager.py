@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 @attrs.frozen
 class InstancePlugin:
     key: str  # namespace/instance
+    config: str  # its Configuration's name
 
 
 @attrs.frozen
@@ -54,7 +55,7 @@ def desired_plugins(
     for inst in instances:
         key = instance_key(inst.metadata.namespace, inst.metadata.name)
         if node in inst.spec.nodes and inst.metadata.deletion_timestamp is None and has_device(key):
-            out.add(InstancePlugin(key))
+            out.add(InstancePlugin(key, inst.spec.configuration_name))
             out.add(ConfigPlugin(inst.metadata.namespace, inst.spec.configuration_name))
     return out
 
@@ -85,9 +86,8 @@ class PluginManager:
                 p.key
                 for p in self.running
                 if isinstance(p, InstancePlugin)
-                and (inst := self.view.instance(p.key)) is not None
-                and inst.metadata.namespace == plugin.namespace
-                and inst.spec.configuration_name == plugin.config
+                and p.config == plugin.config
+                and p.key.split("/", 1)[0] == plugin.namespace
             )
 
         return members
@@ -121,6 +121,12 @@ class PluginManager:
                 if self.running.get(plugin) is scope:
                     del self.running[plugin]
 
+    @staticmethod
+    def _config_key(plugin: Plugin) -> str:
+        if isinstance(plugin, ConfigPlugin):
+            return instance_key(plugin.namespace, plugin.config)
+        return instance_key(plugin.key.split("/", 1)[0], plugin.config)
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             started = False
@@ -128,16 +134,21 @@ class PluginManager:
             while True:
                 version = self.view.changes.version
                 desired = self._desired()
+                touched: set[str] = set()
                 for plugin in list(self.running):
                     if plugin not in desired:
                         log.info("stopping plugin %s", plugin)
                         self.running.pop(plugin).cancel()
+                        touched.add(self._config_key(plugin))
                 # Instance plugins first: a configuration plugin's members are running ones.
                 for plugin in sorted(desired - self.running.keys(), key=_start_order):
                     scope = trio.CancelScope()
                     self.running[plugin] = scope
                     log.info("starting plugin %s", plugin)
                     await nursery.start(self._run_plugin, plugin, scope)
+                    touched.add(self._config_key(plugin))
+                if touched:  # a configuration plugin's members changed: it must look again
+                    self.view.touch(*touched)
                 if not started:
                     task_status.started()
                     started = True

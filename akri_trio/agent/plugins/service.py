@@ -39,6 +39,7 @@ class Behaviour(Protocol):
     kind: str  # "instance" | "configuration"
     resource: str  # akri.sh/<name>
     preferred_allocation: bool
+    key: str  # the view key whose changes can change `devices()`
 
     def devices(self) -> list[DeviceView]: ...
 
@@ -128,6 +129,7 @@ class ConfigurationBehaviour:
     ) -> None:
         self.namespace = namespace
         self.config = config
+        self.key = instance_key(namespace, config)
         self.resource = naming.resource_name(config)
         self.view = view
         self.claims = claims
@@ -205,9 +207,10 @@ class DevicePluginService(dp_grpc.DevicePluginServicer):
 
     async def ListAndWatch(self, _: dp.Empty) -> AsyncIterator[dp.ListAndWatchResponse]:
         """Send the device list now and again whenever it changes, until the kubelet leaves."""
+        changes = self.view.changes_of(self.behaviour.key)
         version, last = -1, None
         while True:
-            version = self.view.changes.version
+            version = changes.version
             devices = self.behaviour.devices()
             if devices != last:
                 last = devices
@@ -217,7 +220,7 @@ class DevicePluginService(dp_grpc.DevicePluginServicer):
                         for d in devices
                     ]
                 )
-            await self.view.changes.wait_past(version)
+            await changes.wait_past(version)
 
     async def GetPreferredAllocation(
         self, request: dp.PreferredAllocationRequest

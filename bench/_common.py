@@ -1,0 +1,256 @@
+"""Shared plumbing for the benchmarks: the cluster, an isolated namespace, stats, the report.
+
+Isolation. The local cluster is shared with other engineers' test runs, whose agents watch every
+namespace and whose fixtures purge every akri object. So a benchmark
+- works in its own namespace (`akri-bench`) and gives the agent a client that lists and watches
+  only that namespace for akri.sh types (`ScopedClient`), so it never writes Instances for other
+  people's Configurations;
+- registers the embedded debugEcho handler under another name (`benchEcho`), so other agents
+  see our Configurations but have no handler for them and create no Instances;
+- checks at the end that its objects were not purged underneath it (a run that was is void).
+Neither changes the code paths measured (discovery, reconcile, plugins, claims).
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import hashlib
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import trio
+
+import akri_trio.agent.run as agent_run
+from akri_trio.discovery.handlers.debug_echo import DebugEcho
+from akri_trio.kube.client import JSON, Client, ListPage, Resource
+from akri_trio.kube.config import http_client, load_config
+from akri_trio.kube.errors import NotFound
+
+REPO = Path(__file__).resolve().parent.parent
+BENCH_NS = "akri-bench"
+HANDLER = "benchEcho"
+CONFIGURATIONS = Resource("akri.sh", "v0", "configurations", "Configuration")
+INSTANCES = Resource("akri.sh", "v0", "instances", "Instance")
+NAMESPACES = Resource.core("namespaces", "Namespace", namespaced=False)
+
+
+# --- cluster ---------------------------------------------------------------------------------
+
+
+def cluster_env() -> dict[str, str]:
+    """`cluster up` (idempotent) then `cluster env` as a dict."""
+    py = [sys.executable, "-m", "akri_trio", "cluster"]
+    subprocess.run([*py, "up"], cwd=REPO, check=True, capture_output=True, text=True)
+    out = subprocess.run([*py, "env"], cwd=REPO, check=True, capture_output=True, text=True)
+    pairs = (line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
+class ScopedClient(Client):
+    """A Client whose cluster-wide list/watch of akri.sh types stays in one namespace."""
+
+    def __init__(self, http: Any, scope: str, **kw: Any) -> None:
+        super().__init__(http, **kw)
+        self.scope = scope
+
+    def _ns(self, res: Resource, namespace: str | None) -> str | None:
+        if namespace is None and res.namespaced and res.group == "akri.sh":
+            return self.scope
+        return namespace
+
+    async def list_page(
+        self,
+        res: Resource,
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        limit: int | None = None,
+        continue_token: str | None = None,
+        resource_version: str | None = None,
+    ) -> ListPage:
+        return await super().list_page(
+            res,
+            namespace=self._ns(res, namespace),
+            label_selector=label_selector,
+            field_selector=field_selector,
+            limit=limit,
+            continue_token=continue_token,
+            resource_version=resource_version,
+        )
+
+    def watch_stream(  # type: ignore[override]
+        self,
+        res: Resource,
+        *,
+        resource_version: str,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        timeout_seconds: int = 290,
+        read_timeout: float | None = None,
+    ) -> AbstractAsyncContextManager[AsyncIterator[JSON]]:
+        return super().watch_stream(
+            res,
+            resource_version=resource_version,
+            namespace=self._ns(res, namespace),
+            label_selector=label_selector,
+            field_selector=field_selector,
+            timeout_seconds=timeout_seconds,
+            read_timeout=read_timeout,
+        )
+
+
+@asynccontextmanager
+async def scoped_api(kubeconfig: str, scope: str = BENCH_NS) -> AsyncIterator[ScopedClient]:
+    cfg = load_config(Path(kubeconfig))
+    async with http_client(cfg) as http:
+        yield ScopedClient(http, scope, default_namespace=cfg.namespace)
+
+
+def use_bench_echo(poll_interval: float = 1.0) -> None:
+    """Make run_agent's embedded debugEcho register as `benchEcho` with this poll interval."""
+    setattr(  # noqa: B010 (a module attribute, replaced on purpose)
+        agent_run,
+        "DebugEcho",
+        functools.partial(DebugEcho, name=HANDLER, poll_interval=poll_interval),
+    )
+
+
+def echo_config(name: str, descriptions: Sequence[str], capacity: int) -> JSON:
+    import yaml
+
+    return {
+        "apiVersion": "akri.sh/v0",
+        "kind": "Configuration",
+        "metadata": {"name": name, "namespace": BENCH_NS},
+        "spec": {
+            "discoveryHandler": {
+                "name": HANDLER,
+                "discoveryDetails": yaml.safe_dump({"descriptions": list(descriptions)}),
+            },
+            "capacity": capacity,
+            "brokerProperties": {},
+        },
+    }
+
+
+async def prepare_namespace(api: Client) -> None:
+    """CRDs installed, our namespace there and empty of akri objects."""
+    from tests.support.akri_cluster import install_crds
+
+    await install_crds(api)
+    body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": BENCH_NS}}
+    await api.apply(NAMESPACES, body, field_manager="akri-trio-bench")
+    await purge_namespace(api)
+
+
+async def purge_namespace(api: Client, limit_s: float = 120) -> None:
+    """Delete our Configurations, then our Instances (stripping finalizers of dead agents)."""
+    for res in (CONFIGURATIONS, INSTANCES):
+        for obj in (await api.list(res, namespace=BENCH_NS)).items:
+            meta = obj["metadata"]
+            try:
+                if meta.get("finalizers"):
+                    await api.merge_patch(
+                        res, meta["name"], {"metadata": {"finalizers": None}}, namespace=BENCH_NS
+                    )
+                await api.delete(res, meta["name"], namespace=BENCH_NS)
+            except NotFound:
+                pass
+    with trio.fail_after(limit_s):
+        while True:  # polling the API server
+            left = (await api.list(INSTANCES, namespace=BENCH_NS)).items
+            left += (await api.list(CONFIGURATIONS, namespace=BENCH_NS)).items
+            if not left:
+                return
+            await trio.sleep(0.2)
+
+
+# --- numbers ---------------------------------------------------------------------------------
+
+
+def percentile(samples: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100)."""
+    if not samples:
+        return math.nan
+    ordered = sorted(samples)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def summary(samples: Sequence[float]) -> dict[str, float]:
+    return {
+        "n": float(len(samples)),
+        "p50": percentile(samples, 50),
+        "p90": percentile(samples, 90),
+        "p99": percentile(samples, 99),
+        "max": max(samples) if samples else math.nan,
+        "mean": statistics.fmean(samples) if samples else math.nan,
+    }
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f}"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A Markdown table (also readable on a terminal)."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    line = "| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)) + " |"
+    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    body = [
+        "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in rows
+    ]
+    return "\n".join([line, sep, *body])
+
+
+def code_stamp() -> str:
+    """A short hash of akri_trio/ as it is on disk (the agent is edited while we measure)."""
+    digest = hashlib.blake2b(digest_size=6)
+    for path in sorted((REPO / "akri_trio").rglob("*.py")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def machine() -> str:
+    load = os.getloadavg()
+    return (
+        f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}, load avg {load[0]:.2f}/{load[1]:.2f}/{load[2]:.2f}; "
+        f"akri_trio code {code_stamp()}"
+    )
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+RESULTS = REPO / "bench" / "RESULTS.md"
+
+
+def write_run(name: str, text: str, results: Path = RESULTS) -> None:
+    """Append one run to the `<!-- runs:name -->` ... `<!-- /runs:name -->` block of
+    RESULTS.md (created at the end of the file when missing); earlier runs stay."""
+    start, end = f"<!-- runs:{name} -->", f"<!-- /runs:{name} -->"
+    old = results.read_text() if results.exists() else "# Benchmark results\n"
+    if start in old and end in old:
+        head, rest = old.split(start, 1)
+        body, tail = rest.split(end, 1)
+        new = f"{head}{start}{body.rstrip()}\n\n{text.rstrip()}\n{end}{tail}"
+    else:
+        new = f"{old.rstrip()}\n\n{start}\n{text.rstrip()}\n{end}\n"
+    results.write_text(new)
+
+
+def env_kubeconfig(env: Mapping[str, str]) -> str:
+    return env["KUBECONFIG"]
