@@ -19,10 +19,12 @@ lint:
     ruff format --check .
     mypy
 
-# benchmarks; results with ratios go to bench/RESULTS.md
+# benchmarks on the real local cluster; results with ratios are appended to bench/RESULTS.md
 bench:
-    @ls bench/*.py >/dev/null 2>&1 || { echo "no benchmarks yet"; exit 0; }
-    for b in bench/*.py; do python "$b"; done
+    python -m akri_trio cluster up
+    python -m bench.allocate_latency
+    python -m bench.discovery_latency
+    python -m bench.scale
 
 # start the local control plane and a Ready node (builds Kubernetes once)
 cluster-up:

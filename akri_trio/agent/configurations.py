@@ -34,7 +34,7 @@ from akri_trio.discovery.properties import (
     referenced_objects,
     resolve,
 )
-from akri_trio.discovery.registry import Registry
+from akri_trio.discovery.registry import OFFLINE_GRACE_S, Registry
 from akri_trio.kube.client import Client, Resource
 from akri_trio.kube.errors import ApiError, Conflict, Invalid, NotFound
 from akri_trio.kube.queue import Requeue
@@ -50,7 +50,15 @@ SECRETS = Resource.core("secrets", "Secret")
 CONFIG_MAPS = Resource.core("configmaps", "ConfigMap")
 RETRY_UNSOLVABLE_S = 30.0
 MAX_DEPART_ATTEMPTS = 5
+# How long a (re)started discovery waits for its handlers to answer before "no list" counts as
+# "no devices": upstream's grace for an unresponsive handler.
+HANDLER_GRACE_S = OFFLINE_GRACE_S
 WRITE_CONCURRENCY = 8  # parallel Instance writes per reconcile: a big discovery lands fast
+
+
+def _departs(op: plan_.Operation) -> bool:
+    """Would `op` take this node off a live Instance (or delete it)?"""
+    return isinstance(op, plan_.Leave) or (isinstance(op, plan_.Remove) and op.delete)
 
 
 def _iso(wall: float) -> str:
@@ -184,11 +192,19 @@ class ConfigurationReconciler:
         self.view.set_devices(key, devices)
         existing = self._instances_of(namespace, name)
         ops = plan_.plan(self.node, config, result.devices, existing)
+        requeue = None
+        waited = trio.current_time() - running.started_at
+        if (not result.handlers or result.pending) and waited < HANDLER_GRACE_S:
+            # Right after a (re)start the handlers have not all answered (or re-registered)
+            # yet: "no list" is not "no devices". Hold departures — they would delete Instances
+            # and the claims of running Pods — until every handler answered or the grace ends.
+            ops = [op for op in ops if not _departs(op)]
+            requeue = Requeue(HANDLER_GRACE_S - waited)
         await self._execute_all(key, config.metadata.uid, namespace, ops)
         await self._write_status(config, result, unsolvable)
         if self.metrics is not None:
             self._count_instances(key, namespace, name)
-        return None
+        return requeue
 
     def _count_instances(self, key: str, namespace: str, name: str) -> None:
         assert self.metrics is not None

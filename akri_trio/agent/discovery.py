@@ -32,6 +32,7 @@ from akri_trio.discovery.interface import InvalidDetails, discover_changes
 from akri_trio.discovery.registry import (
     EndpointType,
     HandlerStatus,
+    Offline,
     Registration,
     Registry,
     RegistryEvent,
@@ -73,6 +74,9 @@ class DiscoveryResult:
     devices: tuple[DiscoveredDevice, ...]
     problems: tuple[str, ...]
     handlers: Mapping[str, HandlerStatus]
+    # Registered endpoints that have not answered yet (no list, not invalid, not Offline):
+    # until they do, `devices` may be missing theirs.
+    pending: tuple[str, ...] = ()
 
 
 def merge(
@@ -156,10 +160,21 @@ class _Discovery:
                     f"discovery handler {self.request.handler!r} at {endpoint} rejected "
                     f"discoveryDetails: {self.invalid[endpoint]}"
                 )
+        statuses = self.registry.get(self.request.handler)
+        pending = tuple(
+            sorted(
+                endpoint
+                for endpoint in registrations
+                if endpoint not in self.lists
+                and endpoint not in self.invalid
+                and not isinstance(statuses.get(endpoint), Offline)
+            )
+        )
         return DiscoveryResult(
             devices=merge(self.lists, registrations),
             problems=tuple(problems),
-            handlers=self.registry.get(self.request.handler),
+            handlers=statuses,
+            pending=pending,
         )
 
     # ---- one endpoint -------------------------------------------------------------------------

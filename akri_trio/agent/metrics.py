@@ -44,6 +44,10 @@ class AgentMetrics:
         self.plugins_registered = r.gauge(
             "akri_device_plugins_registered", "Device plugins registered with the kubelet"
         )
+        self.plugin_registrations = r.counter(
+            "akri_device_plugin_registrations_total",
+            "Successful Register calls to the kubelet (re-registrations after its restarts too)",
+        )
         self.slots_reclaimed = r.counter(
             "akri_slots_reclaimed_total", "Slots and virtual devices freed by the reclaimer"
         )

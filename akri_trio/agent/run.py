@@ -155,7 +155,9 @@ async def run_agent(
     configs, instances = Store(), Store()
     claims = Claims(api, view)
     watch = KubeletWatch(settings.device_plugin_dir)
-    plugins = PluginManager(view, claims, watch, metrics.observe_allocate)
+    plugins = PluginManager(
+        view, claims, watch, metrics.observe_allocate, metrics.plugin_registrations.inc
+    )
     metrics.plugins_registered.set_function(lambda: float(len(plugins.registered)))
     reclaimer = Reclaimer(
         view,

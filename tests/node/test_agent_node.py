@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -92,12 +93,35 @@ class Env:
             assert self.agent.wait(timeout=15) == 0, self.agent_log()
             self.agent = None
 
+    def metric(self, name: str) -> float:
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            for line in response.read().decode().splitlines():
+                if line.startswith(name + " "):
+                    return float(line.split()[1])
+        raise AssertionError(f"metric {name} not exported")
+
+    def wait_registered(self, plugins: int = 3) -> None:
+        """Until the agent's plugins are registered with the kubelet: a Pod admitted before
+        that fails with UnexpectedAdmissionError (the node's allocatable lags behind)."""
+
+        def registered() -> bool:
+            try:
+                return self.metric("akri_device_plugins_registered") == plugins
+            except OSError:  # the metrics server is not up yet
+                return False
+
+        until(registered, what=f"{plugins} plugins registered")
+
     def agent_log(self) -> str:
         return (self.tmp / "agent.log").read_text()[-4000:]
 
     def allocatable(self) -> dict[str, str]:
+        """This test's akri.sh resources (the kubelet keeps every extended resource it ever saw,
+        at 0 once its plugin is gone, so other tests' leftovers are filtered out)."""
         node = self.json("get", "node", self.node)
-        return {k: v for k, v in node["status"]["allocatable"].items() if k.startswith("akri.sh/")}
+        ours = {f"akri.sh/{i}" for i in self.instances.values()} | {f"akri.sh/{CONFIG}"}
+        return {k: v for k, v in node["status"]["allocatable"].items() if k in ours}
 
     def usage(self) -> dict[str, dict[str, str]]:
         items = self.json("get", "instances.akri.sh", "-n", NS)["items"]
@@ -135,6 +159,14 @@ class Env:
         self.kubectl("delete", "pod", "-n", NS, "--wait=true", "--timeout=60s", *names)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"  # this VM's init does not reap: a zombie has exited
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -160,6 +192,18 @@ def e2e(node_cluster: dict[str, str], tmp_path_factory: pytest.TempPathFactory) 
         "wait", "--for=condition=Established", "crd/configurations.akri.sh", "crd/instances.akri.sh"
     )
     env.kubectl("create", "namespace", NS, check=False)
+    # Start clean: Pods or the Configuration left by an interrupted earlier run hold slots.
+    env.kubectl("delete", "pods", "--all", "-n", NS, "--wait=true", "--timeout=60s", check=False)
+    env.kubectl(
+        "delete",
+        "configurations.akri.sh",
+        "--all",
+        "-n",
+        NS,
+        "--wait=true",
+        "--timeout=30s",
+        check=False,
+    )
     env.start_agent()
     config = {
         "apiVersion": "akri.sh/v0",
@@ -174,6 +218,7 @@ def e2e(node_cluster: dict[str, str], tmp_path_factory: pytest.TempPathFactory) 
         },
     }
     env.kubectl("apply", "-f", "-", input=json.dumps(config))
+    env.wait_registered()
     try:
         yield env
     finally:
@@ -234,13 +279,20 @@ def test_deleted_pods_slots_are_reclaimed(e2e: Env) -> None:
 
 def test_kubelet_restart_brings_the_plugins_back(e2e: Env) -> None:
     run_dir = Path(e2e.env["AKRI_TRIO_CLUSTER_DIR"])
-    pid = int(next(run_dir.rglob("kubelet.pid")).read_text())
+    pid = int(next(run_dir.rglob("kubelet.pid")).read_text().split()[0])
+    registrations = e2e.metric("akri_device_plugin_registrations_total")
     os.kill(pid, signal.SIGTERM)
-    until(lambda: not Path(f"/proc/{pid}").exists(), seconds=30, what="kubelet exited")
+    until(lambda: not _alive(pid), seconds=30, what="kubelet exited")
     subprocess.run(
         [sys.executable, "-m", "akri_trio", "cluster", "up", "--node"],
         check=True,
         capture_output=True,
+    )
+    # The new kubelet wipes the plugin sockets: all three plugins must register again (a Pod
+    # admitted before that fails with UnexpectedAdmissionError: the kubelet's own race).
+    until(
+        lambda: e2e.metric("akri_device_plugin_registrations_total") >= registrations + 3,
+        what="the plugins registered again",
     )
     inst = e2e.instances["d1"]
     e2e.pod("after-kubelet", {f"akri.sh/{inst}": 1})
@@ -259,6 +311,7 @@ def test_agent_restart_loses_and_doubles_no_claim(e2e: Env) -> None:
     before = e2e.usage()[inst]
     e2e.stop_agent()
     e2e.start_agent()
+    e2e.wait_registered()
     e2e.pod("second", {f"akri.sh/{inst}": 1})
     until(lambda: e2e.pod_phase("second") == "Running", seconds=90, what="second Running")
     after = e2e.usage()[inst]
@@ -272,6 +325,7 @@ def test_offline_removes_devices_and_restore_brings_them_back(e2e: Env) -> None:
     until(lambda: not e2e.usage(), seconds=30, what="Instances gone")
     until(lambda: all(v == "0" for v in e2e.allocatable().values()), what="allocatable 0")
     e2e.availability.write_text("")
+    e2e.wait_registered()
     until(lambda: len(e2e.usage()) == 2, seconds=30, what="Instances back")
     expected = {f"akri.sh/{i}": "2" for i in e2e.instances.values()} | {f"akri.sh/{CONFIG}": "2"}
     until(lambda: e2e.allocatable() == expected, what="resources offered again")

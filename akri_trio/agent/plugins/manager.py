@@ -67,7 +67,9 @@ class PluginManager:
         claims: Claims,
         watch: KubeletWatch,
         observe: AllocateObserver | None = None,
+        on_registered: Callable[[], None] | None = None,
     ) -> None:
+        self.on_registered = on_registered
         self.view = view
         self.claims = claims
         self.watch = watch
@@ -113,13 +115,18 @@ class PluginManager:
                     behaviour.resource,
                     service.options(),
                     self.watch,
-                    on_registered=lambda: self.registered.add(plugin),
+                    on_registered=lambda: self._registered(plugin),
                     task_status=task_status,
                 )
             finally:
                 self.registered.discard(plugin)
                 if self.running.get(plugin) is scope:
                     del self.running[plugin]
+
+    def _registered(self, plugin: Plugin) -> None:
+        self.registered.add(plugin)
+        if self.on_registered is not None:
+            self.on_registered()
 
     @staticmethod
     def _config_key(plugin: Plugin) -> str:

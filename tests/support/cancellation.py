@@ -1,0 +1,310 @@
+"""Tools for the cancellation harness: what a task tree, a process and a directory hold, and
+thin instruments around the real API client and the kubelet stand-in.
+
+Nothing here mocks Kubernetes or gRPC: `GatedClient` and `FlakyClient` are the real `Client`
+(the real API server answers every request they let through), with a hook that lets a test
+hold a deviceUsage write at a chosen point or refuse it with a real connection error;
+`ControlledKubelet` is the grpcio stand-in with a way to drop a ListAndWatch stream and to hold
+a Register call.
+"""
+
+from __future__ import annotations
+
+import enum
+import gc
+import os
+import stat
+import threading
+import types
+from collections import Counter
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import trio
+
+from akri_trio.kube.client import Client
+from akri_trio.model.resources import JSON
+from akri_trio.rpc.gen import deviceplugin_v1beta1_pb2 as dp
+from tests.support.kubelet_standin import KubeletStandin
+
+# ---- tasks --------------------------------------------------------------------------------------
+
+
+def all_tasks() -> list[trio.lowlevel.Task]:
+    """Every task of this trio run (system tasks included), by walking the tree from the root."""
+    out: list[trio.lowlevel.Task] = []
+    stack = [trio.lowlevel.current_root_task()]
+    while stack:
+        task = stack.pop()
+        if task is None:
+            continue
+        out.append(task)
+        for nursery in task.child_nurseries:
+            stack.extend(nursery.child_tasks)
+    return out
+
+
+def tasks_awaiting(function_name: str) -> list[trio.lowlevel.Task]:
+    """Tasks with a frame of a function named `function_name` on their await stack."""
+    found = []
+    for task in all_tasks():
+        try:
+            names = {frame.f_code.co_name for frame, _ in task.iter_await_frames()}
+        except Exception:  # a task finishing while we look: not parked
+            continue
+        if function_name in names:
+            found.append(task)
+    return found
+
+
+def live_asyncgens(function: Callable[..., Any]) -> list[types.AsyncGeneratorType[Any, Any]]:
+    """Async generators of `function` that have started or may still run (not finished, not
+    closed), after a full collection: a parked ListAndWatch / Discover generator shows here."""
+    code = getattr(function, "__code__", None)
+    assert code is not None, f"{function!r} has no code object"
+    gc.collect()
+    return [
+        obj
+        for obj in gc.get_objects()
+        if isinstance(obj, types.AsyncGeneratorType)
+        and obj.ag_code is code
+        and obj.ag_frame is not None
+    ]
+
+
+EVENTUALLY_S = 10.0
+POLL_S = 0.02
+
+
+async def eventually(check: Callable[[], bool], what: str) -> None:
+    """Wait (at most EVENTUALLY_S) for a condition the code under test reaches on its own;
+    fails with `what` when the deadline passes. Polling, because what is checked here (the
+    heap, the fd table, a directory) has no event to wait on; the deadline is the assertion."""
+    try:
+        with trio.fail_after(EVENTUALLY_S):
+            while True:
+                if check():
+                    return
+                await trio.sleep(POLL_S)
+    except trio.TooSlowError:
+        raise AssertionError(f"not within {EVENTUALLY_S}s: {what}") from None
+
+
+# ---- file descriptors and socket files ------------------------------------------------------
+
+
+def _unix_socket_paths() -> dict[str, str]:
+    """socket inode -> bound path, for this host's Unix sockets (from /proc/net/unix)."""
+    out: dict[str, str] = {}
+    with open("/proc/net/unix") as table:
+        next(table)
+        for line in table:
+            fields = line.split()
+            if len(fields) >= 8:
+                out[fields[6]] = fields[7]
+    return out
+
+
+def open_fds() -> dict[int, str]:
+    """fd -> what it is (readlink of /proc/self/fd, Unix sockets with their path if bound)."""
+    fds: dict[int, str] = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            fds[int(name)] = os.readlink(f"/proc/self/fd/{name}")
+        except FileNotFoundError:  # the listing's own fd, closed already
+            continue
+    paths = _unix_socket_paths()
+    for fd, target in fds.items():
+        if target.startswith("socket:["):
+            inode = target[len("socket:[") : -1]
+            if inode in paths:
+                fds[fd] = f"{target} unix:{paths[inode]}"
+    return fds
+
+
+def _kind(target: str) -> str:
+    return target.split("[", 1)[0] if "unix:" not in target else target.split(" ", 1)[1]
+
+
+async def fds_return_to(before: Mapping[int, str]) -> None:
+    """Wait (at most EVENTUALLY_S) until this process holds no more fds than `before`:
+    grpcio's threads release a stopped server's fds a moment after `stop()` returns. Fails
+    with what is extra."""
+    try:
+        with trio.fail_after(EVENTUALLY_S):
+            while True:
+                if len(open_fds()) <= len(before):
+                    return
+                await trio.sleep(POLL_S)
+    except trio.TooSlowError:
+        now = open_fds()
+        extra = Counter(_kind(t) for t in now.values()) - Counter(_kind(t) for t in before.values())
+        new = {fd: t for fd, t in now.items() if before.get(fd) != t}
+        raise AssertionError(
+            f"{len(now) - len(before)} fds leaked: {dict(extra)}; new or reused: {new}"
+        ) from None
+
+
+def socket_files(directory: Path) -> list[str]:
+    """Names of the Unix socket files in `directory` (nothing if it does not exist)."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    return sorted(n for n in names if stat.S_ISSOCK(os.lstat(directory / n).st_mode))
+
+
+# ---- the API client, instrumented ---------------------------------------------------------------
+
+
+def is_usage_write(method: str, params: Mapping[str, str] | None) -> bool:
+    """The agent's deviceUsage writes are the PATCHes of field manager `dp-<node>` (whatever
+    the patch type: server-side apply or a merge patch)."""
+    return method == "PATCH" and (params or {}).get("fieldManager", "").startswith("dp-")
+
+
+class Hold(enum.Enum):
+    """Where `GatedClient` holds the next deviceUsage write until the agent is cancelled."""
+
+    BEFORE_SEND = "before-send"  # the PATCH never reaches the API server
+    ON_THE_WIRE = "on-the-wire"  # the test cancels as the PATCH starts: either outcome
+    AFTER_ANSWER = "after-answer"  # the server applied it; the agent never sees the answer
+
+
+class GatedClient(Client):
+    """The real client; one deviceUsage write (when armed) signals `reached` at the point
+    `hold` names and then parks there until cancelled."""
+
+    def __init__(self, real: Client) -> None:
+        super().__init__(real.http, default_namespace=real.default_namespace)
+        self.hold: Hold | None = None
+        self.reached = trio.Event()
+        self.writes_started = 0
+        self.writes_answered = 0
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> JSON:
+        hold = self.hold if is_usage_write(method, params) else None
+        if hold is not None:
+            self.hold = None  # one write only
+            self.writes_started += 1
+        if hold is Hold.BEFORE_SEND:
+            self.reached.set()
+            await trio.sleep_forever()
+        if hold is Hold.ON_THE_WIRE:
+            self.reached.set()
+        answer = await super().request(
+            method, path, params=params, body=body, content_type=content_type
+        )
+        if hold is not None:
+            self.writes_answered += 1
+        if hold is Hold.AFTER_ANSWER:
+            self.reached.set()
+            await trio.sleep_forever()
+        return answer
+
+
+class FlakyClient(Client):
+    """The real client, except that while `down` every request (not the watches already open)
+    goes to `dead` — a client of a port nobody listens on — and fails with a real
+    `httpx.ConnectError`."""
+
+    def __init__(self, real: Client, dead: httpx.AsyncClient) -> None:
+        super().__init__(real.http, default_namespace=real.default_namespace)
+        self.dead = dead
+        self.down = False
+        self.refused: list[str] = []
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> JSON:
+        if self.down:
+            self.refused.append(f"{method} {path}")
+            await self.dead.request(method, path, params=dict(params or {}))
+            raise AssertionError("a closed port answered")  # pragma: no cover
+        return await super().request(
+            method, path, params=params, body=body, content_type=content_type
+        )
+
+
+def closed_port() -> int:
+    """A TCP port on 127.0.0.1 that nobody listens on (bound, then released)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+# ---- the kubelet stand-in, with handles on its connections -----------------------------------
+
+
+class _Answers(dict[str, list[tuple[str, str]]]):
+    """The stand-in's `devices` map, counting every list stored per resource (each answer of a
+    ListAndWatch stream, and the stand-in's own "stream ended: all Unhealthy" marking)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count: Counter[str] = Counter()
+
+    def __setitem__(self, resource: str, devices: list[tuple[str, str]]) -> None:
+        self.count[resource] += 1
+        super().__setitem__(resource, devices)
+
+
+class ControlledKubelet(KubeletStandin):
+    """The grpcio kubelet stand-in, plus: drop a resource's ListAndWatch connection as a dying
+    kubelet would, open a fresh stream to the same endpoint, and hold Register calls."""
+
+    def __init__(self, plugin_dir: Path) -> None:
+        super().__init__(plugin_dir)
+        self.hold_register = threading.Event()  # set: Register calls park until released
+        self.release_register = threading.Event()
+        self.register_parked = threading.Event()
+        self.register_calls = 0
+        self.answers = _Answers()
+        self.devices = self.answers
+
+    def answered(self, resource: str) -> int:
+        """How many device lists the stand-in has stored for `resource` so far."""
+        with self._cond:
+            return self.answers.count[resource]
+
+    def _on_register(self, request: dp.RegisterRequest) -> None:
+        with self._cond:
+            self.register_calls += 1
+        if self.hold_register.is_set():
+            self.register_parked.set()
+            self.release_register.wait(timeout=60)
+            return
+        super()._on_register(request)
+
+    def disconnect(self, resource: str) -> None:
+        """Close the channel carrying `resource`'s ListAndWatch (its connection goes away)."""
+        channel: grpc.Channel = self._channels[resource]
+        channel.close()
+
+    def reconnect(self, resource: str) -> None:
+        """Dial the registered endpoint again and open a new ListAndWatch stream."""
+        super()._on_register(self.registrations[resource])
+
+    def stop(self) -> None:
+        self.release_register.set()
+        super().stop()
