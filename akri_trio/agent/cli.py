@@ -15,6 +15,7 @@ from pathlib import Path
 import trio
 
 from akri_trio.agent.run import AgentSettings, run_agent
+from akri_trio.discovery.handlers import BUILTIN
 
 log = logging.getLogger("akri_trio.agent")
 
@@ -51,6 +52,15 @@ def parse_args(argv: list[str], env: Mapping[str, str]) -> AgentSettings:
         help="health and Prometheus metrics port; 0 picks one, -1 disables",
     )
     p.add_argument(
+        "--embedded-handler",
+        action="append",
+        dest="embedded_handlers",
+        default=[h for h in env.get("AKRI_EMBEDDED_HANDLERS", "").split(",") if h],
+        metavar="NAME",
+        help="run this built-in discovery handler in-process (repeatable; env "
+        "AKRI_EMBEDDED_HANDLERS=udev,opcua,...)",
+    )
+    p.add_argument(
         "--enable-debug-echo", action="store_true", default=_truthy(env.get("ENABLE_DEBUG_ECHO"))
     )
     p.add_argument(
@@ -70,6 +80,9 @@ def parse_args(argv: list[str], env: Mapping[str, str]) -> AgentSettings:
     args = p.parse_args(argv)
     if not args.node_name:
         p.error("the node name is required: --node-name or AGENT_NODE_NAME")
+    unknown = sorted(set(args.embedded_handlers) - set(BUILTIN))
+    if unknown:
+        p.error(f"unknown discovery handler(s) {unknown}; built in: {sorted(BUILTIN)}")
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -80,6 +93,7 @@ def parse_args(argv: list[str], env: Mapping[str, str]) -> AgentSettings:
         device_plugin_dir=args.device_plugin_dir,
         pod_resources_socket=args.pod_resources_socket,
         kubeconfig=args.kubeconfig,
+        embedded_handlers=tuple(dict.fromkeys(args.embedded_handlers)),
         enable_debug_echo=args.enable_debug_echo,
         debug_echo_shared=args.debug_echo_shared,
         debug_echo_availability=args.debug_echo_availability,

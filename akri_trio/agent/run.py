@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from akri_trio.agent.plugins.kubelet import KubeletWatch
 from akri_trio.agent.plugins.manager import PluginManager
 from akri_trio.agent.reclaimer import DEFAULT_PERIOD_S, Reclaimer
 from akri_trio.agent.view import NodeView
+from akri_trio.discovery.handlers import load_handler
 from akri_trio.discovery.handlers.debug_echo import DebugEcho
 from akri_trio.discovery.registration import serve_registration
 from akri_trio.discovery.registry import Registry, embedded
@@ -60,6 +62,7 @@ class AgentSettings:
     device_plugin_dir: Path = Path("/var/lib/kubelet/device-plugins")
     pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
     kubeconfig: Path | None = None
+    embedded_handlers: tuple[str, ...] = ()  # built-in handlers to run in-process, by name
     enable_debug_echo: bool = False
     debug_echo_shared: bool = False
     debug_echo_availability: Path | None = None
@@ -149,6 +152,8 @@ async def run_agent(
         if settings.debug_echo_availability is not None:
             echo = attrs.evolve(echo, availability_path=settings.debug_echo_availability)
         registry.register(embedded(echo))
+    for name in settings.embedded_handlers:
+        registry.register(embedded(load_handler(name, os.environ)))
     metrics = AgentMetrics()
     registry.subscribe(lambda _: metrics.update_handlers(registry))
     metrics.update_handlers(registry)

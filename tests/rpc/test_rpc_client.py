@@ -67,7 +67,7 @@ async def test_missing_socket_raises_file_not_found(sock_dir: Path) -> None:
     with pytest.raises(FileNotFoundError):
         async with uds.UnixChannel(sock_dir / "absent.sock"):
             pass
-    assert fd_count() == before
+    assert fd_count() <= before  # a leak adds fds; others may close meanwhile
 
 
 async def test_client_calls_do_not_leak_fds(kubelet: Kubelet) -> None:
@@ -78,7 +78,7 @@ async def test_client_calls_do_not_leak_fds(kubelet: Kubelet) -> None:
         for n in range(30):
             await register(kubelet.path, register_request(f"akri.sh/dev-{n}"))
             await kubelet.next_register()
-        assert fd_count() == before
+        assert fd_count() <= before  # a leak adds fds; others may close meanwhile
 
 
 async def test_purerpc_both_ends_do_not_leak_fds(plugin: Plugin, sock_dir: Path) -> None:
@@ -98,7 +98,7 @@ async def test_purerpc_both_ends_do_not_leak_fds(plugin: Plugin, sock_dir: Path)
             for n in range(30):
                 await allocate(path, f"d{n}")
             await trio.testing.wait_all_tasks_blocked()  # let the server close its ends
-            assert fd_count() == before
+            assert fd_count() <= before  # a leak adds fds; others may close meanwhile
             nursery.cancel_scope.cancel()
     assert len(plugin.allocations) == 31
 
