@@ -10,8 +10,12 @@ demo:
     python -m akri_trio.demo
 
 # lint, types, and the whole test suite (real control plane and node included)
-test: lint
+test: lint test-deps
     python -m pytest -q -p no:cacheprovider {{ if env("CI", "") != "" { "-ra" } else { "" } }}
+
+# Debian packages the tests use as real peers (avahi: an independent mDNS responder)
+test-deps:
+    @command -v avahi-daemon >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends avahi-daemon >/dev/null; }
 
 # ruff (lint + format) and mypy --strict
 lint:

@@ -2,11 +2,10 @@
 
 Isolation. The local cluster is shared with other engineers' test runs, whose agents watch every
 namespace and whose fixtures purge every akri object. So a benchmark
-- works in its own namespace (`akri-bench`) and gives the agent a client that lists and watches
-  only that namespace for akri.sh types (`ScopedClient`), so it never writes Instances for other
-  people's Configurations;
-- registers the embedded debugEcho handler under another name (`benchEcho`), so other agents
-  see our Configurations but have no handler for them and create no Instances;
+- works in its own namespace (`akri-bench`) with an agent that watches only that namespace
+  (`AgentSettings.namespace`), so it never writes Instances for other people's Configurations;
+- embeds the debugEcho handler under another name (`benchEcho`, via `AgentSettings.handlers`),
+  so other agents see our Configurations but have no handler for them and create no Instances;
 - checks at the end that its objects were not purged underneath it (a run that was is void).
 Neither changes the code paths measured (discovery, reconcile, plugins, claims).
 """
@@ -14,7 +13,6 @@ Neither changes the code paths measured (discovery, reconcile, plugins, claims).
 from __future__ import annotations
 
 import datetime
-import functools
 import hashlib
 import math
 import os
@@ -23,16 +21,14 @@ import statistics
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 import trio
 
-import akri_trio.agent.run as agent_run
 from akri_trio.discovery.handlers.debug_echo import DebugEcho
-from akri_trio.kube.client import JSON, Client, ListPage, Resource
-from akri_trio.kube.config import http_client, load_config
+from akri_trio.kube.client import JSON, Client, Resource
+from akri_trio.kube.config import load_config
 from akri_trio.kube.errors import NotFound
 
 REPO = Path(__file__).resolve().parent.parent
@@ -55,75 +51,15 @@ def cluster_env() -> dict[str, str]:
     return {k.strip(): v.strip() for k, v in pairs}
 
 
-class ScopedClient(Client):
-    """A Client whose cluster-wide list/watch of akri.sh types stays in one namespace."""
-
-    def __init__(self, http: Any, scope: str, **kw: Any) -> None:
-        super().__init__(http, **kw)
-        self.scope = scope
-
-    def _ns(self, res: Resource, namespace: str | None) -> str | None:
-        if namespace is None and res.namespaced and res.group == "akri.sh":
-            return self.scope
-        return namespace
-
-    async def list_page(
-        self,
-        res: Resource,
-        *,
-        namespace: str | None = None,
-        label_selector: str | None = None,
-        field_selector: str | None = None,
-        limit: int | None = None,
-        continue_token: str | None = None,
-        resource_version: str | None = None,
-    ) -> ListPage:
-        return await super().list_page(
-            res,
-            namespace=self._ns(res, namespace),
-            label_selector=label_selector,
-            field_selector=field_selector,
-            limit=limit,
-            continue_token=continue_token,
-            resource_version=resource_version,
-        )
-
-    def watch_stream(  # type: ignore[override]
-        self,
-        res: Resource,
-        *,
-        resource_version: str,
-        namespace: str | None = None,
-        label_selector: str | None = None,
-        field_selector: str | None = None,
-        timeout_seconds: int = 290,
-        read_timeout: float | None = None,
-    ) -> AbstractAsyncContextManager[AsyncIterator[JSON]]:
-        return super().watch_stream(
-            res,
-            resource_version=resource_version,
-            namespace=self._ns(res, namespace),
-            label_selector=label_selector,
-            field_selector=field_selector,
-            timeout_seconds=timeout_seconds,
-            read_timeout=read_timeout,
-        )
-
-
 @asynccontextmanager
-async def scoped_api(kubeconfig: str, scope: str = BENCH_NS) -> AsyncIterator[ScopedClient]:
-    cfg = load_config(Path(kubeconfig))
-    async with http_client(cfg) as http:
-        yield ScopedClient(http, scope, default_namespace=cfg.namespace)
+async def bench_api(kubeconfig: str) -> AsyncIterator[Client]:
+    async with Client.open(load_config(Path(kubeconfig))) as api:
+        yield api
 
 
-def use_bench_echo(poll_interval: float = 1.0) -> None:
-    """Make run_agent's embedded debugEcho register as `benchEcho` with this poll interval."""
-    setattr(  # noqa: B010 (a module attribute, replaced on purpose)
-        agent_run,
-        "DebugEcho",
-        functools.partial(DebugEcho, name=HANDLER, poll_interval=poll_interval),
-    )
+def bench_echo(availability: Path, poll_interval: float = 0.2) -> DebugEcho:
+    """The debugEcho handler, registered as `benchEcho` (see the module docstring)."""
+    return DebugEcho(name=HANDLER, availability_path=availability, poll_interval=poll_interval)
 
 
 def echo_config(name: str, descriptions: Sequence[str], capacity: int) -> JSON:

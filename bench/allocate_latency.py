@@ -39,7 +39,8 @@ from akri_trio.rpc.gen import deviceplugin_v1beta1_pb2 as dp
 from bench._common import (
     BENCH_NS,
     INSTANCES,
-    ScopedClient,
+    bench_api,
+    bench_echo,
     cluster_env,
     echo_config,
     machine,
@@ -47,10 +48,8 @@ from bench._common import (
     now,
     prepare_namespace,
     purge_namespace,
-    scoped_api,
     summary,
     table,
-    use_bench_echo,
     write_run,
 )
 from bench._common import CONFIGURATIONS as CONFIGS
@@ -197,10 +196,9 @@ def row(label: str, s: dict[str, float], floor: dict[str, float] | None) -> list
 
 async def bench(args: argparse.Namespace) -> str:
     env = cluster_env()
-    use_bench_echo()
     seq, callers, per = args.seq, args.callers, args.per_caller
     n_conc = callers * per
-    async with scoped_api(env["KUBECONFIG"]) as api:
+    async with bench_api(env["KUBECONFIG"]) as api:
         await prepare_namespace(api)
         with tempfile.TemporaryDirectory(prefix="akb", dir="/tmp") as tmp:
             root = Path(tmp)
@@ -210,8 +208,8 @@ async def bench(args: argparse.Namespace) -> str:
                 discovery_handlers_directory=root / "akri",
                 device_plugin_dir=root / "dp",
                 pod_resources_socket=root / "pr.sock",
-                enable_debug_echo=True,
-                debug_echo_availability=root / "avail",
+                namespace=BENCH_NS,
+                handlers=(bench_echo(root / "avail"),),
                 metrics_port=None,
                 reclaim_period=3600.0,
             )
@@ -230,7 +228,7 @@ async def bench(args: argparse.Namespace) -> str:
 
 async def _measure(
     args: argparse.Namespace,
-    api: ScopedClient,
+    api: Client,
     kubelet: KubeletStandin,
     agent: Agent,
     seq: int,

@@ -34,6 +34,8 @@ from bench._common import (
     BENCH_NS,
     CONFIGURATIONS,
     INSTANCES,
+    bench_api,
+    bench_echo,
     cluster_env,
     echo_config,
     machine,
@@ -41,10 +43,8 @@ from bench._common import (
     now,
     prepare_namespace,
     purge_namespace,
-    scoped_api,
     summary,
     table,
-    use_bench_echo,
     write_run,
 )
 from tests.support.kubelet_standin import KubeletStandin
@@ -106,7 +106,6 @@ async def api_floor(api: Client, rounds: int) -> list[float]:
 async def one_interval(
     api: Client, poll: float, rounds: int, devices: int, tag: str
 ) -> dict[str, list[float]]:
-    use_bench_echo(poll)
     samples: dict[str, list[float]] = {
         "toggle first": [],
         "toggle all": [],
@@ -123,8 +122,8 @@ async def one_interval(
             discovery_handlers_directory=root / "akri",
             device_plugin_dir=root / "dp",
             pod_resources_socket=root / "pr.sock",
-            enable_debug_echo=True,
-            debug_echo_availability=avail,
+            namespace=BENCH_NS,
+            handlers=(bench_echo(avail, poll),),
             metrics_port=None,
             reclaim_period=3600.0,
         )
@@ -174,7 +173,7 @@ async def bench(args: argparse.Namespace) -> str:
     polls = [float(p) for p in args.polls.split(",")]
     started = time.monotonic()
     rows = []
-    async with scoped_api(env["KUBECONFIG"]) as api:
+    async with bench_api(env["KUBECONFIG"]) as api:
         await prepare_namespace(api)
         floor = summary(await api_floor(api, 30))
         for n, poll in enumerate(polls):

@@ -35,13 +35,13 @@ from bench._common import (
     CONFIGURATIONS,
     INSTANCES,
     REPO,
+    bench_api,
     cluster_env,
     echo_config,
     machine,
     now,
     prepare_namespace,
     purge_namespace,
-    scoped_api,
     table,
     write_run,
 )
@@ -134,7 +134,7 @@ async def bench(args: argparse.Namespace) -> str:
     n: int = args.instances
     lines: list[list[str]] = []
     notes: list[str] = []
-    async with scoped_api(env["KUBECONFIG"]) as api, trio.open_nursery() as nursery:
+    async with bench_api(env["KUBECONFIG"]) as api, trio.open_nursery() as nursery:
         await prepare_namespace(api)
         with tempfile.TemporaryDirectory(prefix="aks", dir="/tmp") as tmp:
             root = Path(tmp)

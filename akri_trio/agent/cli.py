@@ -38,6 +38,12 @@ def parse_args(argv: list[str], env: Mapping[str, str]) -> AgentSettings:
     )
     p.add_argument("--kubeconfig", type=Path, default=None)
     p.add_argument(
+        "--namespace",
+        default=env.get("AKRI_NAMESPACE") or None,
+        help="watch Configurations and Instances in this namespace only "
+        "(default: all namespaces, as upstream)",
+    )
+    p.add_argument(
         "--device-plugin-dir", type=Path, default=Path("/var/lib/kubelet/device-plugins")
     )
     p.add_argument(
@@ -93,6 +99,7 @@ def parse_args(argv: list[str], env: Mapping[str, str]) -> AgentSettings:
         device_plugin_dir=args.device_plugin_dir,
         pod_resources_socket=args.pod_resources_socket,
         kubeconfig=args.kubeconfig,
+        namespace=args.namespace,
         embedded_handlers=tuple(dict.fromkeys(args.embedded_handlers)),
         enable_debug_echo=args.enable_debug_echo,
         debug_echo_shared=args.debug_echo_shared,

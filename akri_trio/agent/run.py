@@ -40,6 +40,7 @@ from akri_trio.agent.reclaimer import DEFAULT_PERIOD_S, Reclaimer
 from akri_trio.agent.view import NodeView
 from akri_trio.discovery.handlers import load_handler
 from akri_trio.discovery.handlers.debug_echo import DebugEcho
+from akri_trio.discovery.interface import AnyHandler
 from akri_trio.discovery.registration import serve_registration
 from akri_trio.discovery.registry import Registry, embedded
 from akri_trio.kube.client import Client
@@ -62,7 +63,10 @@ class AgentSettings:
     device_plugin_dir: Path = Path("/var/lib/kubelet/device-plugins")
     pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
     kubeconfig: Path | None = None
+    namespace: str | None = None  # watch Configurations/Instances in this namespace only
     embedded_handlers: tuple[str, ...] = ()  # built-in handlers to run in-process, by name
+    # Handler objects to run in-process (programmatic embedding: custom handlers, tests).
+    handlers: tuple[AnyHandler, ...] = ()
     enable_debug_echo: bool = False
     debug_echo_shared: bool = False
     debug_echo_availability: Path | None = None
@@ -154,6 +158,8 @@ async def run_agent(
         registry.register(embedded(echo))
     for name in settings.embedded_handlers:
         registry.register(embedded(load_handler(name, os.environ)))
+    for handler in settings.handlers:
+        registry.register(embedded(handler))
     metrics = AgentMetrics()
     registry.subscribe(lambda _: metrics.update_handlers(registry))
     metrics.update_handlers(registry)
@@ -193,8 +199,9 @@ async def run_agent(
             registry,
             settings.discovery_handlers_directory / REGISTRATION_SOCKET,
         )
-        root.start_soon(reflect, api, CONFIGURATIONS, configs)
-        root.start_soon(reflect, api, INSTANCES, instances)
+        ns = settings.namespace
+        root.start_soon(functools.partial(reflect, api, CONFIGURATIONS, configs, namespace=ns))
+        root.start_soon(functools.partial(reflect, api, INSTANCES, instances, namespace=ns))
         with trio.fail_after(60):
             await configs.wait_synced()
             await instances.wait_synced()

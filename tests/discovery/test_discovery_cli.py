@@ -7,6 +7,7 @@ import argparse
 import pytest
 
 from akri_trio.discovery.cli import _host_port, build_parser, main
+from akri_trio.discovery.handlers import BUILTIN
 
 
 def test_host_port() -> None:
@@ -28,4 +29,5 @@ def test_unknown_handler_is_a_usage_error(capsys: pytest.CaptureFixture[str]) ->
     with pytest.raises(SystemExit) as info:
         main(["nope"], env={})
     assert info.value.code == 2
-    assert "unknown discovery handler 'nope' (known: debugEcho)" in capsys.readouterr().err
+    known = ", ".join(sorted(BUILTIN))
+    assert f"unknown discovery handler 'nope' (known: {known})" in capsys.readouterr().err

@@ -15,6 +15,10 @@ from akri_trio.discovery.interface import AnyHandler
 # name -> "module:factory"; the factory takes the environment and returns a handler.
 BUILTIN: dict[str, str] = {
     "debugEcho": "akri_trio.discovery.handlers.debug_echo:DebugEcho.from_env",
+    "onvif": "akri_trio.discovery.handlers.onvif:Onvif.from_env",
+    "opcua": "akri_trio.discovery.handlers.opcua:Opcua.from_env",
+    "udev": "akri_trio.discovery.handlers.udev:UdevHandler.from_env",
+    "zeroconf": "akri_trio.discovery.handlers.zeroconf_handler:Zeroconf.from_env",
 }
 
 

@@ -1,0 +1,273 @@
+"""onvif: IP cameras found by WS-Discovery and confirmed through their ONVIF device service.
+
+Upstream's handler, Configuration-compatible (same discoveryDetails, discoveryProperties
+credential formats, device ids and broker properties), minus its known misses: the Probe
+declares its namespace prefix (#486), goes out on every multicast-capable interface rather than
+the default route's only, and a camera that rejects our credentials is logged and skipped
+rather than stalling the round (#659).
+
+Layout: the decisions (details, filters, ids, properties) are pure functions here; the probe
+lives in `onvif_probe`, the device service and credentials in `onvif_device`. `Onvif.discover`
+is the loop: probe for `discoveryTimeoutSeconds` (the protocol's own window, the only timeout we
+own), query the survivors concurrently (each bounded by `device_timeout`), send the full list,
+sleep `poll_interval`. Between rounds nothing runs: one sleeping task, ~0 % CPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Final, Literal
+
+import attrs
+import trio
+
+from akri_trio.discovery.handlers.onvif_device import (
+    AuthenticationFailed,
+    Credential,
+    DeviceClient,
+    DeviceFacts,
+    credential_for,
+    open_device_client,
+    resolve_credentials,
+)
+from akri_trio.discovery.handlers.onvif_probe import (
+    ProbeMatch,
+    ProbeReplies,
+    local_interfaces,
+    merge_matches,
+    multicast_addresses,
+    new_message_id,
+    normalize_uuid,
+    probe_interfaces,
+)
+from akri_trio.discovery.interface import (
+    InvalidDetails,
+    Properties,
+    Send,
+    _kind,
+    load_mapping,
+    required_str_list,
+)
+from akri_trio.model.device import Device
+
+log = logging.getLogger(__name__)
+
+NAME: Final = "onvif"
+SERVICE_URL: Final = "ONVIF_DEVICE_SERVICE_URL"
+DEVICE_UUID: Final = "ONVIF_DEVICE_UUID"
+IP_ADDRESS: Final = "ONVIF_DEVICE_IP_ADDRESS"
+MAC_ADDRESS: Final = "ONVIF_DEVICE_MAC_ADDRESS"
+# Ours, not upstream's (which hard-codes 10 s).
+POLL_INTERVAL_ENV: Final = "ONVIF_POLL_INTERVAL_SECONDS"
+DEVICE_TIMEOUT_ENV: Final = "ONVIF_DEVICE_TIMEOUT_SECONDS"
+DEFAULT_POLL_INTERVAL: Final = 10.0
+DEFAULT_DEVICE_TIMEOUT: Final = 5.0
+
+Action = Literal["Include", "Exclude"]
+
+
+@attrs.frozen
+class FilterList:
+    items: tuple[str, ...]
+    action: Action = "Include"
+
+
+@attrs.frozen
+class OnvifDetails:
+    ip_addresses: FilterList | None = None
+    mac_addresses: FilterList | None = None
+    scopes: FilterList | None = None
+    uuids: FilterList | None = None
+    discovery_timeout_seconds: int = 1
+
+
+# ---- details (pure) -----------------------------------------------------------------------------
+
+
+def _filter_list(doc: Mapping[str, Any], field: str) -> FilterList | None:
+    value = doc.get(field)
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise InvalidDetails(field, f"must be a mapping with items and action, got {_kind(value)}")
+    try:
+        items = required_str_list(value, "items")
+    except InvalidDetails as exc:  # it names the field relative to the FilterList
+        raise InvalidDetails(f"{field}.{exc.field}", exc.problem) from None
+    action = value.get("action", "Include")
+    if action not in ("Include", "Exclude"):
+        raise InvalidDetails(f"{field}.action", f"must be Include or Exclude, got {action!r}")
+    return FilterList(items, action)
+
+
+def parse_details(text: str) -> OnvifDetails:
+    """Upstream's OnvifDiscoveryDetails (camelCase keys; unknown keys ignored, as serde)."""
+    doc = load_mapping(text)
+    timeout = doc.get("discoveryTimeoutSeconds", 1)
+    if isinstance(timeout, bool) or not isinstance(timeout, int):
+        raise InvalidDetails("discoveryTimeoutSeconds", f"must be an integer, got {_kind(timeout)}")
+    if timeout <= 0:
+        raise InvalidDetails("discoveryTimeoutSeconds", f"must be positive, got {timeout}")
+    return OnvifDetails(
+        ip_addresses=_filter_list(doc, "ipAddresses"),
+        mac_addresses=_filter_list(doc, "macAddresses"),
+        scopes=_filter_list(doc, "scopes"),
+        uuids=_filter_list(doc, "uuids"),
+        discovery_timeout_seconds=timeout,
+    )
+
+
+# ---- filters (pure) -----------------------------------------------------------------------------
+
+
+def _passes(filter_list: FilterList | None, matched: bool) -> bool:
+    if filter_list is None:
+        return True
+    return matched if filter_list.action == "Include" else not matched
+
+
+def passes_filter(filter_list: FilterList | None, values: Iterable[str | None]) -> bool:
+    """Case-insensitive equality (upstream's ip/mac rule): Include keeps a device when one of
+    its values equals an item, Exclude drops it then. An unknown value (None) matches nothing."""
+    wanted = {item.lower() for item in filter_list.items} if filter_list else set()
+    matched = any(v is not None and v.lower() in wanted for v in values)
+    return _passes(filter_list, matched)
+
+
+def passes_scopes(filter_list: FilterList | None, scopes: Iterable[str]) -> bool:
+    """Scopes match exactly, token by token (a scope URI is case-sensitive in its path)."""
+    wanted = set(filter_list.items) if filter_list else set()
+    return _passes(filter_list, any(s in wanted for s in scopes))
+
+
+def passes_uuid(filter_list: FilterList | None, device_uuid: str) -> bool:
+    """uuids are compared normalized, so `urn:uuid:ABC` in a Configuration matches `abc`."""
+    wanted = {normalize_uuid(i) for i in filter_list.items} if filter_list else set()
+    return _passes(filter_list, normalize_uuid(device_uuid) in wanted)
+
+
+def probe_filter(details: OnvifDetails, match: ProbeMatch) -> bool:
+    """What can be decided from the ProbeMatch alone, before any HTTP."""
+    return passes_scopes(details.scopes, match.scopes) and passes_uuid(details.uuids, match.uuid)
+
+
+def facts_filter(details: OnvifDetails, facts: DeviceFacts) -> bool:
+    return passes_filter(details.ip_addresses, [facts.ip_address]) and passes_filter(
+        details.mac_addresses, [facts.mac_address]
+    )
+
+
+# ---- devices (pure) -----------------------------------------------------------------------------
+
+
+def device_id(service_url: str, device_uuid: str) -> str:
+    return f"{service_url}-{normalize_uuid(device_uuid)}"
+
+
+def to_device(match: ProbeMatch, facts: DeviceFacts) -> Device:
+    properties = {SERVICE_URL: facts.service_url, DEVICE_UUID: match.uuid}
+    if facts.ip_address is not None:
+        properties[IP_ADDRESS] = facts.ip_address
+    if facts.mac_address is not None:
+        properties[MAC_ADDRESS] = facts.mac_address
+    return Device(id=device_id(facts.service_url, match.uuid), properties=properties)
+
+
+# ---- the handler --------------------------------------------------------------------------------
+
+
+def _seconds(env: Mapping[str, str], key: str, default: float) -> float:
+    raw = env.get(key, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        log.warning("onvif: ignoring %s=%r (not a number)", key, raw)
+        return default
+    return value if value > 0 else default
+
+
+async def query_camera(
+    client: DeviceClient, match: ProbeMatch, credential: Credential | None
+) -> DeviceFacts | None:
+    """Try the camera's XAddrs in order; the first that answers is its service URL. None when
+    none answers, or when the camera rejects our credentials (logged: a misconfigured Secret
+    should be visible, but must not cost us the other cameras)."""
+    for url in match.xaddrs:
+        try:
+            return await client.query(url, credential)
+        except AuthenticationFailed as exc:
+            log.warning("onvif: skipping camera %s: %s", match.uuid, exc)
+            return None
+        except Exception as exc:
+            log.debug("onvif: %s (camera %s) did not answer: %r", url, match.uuid, exc)
+    return None
+
+
+@attrs.define
+class Onvif:
+    """The handler. `interfaces` lists the local IPv4 addresses to probe from (default: every
+    up, running, multicast-capable interface at the start of each round)."""
+
+    poll_interval: float = DEFAULT_POLL_INTERVAL
+    device_timeout: float = DEFAULT_DEVICE_TIMEOUT
+    interfaces: Callable[[], Sequence[str]] = lambda: multicast_addresses(local_interfaces())
+    name: str = NAME
+    shared: bool = True
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Onvif:
+        env = os.environ if env is None else env
+        return cls(
+            poll_interval=_seconds(env, POLL_INTERVAL_ENV, DEFAULT_POLL_INTERVAL),
+            device_timeout=_seconds(env, DEVICE_TIMEOUT_ENV, DEFAULT_DEVICE_TIMEOUT),
+        )
+
+    def parse_details(self, text: str) -> OnvifDetails:
+        return parse_details(text)
+
+    async def probe(self, details: OnvifDetails) -> dict[str, ProbeMatch]:
+        """One WS-Discovery round: the deduplicated matches heard within the window."""
+        replies = ProbeReplies(new_message_id())
+        addresses = self.interfaces()  # getifaddrs: microseconds, no thread hop needed
+        with trio.move_on_after(details.discovery_timeout_seconds):
+            await probe_interfaces(addresses, replies)
+        return merge_matches(replies.matches)
+
+    async def confirm(
+        self,
+        details: OnvifDetails,
+        matches: Iterable[ProbeMatch],
+        credentials: Mapping[str, Credential],
+        client: DeviceClient,
+    ) -> list[Device]:
+        """The devices among `matches` that pass the filters and answer their device service,
+        queried concurrently, each within `device_timeout`."""
+        found: list[Device] = []
+
+        async def one(match: ProbeMatch) -> None:
+            with trio.move_on_after(self.device_timeout) as scope:
+                facts = await query_camera(client, match, credential_for(credentials, match.uuid))
+            if scope.cancelled_caught:
+                log.info("onvif: camera %s did not answer within %ss", match.uuid,
+                         self.device_timeout)  # fmt: skip
+                return
+            if facts is not None and facts_filter(details, facts):
+                found.append(to_device(match, facts))
+
+        async with trio.open_nursery() as nursery:
+            for match in matches:
+                if probe_filter(details, match):
+                    nursery.start_soon(one, match)
+        return found
+
+    async def discover(self, details: OnvifDetails, properties: Properties, send: Send) -> None:
+        credentials = resolve_credentials(properties)
+        async with open_device_client() as client:
+            while True:
+                matches = await self.probe(details)
+                await send(await self.confirm(details, matches.values(), credentials, client))
+                await trio.sleep(self.poll_interval)

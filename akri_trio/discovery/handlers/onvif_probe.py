@@ -1,0 +1,339 @@
+"""WS-Discovery for ONVIF cameras: the Probe we multicast, the ProbeMatches we accept, and the
+thin socket edge that sends one Probe per network interface.
+
+Why a module of its own: upstream's probe is where ONVIF discovery most often goes wrong.
+It writes `netwsdl:NetworkVideoTransmitter` without declaring `netwsdl` (#486; strict devices
+drop it), and, like most ONVIF clients, it sends from one socket that the kernel routes out of the
+default-route interface only, so cameras on a second NIC are never seen. Here the message is
+built with a declared prefix, replies are parsed by namespace (not prefix: real cameras use `d:`,
+`wsdd:`, `dn:`, default namespaces ...), and one socket per IPv4 interface address sends the
+Probe with IP_MULTICAST_IF set to that address.
+
+Pure: `probe_message`, `parse_probe_matches`, `multicast_addresses`, `merge_matches`,
+`normalize_uuid`. I/O: `local_interfaces` (getifaddrs) and `probe_interfaces` (trio sockets).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import ipaddress
+import logging
+import os
+import socket
+import uuid as uuid_module
+from collections.abc import Iterable, Sequence
+from typing import Final
+
+import attrs
+import trio
+from lxml import etree
+
+log = logging.getLogger(__name__)
+
+MULTICAST_GROUP: Final = "239.255.255.250"
+WS_DISCOVERY_PORT: Final = 3702
+MAX_DATAGRAM: Final = 65_535
+
+NS_SOAP12: Final = "http://www.w3.org/2003/05/soap-envelope"
+NS_ADDRESSING: Final = "http://schemas.xmlsoap.org/ws/2004/08/addressing"
+NS_DISCOVERY: Final = "http://schemas.xmlsoap.org/ws/2005/04/discovery"
+# WS-Discovery 1.1 (OASIS); ONVIF mandates the 2005/04 draft, but accepting both costs nothing.
+NS_DISCOVERY_11: Final = "http://docs.oasis-open.org/ws-dd/ns/discovery/2009/01"
+NS_ONVIF_NETWORK: Final = "http://www.onvif.org/ver10/network/wsdl"
+PROBE_ACTION: Final = f"{NS_DISCOVERY}/Probe"
+DISCOVERY_TO: Final = "urn:schemas-xmlsoap-org:ws:2005:04:discovery"
+ANONYMOUS: Final = f"{NS_ADDRESSING}/role/anonymous"
+
+_DISCOVERY_NAMESPACES: Final = (NS_DISCOVERY, NS_DISCOVERY_11)
+
+
+@attrs.frozen
+class ProbeMatch:
+    """One device as a ProbeMatch describes it. `uuid` is normalized (see `normalize_uuid`);
+    `address` is the EndpointReference as sent."""
+
+    uuid: str
+    address: str
+    xaddrs: tuple[str, ...]
+    scopes: tuple[str, ...]
+    types: tuple[str, ...] = ()
+
+
+def normalize_uuid(address: str) -> str:
+    """`urn:uuid:ABC` / `uuid:ABC` / `ABC` -> `abc` (upstream strips these prefixes and
+    lower-cases, so ids stay stable whatever form a camera uses)."""
+    value = address.strip()
+    lowered = value.lower()
+    for prefix in ("urn:", "uuid:"):
+        if lowered.startswith(prefix):
+            value, lowered = value[len(prefix) :], lowered[len(prefix) :]
+    return lowered
+
+
+def new_message_id() -> str:
+    return f"urn:uuid:{uuid_module.uuid4()}"
+
+
+def probe_message(message_id: str) -> bytes:
+    """The SOAP 1.2 Probe for ONVIF NetworkVideoTransmitters, every prefix declared."""
+    nsmap = {"s": NS_SOAP12, "a": NS_ADDRESSING, "d": NS_DISCOVERY, "dn": NS_ONVIF_NETWORK}
+    must_understand = f"{{{NS_SOAP12}}}mustUnderstand"
+    envelope = etree.Element(f"{{{NS_SOAP12}}}Envelope", nsmap=nsmap)
+    header = etree.SubElement(envelope, f"{{{NS_SOAP12}}}Header")
+    action = etree.SubElement(header, f"{{{NS_ADDRESSING}}}Action", {must_understand: "true"})
+    action.text = PROBE_ACTION
+    etree.SubElement(header, f"{{{NS_ADDRESSING}}}MessageID").text = message_id
+    reply_to = etree.SubElement(header, f"{{{NS_ADDRESSING}}}ReplyTo")
+    etree.SubElement(reply_to, f"{{{NS_ADDRESSING}}}Address").text = ANONYMOUS
+    to = etree.SubElement(header, f"{{{NS_ADDRESSING}}}To", {must_understand: "true"})
+    to.text = DISCOVERY_TO
+    body = etree.SubElement(envelope, f"{{{NS_SOAP12}}}Body")
+    probe = etree.SubElement(body, f"{{{NS_DISCOVERY}}}Probe")
+    etree.SubElement(probe, f"{{{NS_DISCOVERY}}}Types").text = "dn:NetworkVideoTransmitter"
+    return bytes(etree.tostring(envelope, xml_declaration=True, encoding="UTF-8"))
+
+
+# No DTDs, no entities, no network: a datagram from the LAN is untrusted input.
+_PARSER: Final = etree.XMLParser(
+    resolve_entities=False, no_network=True, load_dtd=False, huge_tree=False, recover=False
+)
+
+
+def _local(tag: object) -> str:
+    return etree.QName(tag).localname if isinstance(tag, str) else ""
+
+
+def _namespace(tag: object) -> str | None:
+    return etree.QName(tag).namespace if isinstance(tag, str) else None
+
+
+def _child(element: etree._Element, localname: str) -> etree._Element | None:
+    for child in element:
+        if _local(child.tag) == localname:
+            return child
+    return None
+
+
+def _tokens(element: etree._Element | None) -> tuple[str, ...]:
+    if element is None or element.text is None:
+        return ()
+    return tuple(element.text.split())
+
+
+def parse_probe_matches(data: bytes) -> list[ProbeMatch]:
+    """The ProbeMatch entries of a WS-Discovery reply; [] for anything else (Hello, Bye, a
+    Probe, garbage).
+
+    Matching is by namespace and local name, never by prefix. A match without an
+    EndpointReference address or without XAddrs is useless to us and skipped. RelatesTo is
+    deliberately not checked: real cameras send `uuid:{...}`, a bare uuid, even
+    `uuid:NetworkVideoTransmitter`; and since every round probes from fresh ephemeral ports,
+    anything arriving there is an answer to us.
+    """
+    try:
+        root = etree.fromstring(data, _PARSER)
+    except etree.XMLSyntaxError:
+        return []
+    if _local(root.tag) != "Envelope":
+        return []
+    body = _child(root, "Body")
+    if body is None:
+        return []
+    matches: list[ProbeMatch] = []
+    for container in body:
+        if _local(container.tag) != "ProbeMatches":
+            continue
+        if _namespace(container.tag) not in _DISCOVERY_NAMESPACES:
+            continue
+        for entry in container:
+            if _local(entry.tag) != "ProbeMatch":
+                continue
+            match = _probe_match(entry)
+            if match is not None:
+                matches.append(match)
+    return matches
+
+
+def _probe_match(entry: etree._Element) -> ProbeMatch | None:
+    epr = _child(entry, "EndpointReference")
+    address_el = _child(epr, "Address") if epr is not None else None
+    address = (address_el.text or "").strip() if address_el is not None else ""
+    xaddrs = _tokens(_child(entry, "XAddrs"))
+    if not address or not xaddrs:
+        return None
+    return ProbeMatch(
+        uuid=normalize_uuid(address),
+        address=address,
+        xaddrs=xaddrs,
+        scopes=_tokens(_child(entry, "Scopes")),
+        types=_tokens(_child(entry, "Types")),
+    )
+
+
+def merge_matches(matches: Iterable[ProbeMatch]) -> dict[str, ProbeMatch]:
+    """Dedupe by uuid. A camera that answers on two interfaces (or repeats its reply, as
+    WS-Discovery recommends) is one device: the first reply wins, later XAddrs are appended."""
+    merged: dict[str, ProbeMatch] = {}
+    for match in matches:
+        seen = merged.get(match.uuid)
+        if seen is None:
+            merged[match.uuid] = match
+            continue
+        extra = tuple(x for x in match.xaddrs if x not in seen.xaddrs)
+        if extra:
+            merged[match.uuid] = attrs.evolve(seen, xaddrs=seen.xaddrs + extra)
+    return merged
+
+
+# ---- interfaces ---------------------------------------------------------------------------------
+
+IFF_UP: Final = 0x1
+IFF_LOOPBACK: Final = 0x8
+IFF_RUNNING: Final = 0x40
+IFF_MULTICAST: Final = 0x1000
+
+
+@attrs.frozen
+class Interface:
+    name: str
+    flags: int
+    address: str  # IPv4, dotted quad
+
+
+def multicast_addresses(interfaces: Iterable[Interface]) -> list[str]:
+    """The IPv4 addresses to send a Probe from: every address of an interface that is up,
+    running (has carrier) and multicast-capable (so loopback only if someone enabled multicast
+    on it), each once, in order."""
+    wanted = IFF_UP | IFF_RUNNING | IFF_MULTICAST
+    chosen: list[str] = []
+    for iface in interfaces:
+        if iface.flags & wanted == wanted and iface.address not in chosen:
+            try:
+                ipaddress.IPv4Address(iface.address)
+            except ValueError:
+                continue
+            chosen.append(iface.address)
+    return chosen
+
+
+class _Sockaddr(ctypes.Structure):
+    _fields_ = [("sa_family", ctypes.c_ushort), ("sa_data", ctypes.c_ubyte * 14)]
+
+
+class _Ifaddrs(ctypes.Structure):
+    pass
+
+
+_Ifaddrs._fields_ = [
+    ("ifa_next", ctypes.POINTER(_Ifaddrs)),
+    ("ifa_name", ctypes.c_char_p),
+    ("ifa_flags", ctypes.c_uint),
+    ("ifa_addr", ctypes.POINTER(_Sockaddr)),
+    ("ifa_netmask", ctypes.POINTER(_Sockaddr)),
+    ("ifa_ifu", ctypes.POINTER(_Sockaddr)),
+    ("ifa_data", ctypes.c_void_p),
+]
+
+
+def local_interfaces() -> list[Interface]:
+    """IPv4 interface addresses with their flags, from getifaddrs(3). The standard library has
+    no way to list every address with its IFF_MULTICAST flag; this is a handful of microseconds
+    and touches no network."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    head = ctypes.POINTER(_Ifaddrs)()
+    if libc.getifaddrs(ctypes.byref(head)) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"getifaddrs: {os.strerror(errno)}")
+    found: list[Interface] = []
+    try:
+        node = head
+        while node:
+            entry = node.contents
+            addr = entry.ifa_addr
+            if addr and addr.contents.sa_family == socket.AF_INET:
+                # sockaddr_in: 2 bytes port, then the 4-byte address.
+                raw = bytes(addr.contents.sa_data[2:6])
+                found.append(
+                    Interface(
+                        name=(entry.ifa_name or b"").decode(errors="replace"),
+                        flags=int(entry.ifa_flags),
+                        address=socket.inet_ntoa(raw),
+                    )
+                )
+            node = entry.ifa_next
+    finally:
+        libc.freeifaddrs(head)
+    return found
+
+
+# ---- the socket edge ----------------------------------------------------------------------------
+
+
+@attrs.define
+class ProbeReplies:
+    """Where `probe_interfaces` puts what it hears; kept by the caller, so a cancelled window
+    loses nothing. `matches` may hold duplicates: see `merge_matches`."""
+
+    message_id: str
+    matches: list[ProbeMatch] = attrs.field(factory=list)
+    senders: list[tuple[str, str]] = attrs.field(factory=list)  # (from address, via local addr)
+
+
+async def _open_probe_socket(local_address: str) -> trio.socket.SocketType:
+    sock = trio.socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        # The whole point: leave through THIS interface, not the default route's. (Linux already
+        # picks the device owning a bound source address for multicast; the option makes it
+        # explicit and does not depend on that.)
+        sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(local_address))
+        await sock.bind((local_address, 0))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+async def probe_interfaces(
+    local_addresses: Sequence[str],
+    replies: ProbeReplies,
+    *,
+    group: tuple[str, int] = (MULTICAST_GROUP, WS_DISCOVERY_PORT),
+) -> None:
+    """Send the Probe from each local address and collect ProbeMatches into `replies` until
+    cancelled: the caller owns the window (discoveryTimeoutSeconds). An interface that cannot
+    send (address gone, no route) is logged and skipped; the others carry on. Every socket is
+    closed on the way out."""
+    message = probe_message(replies.message_id)
+    sockets: list[tuple[str, trio.socket.SocketType]] = []
+    try:
+        for address in local_addresses:
+            try:
+                sock = await _open_probe_socket(address)
+            except OSError as exc:
+                log.warning("onvif: cannot probe from %s: %s", address, exc)
+                continue
+            sockets.append((address, sock))
+            try:
+                await sock.sendto(message, group)
+            except OSError as exc:
+                log.warning("onvif: probe from %s failed: %s", address, exc)
+        async with trio.open_nursery() as nursery:
+            for address, sock in sockets:
+                nursery.start_soon(_receive, address, sock, replies)
+    finally:
+        for _, sock in sockets:
+            sock.close()
+
+
+async def _receive(local_address: str, sock: trio.socket.SocketType, replies: ProbeReplies) -> None:
+    while True:
+        try:
+            data, sender = await sock.recvfrom(MAX_DATAGRAM)
+        except OSError as exc:  # the interface went away mid-window: stop listening on it
+            log.warning("onvif: receiving on %s failed: %s", local_address, exc)
+            return
+        matches = parse_probe_matches(data)
+        if matches:
+            replies.matches.extend(matches)
+            replies.senders.append((str(sender[0]), local_address))

@@ -1,0 +1,385 @@
+"""opcua: OPC UA servers found through FindServers on the configured discovery URLs.
+
+Upstream's handler, with its Configuration format unchanged:
+
+    opcuaDiscoveryMethod:
+      standard:
+        discoveryUrls: ["opc.tcp://10.0.0.5:4840/"]   # default ["opc.tcp://localhost:4840/"]
+    applicationNames:                                  # optional FilterList
+      items: ["SomeServer"]
+      action: Include                                  # or Exclude; default Include
+
+Every `poll_interval` seconds (upstream: 10 s; env `OPCUA_DISCOVERY_INTERVAL_SECS`), for each
+discovery URL (a server's own, or a Local Discovery Server's): a short TCP probe (upstream: 3 s,
+because a FindServers against a dead host can hang for minutes), then FindServers. Of the
+applications returned we keep those of type `Server` (not Client, ClientAndServer or
+DiscoveryServer: upstream's rule; note asyncua servers default to ClientAndServer) whose
+application name passes `applicationNames` (exact, case-sensitive). For each, the first
+`opc.tcp` discovery URL (else the first URL) is the device: id = that URL, property
+`OPCUA_DISCOVERY_URL` = that URL. The same server seen through two LDSes is one device.
+
+Where we differ from upstream, on purpose:
+- #624/#555: servers in containers report their container hostname (`opc.tcp://9a0f4aa79791:
+  50000/`), which nobody else resolves. Upstream then pastes the server's path onto the whole
+  LDS URL, LDS port included, which is wrong for any server registered with an LDS other than
+  itself. We put the LDS URL's host in place of the unresolvable one and keep the server's own
+  scheme, port and path.
+- An LDS remembers registrations of servers that have died (asyncua's never forgets them;
+  others keep them ~10 min). We TCP-probe each selected server URL too and drop the ones that
+  do not answer, so a vanished server leaves the list at the next poll (`probe_servers=False`
+  restores upstream's behaviour).
+- A discovery URL without a port means the OPC UA default port 4840 (upstream skips it), and a
+  URL that is not `opc.tcp://host[:port]` is rejected when the Configuration is validated
+  rather than skipped silently at run time.
+
+asyncua is asyncio-only: its FindServers runs on the process's one asyncio bridge thread
+(`aio_bridge`), cancellable from trio. The probes and DNS lookups are plain trio.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import socket
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from functools import partial
+from typing import Any, Final, TypeVar
+from urllib.parse import SplitResult, urlsplit
+
+import attrs
+import trio
+
+from akri_trio.discovery import aio_bridge
+from akri_trio.discovery.aio_bridge import AioBridge, BridgeStopped
+from akri_trio.discovery.interface import InvalidDetails, Properties, Send, load_mapping, str_list
+from akri_trio.model.device import Device
+
+log = logging.getLogger(__name__)
+
+NAME: Final = "opcua"
+PROPERTY: Final = "OPCUA_DISCOVERY_URL"
+INTERVAL_ENV: Final = "OPCUA_DISCOVERY_INTERVAL_SECS"
+DEFAULT_DISCOVERY_URLS: Final = ("opc.tcp://localhost:4840/",)
+DEFAULT_PORT: Final = 4840
+OPC_TCP: Final = "opc.tcp"
+# ua.ApplicationType.Server; kept here so the pure core needs no asyncua import.
+APPLICATION_TYPE_SERVER: Final = 0
+
+T = TypeVar("T")
+
+
+# ---- details (pure) -----------------------------------------------------------------------------
+
+
+class FilterAction(enum.Enum):
+    INCLUDE = "Include"
+    EXCLUDE = "Exclude"
+
+
+@attrs.frozen
+class FilterList:
+    """Upstream's `akri_discovery_utils::filtering::FilterList`: exact string matches."""
+
+    items: tuple[str, ...]
+    action: FilterAction = FilterAction.INCLUDE
+
+    def admits(self, item: str) -> bool:
+        return (item in self.items) == (self.action is FilterAction.INCLUDE)
+
+
+def admits(filter_list: FilterList | None, item: str) -> bool:
+    """Upstream's `should_include`: no filter admits everything."""
+    return filter_list is None or filter_list.admits(item)
+
+
+def parse_filter_list(value: Any, field: str) -> FilterList:
+    if not isinstance(value, dict):
+        raise InvalidDetails(field, "must be a mapping with `items` and optional `action`")
+    if value.get("items") is None:
+        raise InvalidDetails(f"{field}.items", "is required")
+    items = str_list(value["items"], f"{field}.items")
+    action = value.get("action", FilterAction.INCLUDE.value)
+    try:
+        parsed = FilterAction(action)
+    except ValueError:
+        raise InvalidDetails(
+            f"{field}.action", f"must be Include or Exclude, got {action!r}"
+        ) from None
+    return FilterList(items, parsed)
+
+
+@attrs.frozen
+class OpcuaDetails:
+    discovery_urls: tuple[str, ...] = DEFAULT_DISCOVERY_URLS
+    application_names: FilterList | None = None
+
+
+def parse_details(text: str) -> OpcuaDetails:
+    """Upstream's `OpcuaDiscoveryDetails` (serde, camelCase); unknown keys are ignored."""
+    doc = load_mapping(text)
+    method = doc.get("opcuaDiscoveryMethod")
+    if method is None:
+        raise InvalidDetails("opcuaDiscoveryMethod", "is required")
+    if not isinstance(method, dict) or len(method) != 1:
+        raise InvalidDetails("opcuaDiscoveryMethod", "must be a mapping with one key: standard")
+    (kind,) = method
+    if kind != "standard":
+        raise InvalidDetails(
+            "opcuaDiscoveryMethod", f"unknown method {kind!r}; only `standard` is supported"
+        )
+    standard = method[kind]
+    if standard is None:
+        standard = {}
+    if not isinstance(standard, dict):
+        raise InvalidDetails("opcuaDiscoveryMethod.standard", "must be a mapping")
+    urls_field = "opcuaDiscoveryMethod.standard.discoveryUrls"
+    urls: tuple[str, ...]
+    if standard.get("discoveryUrls") is None:
+        urls = DEFAULT_DISCOVERY_URLS
+    else:
+        urls = str_list(standard["discoveryUrls"], urls_field)
+    for i, url in enumerate(urls):
+        problem = url_problem(url)
+        if problem:
+            raise InvalidDetails(f"{urls_field}[{i}]", problem)
+    names = doc.get("applicationNames")
+    return OpcuaDetails(
+        discovery_urls=urls,
+        application_names=None if names is None else parse_filter_list(names, "applicationNames"),
+    )
+
+
+def url_problem(url: str) -> str | None:
+    """Why `url` is no usable discovery URL (None: it is)."""
+    expected = "must be an opc.tcp://host[:port][/path] URL"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError as exc:
+        return f"{expected}: {exc}"
+    if parts.scheme.lower() != OPC_TCP or not parts.hostname:
+        return f"{expected}, got {url!r}"
+    return None
+
+
+# ---- choosing URLs (pure) -----------------------------------------------------------------------
+
+
+@attrs.frozen
+class Application:
+    """The parts of a FindServers `ApplicationDescription` that discovery looks at."""
+
+    name: str
+    application_type: int
+    discovery_urls: tuple[str, ...]
+
+
+def preferred_url(app: Application) -> str | None:
+    """The first opc.tcp discovery URL (it supports both security layers), else the first."""
+    for url in app.discovery_urls:
+        if url.lower().startswith(OPC_TCP + "://"):
+            return url
+    return app.discovery_urls[0] if app.discovery_urls else None
+
+
+def selected_urls(apps: Iterable[Application], names: FilterList | None) -> list[str]:
+    """The preferred URL of every `Server` application that passes the name filter."""
+    urls = []
+    for app in apps:
+        if app.application_type != APPLICATION_TYPE_SERVER or not admits(names, app.name):
+            continue
+        url = preferred_url(app)
+        if url:
+            urls.append(url)
+    return urls
+
+
+def host_of(url: str) -> str | None:
+    try:
+        return urlsplit(url).hostname
+    except ValueError:
+        return None
+
+
+def endpoint_of(url: str) -> tuple[str, int] | None:
+    """(host, port) to probe for an opc.tcp URL; None for other schemes or garbage."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return None
+    if parts.scheme.lower() != OPC_TCP or not parts.hostname:
+        return None
+    return parts.hostname, DEFAULT_PORT if port is None else port
+
+
+def on_lds_host(url: str, lds_url: str) -> str:
+    """`url` with its host replaced by the LDS URL's host (port, path, scheme kept)."""
+    lds_host = host_of(lds_url)
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return url
+    if not lds_host or not parts.hostname:
+        return url
+    host = f"[{lds_host}]" if ":" in lds_host else lds_host
+    netloc = host if port is None else f"{host}:{port}"
+    if "@" in parts.netloc:
+        netloc = parts.netloc.rsplit("@", 1)[0] + "@" + netloc
+    return SplitResult(parts.scheme, netloc, parts.path, parts.query, parts.fragment).geturl()
+
+
+def merged(url_lists: Iterable[Iterable[str]]) -> list[str]:
+    """All URLs, first occurrence wins (a server registered with two LDSes is one device)."""
+    return list(dict.fromkeys(url for urls in url_lists for url in urls))
+
+
+def devices_for(urls: Iterable[str]) -> list[Device]:
+    return [Device(id=url, properties={PROPERTY: url}) for url in urls]
+
+
+# ---- I/O edges ----------------------------------------------------------------------------------
+
+
+async def tcp_reachable(host: str, port: int) -> bool:
+    """Does something accept a TCP connection there? (The caller bounds the wait.)"""
+    try:
+        stream = await trio.open_tcp_stream(host, port)
+    except OSError:
+        return False
+    await stream.aclose()
+    return True
+
+
+async def resolves(host: str) -> bool:
+    try:
+        await trio.socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError):
+        return False
+    return True
+
+
+async def find_servers(url: str) -> list[Application]:
+    """FindServers on `url` (an asyncio coroutine: run it on the bridge). No session needed."""
+    from asyncua.client.client import (
+        Client,
+    )  # asyncio-only and slow to import: only where it is used
+
+    client = Client(url)
+    await client.connect_sessionless()
+    try:
+        descriptions = await client.find_servers()
+    finally:
+        await client.disconnect_sessionless()
+    return [
+        Application(
+            name=(d.ApplicationName.Text or "") if d.ApplicationName else "",
+            application_type=int(d.ApplicationType),
+            discovery_urls=tuple(u for u in (d.DiscoveryUrls or ()) if u),
+        )
+        for d in descriptions
+    ]
+
+
+async def _gather(calls: Sequence[Callable[[], Awaitable[T]]]) -> list[T]:
+    """Run the calls concurrently; results in call order."""
+    results: list[Any] = [None] * len(calls)
+
+    async def one(i: int) -> None:
+        results[i] = await calls[i]()
+
+    async with trio.open_nursery() as nursery:
+        for i in range(len(calls)):
+            nursery.start_soon(one, i)
+    return results
+
+
+@attrs.define
+class Opcua:
+    """The handler. Times are seconds; `bridge` defaults to the process-wide one."""
+
+    poll_interval: float = 10.0
+    probe_timeout: float = 3.0
+    request_timeout: float = 10.0
+    probe_servers: bool = True
+    bridge: AioBridge = attrs.field(factory=aio_bridge.shared)
+    shared: bool = True
+    name: str = NAME
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Opcua:
+        env = os.environ if env is None else env
+        raw = env.get(INTERVAL_ENV, "").strip()
+        interval = 10.0
+        if raw:
+            try:
+                interval = float(raw)
+            except ValueError:
+                raise ValueError(
+                    f"{INTERVAL_ENV} must be a number of seconds, got {raw!r}"
+                ) from None
+            if not interval > 0:
+                raise ValueError(f"{INTERVAL_ENV} must be positive, got {raw!r}")
+        return cls(poll_interval=interval)
+
+    def parse_details(self, text: str) -> OpcuaDetails:
+        return parse_details(text)
+
+    async def discover(self, details: OpcuaDetails, properties: Properties, send: Send) -> None:
+        last: list[Device] | None = None
+        while True:
+            devices = devices_for(await self.discover_once(details))
+            if devices != last:
+                last = devices
+                await send(devices)
+            await trio.sleep(self.poll_interval)
+
+    async def discover_once(self, details: OpcuaDetails) -> list[str]:
+        """One round over every discovery URL: the device URLs, in a stable order."""
+        names = details.application_names
+        per_lds = await _gather(
+            [partial(self._servers_at, url, names) for url in details.discovery_urls]
+        )
+        return merged(per_lds)
+
+    async def _probe(self, url: str) -> bool:
+        target = endpoint_of(url)
+        if target is None:
+            return False
+        with trio.move_on_after(self.probe_timeout):
+            return await tcp_reachable(*target)
+        return False
+
+    async def _servers_at(self, lds_url: str, names: FilterList | None) -> list[str]:
+        if not await self._probe(lds_url):
+            log.info("opcua: %s does not accept TCP connections; skipped this round", lds_url)
+            return []
+        apps: list[Application] | None = None
+        with trio.move_on_after(self.request_timeout):
+            try:
+                apps = await self.bridge.run(find_servers(lds_url))
+            except BridgeStopped:
+                raise
+            except Exception as exc:  # a misbehaving server must not end discovery
+                log.warning("opcua: FindServers on %s failed: %r", lds_url, exc)
+                return []
+        if apps is None:
+            log.warning("opcua: FindServers on %s timed out", lds_url)
+            return []
+        urls = await _gather(
+            [partial(self._usable, url, lds_url) for url in selected_urls(apps, names)]
+        )
+        return [url for url in urls if url is not None]
+
+    async def _usable(self, url: str, lds_url: str) -> str | None:
+        host = host_of(url)
+        if host and not await resolves(host):
+            rebuilt = on_lds_host(url, lds_url)
+            log.debug("opcua: %s does not resolve; using %s", url, rebuilt)
+            url = rebuilt
+        if self.probe_servers and endpoint_of(url) is not None and not await self._probe(url):
+            log.info("opcua: server %s (listed by %s) is unreachable; left out", url, lds_url)
+            return None
+        return url

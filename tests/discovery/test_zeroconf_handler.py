@@ -1,0 +1,192 @@
+"""zeroconf against real mDNS registrations: a second python-zeroconf instance (its own sockets
+and threads, as any other responder on the network) announces services on the loopback
+interface only (127.0.0.1: multicast never leaves this machine), and the handler, also bound to
+127.0.0.1, must see them appear, filter them, follow TXT updates and see them leave."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
+
+import trio
+from zeroconf import IPVersion, ServiceInfo
+from zeroconf import Zeroconf as ZeroconfLib
+
+from akri_trio.discovery.handlers.zeroconf_handler import (
+    ADDRESSES,
+    HOST,
+    KIND,
+    PORT,
+    PREFIX,
+    Zeroconf,
+    parse_details,
+)
+from akri_trio.discovery.interface import discover_changes
+from akri_trio.model.device import Device
+
+KIND_TYPE = "_akritest._tcp.local."
+LOOPBACK = ("127.0.0.1",)
+
+
+def service(instance: str, port: int, **txt: str) -> ServiceInfo:
+    return ServiceInfo(
+        KIND_TYPE,
+        f"{instance}.{KIND_TYPE}",
+        addresses=[socket.inet_aton("127.0.0.1")],
+        port=port,
+        properties=txt,
+        server=f"{instance}-host.local.",
+    )
+
+
+class Responder:
+    """A real mDNS responder on the loopback interface; its blocking calls run in threads."""
+
+    def __init__(self, zc: ZeroconfLib) -> None:
+        self.zc = zc
+
+    async def register(self, info: ServiceInfo) -> None:
+        # cooperating_responders: skip the 1.5 s uniqueness probe (the names are ours)
+        await trio.to_thread.run_sync(
+            partial(self.zc.register_service, info, cooperating_responders=True)
+        )
+
+    async def update(self, info: ServiceInfo) -> None:
+        await trio.to_thread.run_sync(self.zc.update_service, info)
+
+    async def unregister(self, info: ServiceInfo) -> None:
+        await trio.to_thread.run_sync(self.zc.unregister_service, info)
+
+
+@asynccontextmanager
+async def responder() -> AsyncIterator[Responder]:
+    zc = await trio.to_thread.run_sync(
+        partial(ZeroconfLib, interfaces=list(LOOPBACK), ip_version=IPVersion.V4Only)
+    )
+    try:
+        yield Responder(zc)
+    finally:
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(zc.close)  # also says goodbye for what is left
+
+
+async def next_list(
+    receive: trio.MemoryReceiveChannel[list[Device]], within: float
+) -> list[Device]:
+    with trio.fail_after(within):
+        return await receive.receive()
+
+
+async def test_services_appear_update_and_leave() -> None:
+    handler = Zeroconf(interfaces=LOOPBACK, settle=0.5)
+    details = parse_details("kind: _akritest._tcp")
+    dev1 = service("dev1", 8001, model="X100", **{"fw-version": "1.2"})
+    dev2 = service("dev2", 8002)
+    send, receive = trio.open_memory_channel[list[Device]](10)
+    async with responder() as peer, trio.open_nursery() as nursery:
+        await peer.register(dev1)  # before discovery starts: found by the first query
+        nursery.start_soon(discover_changes, handler, details, {}, send.send)
+        first = await next_list(receive, 5)
+        assert [d.id for d in first] == ["dev1._akritest._tcp.local."]
+        assert first[0].properties == {
+            KIND: "_akritest._tcp",
+            f"{PREFIX}_NAME": "dev1",
+            HOST: "dev1-host.local",
+            f"{PREFIX}_ADDR": "127.0.0.1",
+            ADDRESSES: "127.0.0.1",
+            PORT: "8001",
+            f"{PREFIX}_MODEL": "X100",
+            f"{PREFIX}_FW_VERSION": "1.2",
+        }
+
+        start = trio.current_time()
+        await peer.register(dev2)  # announced while we browse
+        second = await next_list(receive, 3)
+        assert [d.id for d in second] == [
+            "dev1._akritest._tcp.local.",
+            "dev2._akritest._tcp.local.",
+        ]
+        assert trio.current_time() - start < 2.0
+
+        updated = service("dev1", 8001, model="X200")
+        await peer.update(updated)
+        third = await next_list(receive, 3)
+        assert third[0].properties[f"{PREFIX}_MODEL"] == "X200"
+        assert f"{PREFIX}_FW_VERSION" not in third[0].properties
+
+        start = trio.current_time()
+        await peer.unregister(dev2)  # goodbye packets
+        fourth = await next_list(receive, 3)
+        assert [d.id for d in fourth] == ["dev1._akritest._tcp.local."]
+        assert trio.current_time() - start < 2.0
+
+        with trio.move_on_after(1.5):  # nothing changes: nothing is sent
+            raise AssertionError(f"sent without a change: {await receive.receive()}")
+        nursery.cancel_scope.cancel()
+
+
+async def test_filters_by_name_port_txt_and_kinds() -> None:
+    handler = Zeroconf(interfaces=LOOPBACK, settle=1.5)
+    services = [
+        service("printer-1", 9001, model="X100", secure="1"),
+        service("printer-2", 9002, model="X200"),
+        service("camera-1", 9003, model="X100"),
+    ]
+    other = ServiceInfo(
+        "_akriother._udp.local.",
+        "thing._akriother._udp.local.",
+        addresses=[socket.inet_aton("127.0.0.1")],
+        port=9004,
+        server="thing.local.",
+    )
+
+    async def found(text: str) -> list[str]:
+        send, receive = trio.open_memory_channel[list[Device]](10)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(handler.discover, parse_details(text), {}, send.send)
+            devices = await next_list(receive, 5)
+            nursery.cancel_scope.cancel()
+        return [d.id for d in devices]
+
+    async with responder() as peer:
+        for info in [*services, other]:
+            await peer.register(info)
+        p1, p2, c1 = (f"{n}._akritest._tcp.local." for n in ("printer-1", "printer-2", "camera-1"))
+        assert await found("kind: _akritest._tcp.local.") == [c1, p1, p2]
+        assert await found("{kind: _akritest._tcp, name: 'printer-.*'}") == [p1, p2]
+        assert await found("{kind: _akritest._tcp, name: 'printer'}") == []  # full match
+        assert await found("{kind: _akritest._tcp, port: 9002}") == [p2]
+        assert await found("{kind: _akritest._tcp, txtRecords: {MODEL: X100}}") == [c1, p1]
+        assert await found("{kind: _akritest._tcp, txtRecords: {secure: null}}") == [p1]
+        assert await found("{kind: _akritest._tcp, host: 'camera-1-host\\.local'}") == [c1]
+        assert await found("kinds: [_akritest._tcp, _akriother._udp]") == [
+            c1,
+            p1,
+            p2,
+            "thing._akriother._udp.local.",
+        ]
+
+
+async def test_cancellation_closes_zeroconf_promptly() -> None:
+    import threading
+
+    handler = Zeroconf(interfaces=LOOPBACK, settle=0.1)
+    before = {t.ident for t in threading.enumerate()}
+
+    async def send(devices: list[Device]) -> None:
+        pass
+
+    start = trio.current_time()
+    with trio.move_on_after(0.5):
+        await handler.discover(parse_details("kind: _akritest._tcp"), {}, send)
+    assert trio.current_time() - start < 2.0
+    # Zeroconf's loop thread and the browser thread are gone (trio's idle workers may stay)
+    await trio.sleep(0.2)
+    left = [
+        t.name
+        for t in threading.enumerate()
+        if t.ident not in before and not t.name.startswith("Trio thread")
+    ]
+    assert left == []
