@@ -112,6 +112,8 @@ async def _feed_view(instances: Store, view: NodeView, enqueue: Callable[[str], 
                     enqueue(_config_key(unstructure(before)))
                 continue
             after = view.put_instance(obj)
+            if after is before:
+                continue
             # deviceUsage changes (every Allocate) are the plugins' business, not the plan's.
             if before is None or _plan_inputs(before) != _plan_inputs(after):
                 enqueue(_config_key(obj))

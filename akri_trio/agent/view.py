@@ -100,11 +100,15 @@ class NodeView:
     def put_instance(self, obj: Mapping[str, Any]) -> Instance:
         """Fold in an Instance as the API server returned it. An older resourceVersion than
         the one held (a watch event racing our own write's answer) is ignored."""
-        inst = structure(obj, Instance)
-        key = instance_key(inst.metadata.namespace, inst.metadata.name)
+        meta = obj.get("metadata") or {}
+        key = instance_key(meta.get("namespace") or "default", meta.get("name") or "")
         held = self._instances.get(key)
-        if held is not None and _resource_version(obj) < int(held.metadata.resource_version or 0):
-            return held
+        if held is not None:
+            version, held_version = _resource_version(obj), int(held.metadata.resource_version or 0)
+            # Older, or the watch's echo of a write we already folded in: nothing new.
+            if version < held_version or (version == held_version and version):
+                return held
+        inst = structure(obj, Instance)
         if held != inst:
             self._instances[key] = inst
             configs = {self._config_key(inst)} | ({self._config_key(held)} if held else set())
