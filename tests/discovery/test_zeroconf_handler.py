@@ -88,7 +88,11 @@ async def test_services_appear_update_and_leave() -> None:
     async with responder() as peer, trio.open_nursery() as nursery:
         await peer.register(dev1)  # before discovery starts: found by the first query
         nursery.start_soon(discover_changes, handler, details, {}, send.send)
+        # Under load resolution can outlast the settle window: an empty first list is then
+        # correct ("nothing resolved yet"); what matters is the list that follows.
         first = await next_list(receive, 5)
+        while not first:
+            first = await next_list(receive, 5)
         assert [d.id for d in first] == ["dev1._akritest._tcp.local."]
         assert first[0].properties == {
             KIND: "_akritest._tcp",
