@@ -17,10 +17,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -74,6 +76,23 @@ class Kubectl:
         subprocess.run([self.path, *args], env=self.env, capture_output=True, check=False)
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _metric(port: int, name: str) -> float | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
+            for line in response.read().decode().splitlines():
+                if line.startswith(name + " "):
+                    return float(line.split()[1])
+    except OSError:
+        pass  # not up yet
+    return None
+
+
 def _pod(name: str, resource: str, count: int) -> str:
     return json.dumps(
         {
@@ -116,6 +135,7 @@ def main() -> int:
 
     _step(f"starting the akri-trio agent for node {node} (embedded debugEcho handler)")
     work = Path(tempfile.mkdtemp(prefix="akri-demo-"))
+    metrics_port = _free_port()
     log = open(work / "agent.log", "wb")  # noqa: SIM115  (lives as long as the agent)
     agent = subprocess.Popen(
         [
@@ -131,7 +151,7 @@ def main() -> int:
             "--debug-echo-availability",
             str(work / "availability"),
             "--metrics-port",
-            "-1",
+            str(metrics_port),
         ],
         env={**k.env, "PYTHONUNBUFFERED": "1"},
         stdout=log,
@@ -139,25 +159,32 @@ def main() -> int:
     )
     print(f"agent pid {agent.pid}, log {work / 'agent.log'}")
     try:
+        # Leftovers of an interrupted earlier demo: remove them while the agent runs (it
+        # releases its finalizers on their Instances), so the story starts from a clean slate.
+        k.quiet("delete", "pod", "one-device", "two-devices", "--wait=true", "--timeout=60s")
+        k.quiet("delete", "-f", str(EXAMPLE), "--wait=true", "--timeout=60s")
+        _until(lambda: not k.json("get", "akrii")["items"], "leftover Instances to go", 60)
         _step("applying a debugEcho Configuration: two fake devices, capacity 2")
         k.show("apply", "-f", str(EXAMPLE))
         _until(lambda: len(k.json("get", "akrii")["items"]) == 2, "two Instances")
         k.show("get", "akric,akrii")
+        # Pods admitted before the plugins are registered would fail admission: wait for the
+        # agent to say so (the node's allocatable lags behind, and may be stale).
         _until(
-            lambda: (
-                sum(
-                    1
-                    for r in k.json("get", "node", node)["status"]["allocatable"]
-                    if r.startswith("akri.sh/")
-                )
-                == 3
-            ),
-            "the node's akri.sh resources",
+            lambda: _metric(metrics_port, "akri_device_plugins_registered") == 3,
+            "the three device plugins to register with the kubelet",
         )
+        ours = {f"akri.sh/{CONFIG}"} | {
+            f"akri.sh/{i['metadata']['name']}" for i in k.json("get", "akrii")["items"]
+        }
+
+        def offered() -> bool:
+            allocatable = k.json("get", "node", node)["status"]["allocatable"]
+            return all(int(allocatable.get(r, "0")) > 0 for r in ours)
+
+        _until(offered, "the node to offer the three resources")
         allocatable = k.json("get", "node", node)["status"]["allocatable"]
-        print(
-            "node allocatable:", {r: v for r, v in allocatable.items() if r.startswith("akri.sh/")}
-        )
+        print("node allocatable:", {r: allocatable[r] for r in sorted(ours)})
 
         instance = k.json("get", "akrii")["items"][0]["metadata"]["name"]
         _step(f"a Pod that asks for one specific device: akri.sh/{instance}: 1")
@@ -180,6 +207,8 @@ def main() -> int:
         _step("cleaning up what the demo made (the cluster keeps running)")
         k.quiet("delete", "pod", "one-device", "two-devices", "--wait=true", "--timeout=60s")
         k.quiet("delete", "-f", str(EXAMPLE), "--wait=true", "--timeout=60s")
+        # The agent releases its Instances (and its finalizers on them) before it stops.
+        _until(lambda: not k.json("get", "akrii")["items"], "the Instances to go", 60)
         agent.send_signal(signal.SIGTERM)
         agent.wait(timeout=30)
         log.close()
