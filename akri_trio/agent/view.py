@@ -60,6 +60,7 @@ class NodeView:
         self.changes = Changes()
         self._keyed: dict[str, Changes] = {}
         self._instances: dict[str, Instance] = {}
+        self._gone: dict[str, int] = {}  # key -> resourceVersion at which it was deleted
         self._devices: dict[str, Device] = {}  # instance key -> device this node discovered
         self._devices_by_config: dict[str, dict[str, Device]] = {}
 
@@ -102,12 +103,23 @@ class NodeView:
         the one held (a watch event racing our own write's answer) is ignored."""
         meta = obj.get("metadata") or {}
         key = instance_key(meta.get("namespace") or "default", meta.get("name") or "")
+        version = _resource_version(obj)
         held = self._instances.get(key)
         if held is not None:
-            version, held_version = _resource_version(obj), int(held.metadata.resource_version or 0)
+            held_version = int(held.metadata.resource_version or 0)
             # Older, or the watch's echo of a write we already folded in: nothing new.
             if version < held_version or (version == held_version and version):
                 return held
+        if version and version <= self._gone.get(key, 0):
+            return structure(obj, Instance)  # news from before its deletion: stays deleted
+        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+            # The API server removes such an object at once: e.g. the answer to our own write
+            # that released the last finalizer, which may arrive after the watch's DELETE.
+            # Folding it in would resurrect a deleted Instance in the view for good.
+            self._gone[key] = version
+            self.drop_instance(key)
+            return structure(obj, Instance)
+        self._gone.pop(key, None)
         inst = structure(obj, Instance)
         if held != inst:
             self._instances[key] = inst

@@ -1,0 +1,47 @@
+"""The node view never resurrects a deleted Instance, whatever order the news arrives in."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from akri_trio.agent.view import NodeView
+
+
+def _obj(rv: int, **meta: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "i", "namespace": "ns", "resourceVersion": str(rv), **meta},
+        "spec": {"configurationName": "c", "cdiName": "akri.sh/c=1", "capacity": 1, "nodes": ["n"]},
+    }
+
+
+def test_answer_that_released_the_last_finalizer_after_the_watch_delete() -> None:
+    view = NodeView("n")
+    view.put_instance(_obj(10, finalizers=["n"], deletionTimestamp="t"))
+    view.drop_instance("ns/i")  # the watch's DELETE came first...
+    view.put_instance(_obj(11, deletionTimestamp="t"))  # ...then our write's answer
+    assert view.instance("ns/i") is None
+
+
+def test_answer_that_released_the_last_finalizer_before_the_watch_delete() -> None:
+    view = NodeView("n")
+    view.put_instance(_obj(10, finalizers=["n"], deletionTimestamp="t"))
+    view.put_instance(_obj(11, deletionTimestamp="t"))
+    assert view.instance("ns/i") is None
+    view.put_instance(_obj(11, deletionTimestamp="t"))  # the watch's late echo
+    assert view.instance("ns/i") is None
+
+
+def test_a_recreated_instance_is_seen_again() -> None:
+    view = NodeView("n")
+    view.put_instance(_obj(11, deletionTimestamp="t"))
+    view.put_instance(_obj(15, finalizers=["n"]))
+    inst = view.instance("ns/i")
+    assert inst is not None and inst.metadata.resource_version == "15"
+
+
+def test_an_older_version_never_replaces_a_newer_one() -> None:
+    view = NodeView("n")
+    view.put_instance(_obj(20))
+    view.put_instance(_obj(19, finalizers=["x"]))
+    inst = view.instance("ns/i")
+    assert inst is not None and inst.metadata.resource_version == "20"
