@@ -313,7 +313,7 @@ class ConfigurationReconciler:
             if self.node in inst.spec.nodes
         )
         problems = list(result.problems) if result else []
-        invalid = [p for p in problems if "rejected discoveryDetails" in p]
+        invalid = list(result.invalid) if result else []
         wall_minus_trio = time.time() - trio.current_time()
         entry = node_entry(
             node=self.node,

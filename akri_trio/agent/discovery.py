@@ -77,6 +77,8 @@ class DiscoveryResult:
     # Registered endpoints that have not answered yet (no list, not invalid, not Offline):
     # until they do, `devices` may be missing theirs.
     pending: tuple[str, ...] = ()
+    # The problems (a subset of `problems`) that are handlers rejecting discoveryDetails.
+    invalid: tuple[str, ...] = ()
 
 
 def merge(
@@ -150,16 +152,18 @@ class _Discovery:
     def result(self) -> DiscoveryResult:
         registrations = {r.endpoint: r for r in self.registry.registrations(self.request.handler)}
         problems: list[str] = []
+        invalid: list[str] = []
         if not registrations:
             problems.append(
                 f"no discovery handler named {self.request.handler!r} is registered on this node"
             )
         for endpoint in sorted(self.invalid):
             if endpoint in registrations:
-                problems.append(
+                invalid.append(
                     f"discovery handler {self.request.handler!r} at {endpoint} rejected "
                     f"discoveryDetails: {self.invalid[endpoint]}"
                 )
+        problems.extend(invalid)
         statuses = self.registry.get(self.request.handler)
         pending = tuple(
             sorted(
@@ -175,6 +179,7 @@ class _Discovery:
             problems=tuple(problems),
             handlers=statuses,
             pending=pending,
+            invalid=tuple(invalid),
         )
 
     # ---- one endpoint -------------------------------------------------------------------------
