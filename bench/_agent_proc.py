@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import attrs
@@ -14,7 +16,41 @@ import trio
 
 from akri_trio.agent.cli import parse_args
 from akri_trio.agent.run import AgentSettings, run_agent
-from bench._common import BENCH_NS, bench_api, bench_echo
+from bench._common import BENCH_NS, REPO, bench_api, bench_echo
+
+
+@asynccontextmanager
+async def agent_process(
+    root: Path, kubeconfig: str, node: str, *extra: str
+) -> AsyncIterator[trio.Process]:
+    """This module as a child process, sockets under `root` (the kubelet's device-plugin dir
+    is `root/dp`), its log in `root/agent.log`; SIGTERM (then SIGKILL) on exit."""
+    (root / "dp").mkdir(exist_ok=True)
+    cmd = [
+        sys.executable, "-m", "bench._agent_proc",
+        "--node-name", node,
+        "--kubeconfig", kubeconfig,
+        "--enable-debug-echo",
+        "--debug-echo-availability", str(root / "avail"),
+        "--device-plugin-dir", str(root / "dp"),
+        "--pod-resources-socket", str(root / "pr.sock"),
+        "--discovery-handlers-directory", str(root / "akri"),
+        "--metrics-port", "-1",
+        "--log-level", "WARNING",
+        *extra,
+    ]  # fmt: skip
+    with (root / "agent.log").open("w") as log:
+        proc = await trio.lowlevel.open_process(cmd, cwd=REPO, stdout=log, stderr=log)
+        try:
+            yield proc
+        finally:
+            with trio.CancelScope(shield=True):
+                proc.send_signal(signal.SIGTERM)
+                with trio.move_on_after(20):
+                    await proc.wait()
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
 
 
 async def _main(settings: AgentSettings) -> None:

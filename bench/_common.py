@@ -80,33 +80,33 @@ def echo_config(name: str, descriptions: Sequence[str], capacity: int) -> JSON:
     }
 
 
-async def prepare_namespace(api: Client) -> None:
-    """CRDs installed, our namespace there and empty of akri objects."""
+async def prepare_namespace(api: Client, namespace: str = BENCH_NS) -> None:
+    """CRDs installed, the namespace there and empty of akri objects."""
     from tests.support.akri_cluster import install_crds
 
     await install_crds(api)
-    body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": BENCH_NS}}
+    body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
     await api.apply(NAMESPACES, body, field_manager="akri-trio-bench")
-    await purge_namespace(api)
+    await purge_namespace(api, namespace)
 
 
-async def purge_namespace(api: Client, limit_s: float = 120) -> None:
+async def purge_namespace(api: Client, namespace: str = BENCH_NS, limit_s: float = 120) -> None:
     """Delete our Configurations, then our Instances (stripping finalizers of dead agents)."""
     for res in (CONFIGURATIONS, INSTANCES):
-        for obj in (await api.list(res, namespace=BENCH_NS)).items:
+        for obj in (await api.list(res, namespace=namespace)).items:
             meta = obj["metadata"]
             try:
                 if meta.get("finalizers"):
                     await api.merge_patch(
-                        res, meta["name"], {"metadata": {"finalizers": None}}, namespace=BENCH_NS
+                        res, meta["name"], {"metadata": {"finalizers": None}}, namespace=namespace
                     )
-                await api.delete(res, meta["name"], namespace=BENCH_NS)
+                await api.delete(res, meta["name"], namespace=namespace)
             except NotFound:
                 pass
     with trio.fail_after(limit_s):
         while True:  # polling the API server
-            left = (await api.list(INSTANCES, namespace=BENCH_NS)).items
-            left += (await api.list(CONFIGURATIONS, namespace=BENCH_NS)).items
+            left = (await api.list(INSTANCES, namespace=namespace)).items
+            left += (await api.list(CONFIGURATIONS, namespace=namespace)).items
             if not left:
                 return
             await trio.sleep(0.2)

@@ -2,19 +2,33 @@
 
     .venv/bin/python -m bench.allocate_latency [--seq 300] [--callers 50] [--per-caller 6]
 
-An in-process agent (`run_agent`) with the embedded debugEcho handler (as `benchEcho`, see
-_common.py) serves a grpcio kubelet stand-in in a short tmp dir. Each Allocate claims a fresh
-slot, so it includes the one server-side-apply PATCH of `Instance.spec.deviceUsage`.
+The agent runs as its own process (`python -m bench._agent_proc`: the `akri-trio agent` CLI with
+the embedded debugEcho handler registered as `benchEcho`, see _common.py) and serves a grpcio
+kubelet stand-in (this process) in a short tmp dir. Every Allocate claims a fresh
+slot, so it includes the agent's deviceUsage write to the API server.
 
-Phases (each on its own Configuration, one device, capacity = the calls of that phase):
-  seq     instance-level Allocate, one caller, `--seq` calls
-  conc    instance-level Allocate, `--callers` threads x `--per-caller` calls, one Instance
-  spread  the same callers, each on its own Instance (one Configuration, `--callers` devices)
-  vdev    configuration-level Allocate of one fresh vdev, one caller, `--vdev` calls
-Floor (alone, sequential): grpcio GetDevicePluginOptions on the same agent plugin socket (the
-purerpc/trio server, no work) + one SSA PATCH of a one-key deviceUsage on an Instance of our own
-(`floor-inst`, another field manager, resourceVersion precondition, through the same Client).
-A ConfigMap SSA is reported too. floor = grpc p50 + SSA p50 (p99 likewise).
+The floor is what any claim must cost at least: a bare grpcio unary call to the same plugin
+socket (GetDevicePluginOptions: the purerpc/trio server, no work) plus one PATCH of an Instance
+to the same API server. It is measured interleaved with the Allocates (floor step, Allocate,
+floor step, ...), so load on this shared machine hits both alike, and on a floor Instance of the
+same shape that holds as many deviceUsage keys as the agent's at that moment: the API server's
+cost of a write grows with the object (a 1-key object would flatter the floor late in a run).
+Two floors, both reported:
+  SSA     one server-side-apply PATCH changing one key (the issue's definition)
+  merge   one JSON merge patch adding one key with a resourceVersion precondition: exactly
+          the request the agent sends for a claim, i.e. the agent's cost minus the agent
+Concurrent phases compare against the same calls made concurrently by as many callers: bare
+grpc + one merge patch (no precondition: the API server serializes them itself) of a fresh key
+on one shared floor Instance (one-Instance phase) or on one floor Instance per caller (spread).
+Rounds alternate: a floor round, an agent round, ...
+
+Phases (each on its own Configuration):
+  seq     instance-level, one caller, `--seq` calls on one Instance (it ends holding them all)
+  small   instance-level, one caller, `--seq` calls over Instances of capacity 4, freed as the
+          kubelet would (pod deleted -> reclaimer; here a direct free) — the common shape
+  conc    instance-level, `--callers` at once x `--per-caller` rounds, one Instance
+  spread  the same, each caller on its own Instance
+  vdev    configuration-level, one caller, `--vdev` calls, one fresh vdev each
 Afterwards every claimed slot is checked against the API server: held exactly once, by us.
 """
 
@@ -27,20 +41,20 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import grpc
 import trio
 
-from akri_trio.agent.run import Agent, AgentSettings, run_agent
-from akri_trio.kube.client import Client, Resource
+from akri_trio.kube.client import JSON, Client
 from akri_trio.rpc.gen import deviceplugin_v1beta1_pb2 as dp
+from bench._agent_proc import agent_process
 from bench._common import (
     BENCH_NS,
     INSTANCES,
     bench_api,
-    bench_echo,
     cluster_env,
     echo_config,
     machine,
@@ -56,11 +70,14 @@ from bench._common import CONFIGURATIONS as CONFIGS
 from tests.support.kubelet_standin import KubeletStandin
 
 NODE = "bench-node"
-CONFIG_MAPS = Resource.core("configmaps", "ConfigMap")
+FLOOR_NODE = "floor-node"
+FLOOR_NS = "akri-bench-floor"  # the agent watches BENCH_NS only: no events of floor writes
 WARMUP = 20
+SMALL_CAPACITY = 4
+Call = Callable[[], Any]
 
 
-def _timed(fn: Callable[[], Any]) -> tuple[float, str | None]:
+def timed(fn: Call) -> tuple[float, str | None]:
     t0 = time.perf_counter()
     try:
         fn()
@@ -69,33 +86,134 @@ def _timed(fn: Callable[[], Any]) -> tuple[float, str | None]:
         return time.perf_counter() - t0, f"{exc.code().name}: {exc.details()}"
 
 
-def sequential(calls: Sequence[Callable[[], Any]]) -> tuple[list[float], list[str]]:
-    samples, errors = [], []
-    for call in calls:
-        dt, err = _timed(call)
-        (errors.append(err) if err else samples.append(dt))
-    return samples, errors
-
-
-def concurrent(
-    callers: int, jobs: Sequence[Sequence[Callable[[], Any]]]
-) -> tuple[list[float], list[str]]:
-    """`callers` threads; thread i runs jobs[i] back to back. Started together (a barrier)."""
-    barrier = threading.Barrier(callers)
+def concurrent(jobs: Sequence[Call]) -> tuple[list[float], list[str]]:
+    """One thread per job, released together (a barrier); each job's latency."""
+    barrier = threading.Barrier(len(jobs))
     results: queue.SimpleQueue[tuple[float, str | None]] = queue.SimpleQueue()
 
-    def run(mine: Sequence[Callable[[], Any]]) -> None:
+    def run(job: Call) -> None:
         barrier.wait()
-        for call in mine:
-            results.put(_timed(call))
+        results.put(timed(job))
 
-    with ThreadPoolExecutor(callers) as pool:
+    with ThreadPoolExecutor(len(jobs)) as pool:
         list(pool.map(run, jobs))
     samples, errors = [], []
     while not results.empty():
         dt, err = results.get()
         (errors.append(err) if err else samples.append(dt))
     return samples, errors
+
+
+class Floor:
+    """Mirror Instances: for each agent Instance a copy (same spec and finalizer, a node name
+    of the same length) in a namespace the agent does not watch, kept holding the same
+    deviceUsage keys as the agent's, on which the floor writes run. The one difference: no
+    ownerReference (it cannot point across namespaces), ~150 bytes less than the agent's."""
+
+    def __init__(self, api: Client) -> None:
+        self.api = api
+        self.rv: dict[str, str] = {}
+
+    @staticmethod
+    def mirror_name(instance: str) -> str:
+        return f"floor-{instance}"
+
+    async def create_mirrors(self, names: Sequence[str]) -> None:
+        for name in names:
+            obj = await self.api.get(INSTANCES, name, namespace=BENCH_NS)  # the agent's
+            meta = obj["metadata"]
+            body: JSON = {
+                "apiVersion": "akri.sh/v0",
+                "kind": "Instance",
+                "metadata": {
+                    "name": self.mirror_name(name),
+                    "namespace": FLOOR_NS,
+                    "finalizers": [FLOOR_NODE if f == NODE else f for f in meta["finalizers"]],
+                },
+                "spec": {k: v for k, v in obj["spec"].items() if k != "deviceUsage"}
+                | {"nodes": [FLOOR_NODE]},
+            }
+            made = await self.api.apply(INSTANCES, body, field_manager=FLOOR_NODE, force=True)
+            self.rv[self.mirror_name(name)] = made["metadata"]["resourceVersion"]
+
+    async def merge(self, instance: str, key: str, value: str, *, precondition: bool) -> float:
+        """The agent's claim request, on the mirror: one merge patch of one key."""
+        name = self.mirror_name(instance)
+        body: JSON = {"spec": {"deviceUsage": {key: value}}}
+        if precondition:
+            body["metadata"] = {"resourceVersion": self.rv[name]}
+        t0 = time.perf_counter()
+        obj = await self.api.merge_patch(
+            INSTANCES, name, body, field_manager=f"dp-{NODE}", namespace=FLOOR_NS
+        )
+        dt = time.perf_counter() - t0
+        self.rv[name] = obj["metadata"]["resourceVersion"]
+        return dt
+
+    async def ssa(self, instance: str, i: int) -> float:
+        """One server-side apply changing one key of the mirror (its own field manager)."""
+        name = self.mirror_name(instance)
+        body: JSON = {
+            "apiVersion": "akri.sh/v0",
+            "kind": "Instance",
+            "metadata": {"name": name, "namespace": FLOOR_NS},
+            "spec": {"deviceUsage": {"floor-ssa": f"n{i % 2}"}},
+        }
+        t0 = time.perf_counter()
+        obj = await self.api.apply(INSTANCES, body, field_manager="bench-floor-ssa", force=True)
+        dt = time.perf_counter() - t0
+        self.rv[name] = obj["metadata"]["resourceVersion"]
+        return dt
+
+
+class Samples:
+    def __init__(self) -> None:
+        self.agent: list[float] = []
+        self.floor_ssa: list[float] = []
+        self.floor_merge: list[float] = []
+        self.errors: list[str] = []
+
+
+Step = tuple[str, str, str, Call]  # (agent instance, deviceUsage key, value, the Allocate call)
+
+
+def interleaved(floor: Floor, options: Call, steps: Sequence[Step], warmup: int) -> Samples:
+    """In a worker thread: for each step a floor step (grpc + both PATCHes on the mirror),
+    then the Allocate. The mirror then holds what the agent's Instance holds."""
+    out = Samples()
+    for n, (instance, key, value, call) in enumerate(steps):
+        g, _ = timed(options)
+        s = trio.from_thread.run(floor.ssa, instance, n)
+        m = trio.from_thread.run(partial(floor.merge, instance, key, value, precondition=True))
+        dt, err = timed(call)
+        if n < warmup:
+            continue
+        out.floor_ssa.append(g + s)
+        out.floor_merge.append(g + m)
+        (out.errors.append(err) if err else out.agent.append(dt))
+    return out
+
+
+async def concurrent_rounds(
+    floor: Floor, options: Call, rounds: Sequence[Sequence[Step]]
+) -> Samples:
+    """Per round: every caller's floor call at once (grpc, then a merge patch of a fresh key
+    on its mirror, no precondition), then every caller's Allocate at once."""
+    out = Samples()
+    limiter = trio.CapacityLimiter(max(len(r) for r in rounds))
+    for steps in rounds:
+
+        async def floor_call(instance: str, key: str, value: str) -> None:
+            g, _ = await trio.to_thread.run_sync(timed, options, limiter=limiter)
+            out.floor_merge.append(g + await floor.merge(instance, key, value, precondition=False))
+
+        async with trio.open_nursery() as nursery:
+            for instance, key, value, _ in steps:
+                nursery.start_soon(floor_call, instance, key, value)
+        samples, errors = await trio.to_thread.run_sync(concurrent, [s[3] for s in steps])
+        out.agent += samples
+        out.errors += errors
+    return out
 
 
 async def wait_kubelet(kubelet: KubeletStandin, pred: Callable[[KubeletStandin], bool]) -> None:
@@ -107,55 +225,12 @@ def instance_resources(kubelet: KubeletStandin, config: str) -> list[str]:
         return sorted(r for r in kubelet.registrations if r.startswith(f"akri.sh/{config}-"))
 
 
-async def floor_ssa(api: Client, n: int) -> tuple[list[float], list[float]]:
-    """SSA PATCH latency: a one-key deviceUsage change on our own Instance, and a ConfigMap."""
-    name = "floor-inst"
-    inst = {
-        "apiVersion": "akri.sh/v0",
-        "kind": "Instance",
-        "metadata": {"name": name, "namespace": BENCH_NS},
-        "spec": {"configurationName": "floor", "cdiName": "akri.sh/floor=0", "capacity": 2},
-    }
-    obj = await api.apply(INSTANCES, inst, field_manager="bench-floor-owner", force=True)
-    inst_samples, cm_samples = [], []
-    for i in range(n + WARMUP):
-        body = {
-            "apiVersion": "akri.sh/v0",
-            "kind": "Instance",
-            "metadata": {
-                "name": name,
-                "namespace": BENCH_NS,
-                "resourceVersion": obj["metadata"]["resourceVersion"],
-            },
-            "spec": {"deviceUsage": {f"floor-{i % 2}": NODE}},
-        }
-        t0 = time.perf_counter()
-        obj = await api.apply(INSTANCES, body, field_manager=f"dp-{NODE}-floor")
-        dt = time.perf_counter() - t0
-        cm = {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {"name": "floor-cm", "namespace": BENCH_NS},
-            "data": {"k": str(i)},
-        }
-        t0 = time.perf_counter()
-        await api.apply(CONFIG_MAPS, cm, field_manager="bench-floor")
-        dt_cm = time.perf_counter() - t0
-        if i >= WARMUP:
-            inst_samples.append(dt)
-            cm_samples.append(dt_cm)
-    await api.delete(INSTANCES, name, namespace=BENCH_NS)
-    await api.delete(CONFIG_MAPS, "floor-cm", namespace=BENCH_NS)
-    return inst_samples, cm_samples
-
-
 async def check_claims(
     api: Client, expected: dict[str, set[str]], vdev_config: str, vdevs: set[str]
 ) -> tuple[int, list[str]]:
     """(double claims, problems): every slot we were granted is held exactly once, by us, and
     nothing else is held by us. `expected`: instance name -> slots granted."""
     problems: list[str] = []
-    doubles = 0
     listed = {
         o["metadata"]["name"]: o for o in (await api.list(INSTANCES, namespace=BENCH_NS)).items
     }
@@ -169,173 +244,196 @@ async def check_claims(
         want = expected.get(name, set())
         if ours != want:
             problems.append(f"{name}: held {len(ours)} granted {len(want)}")
-    doubles += len(seen_vdevs) - len(set(seen_vdevs))
+    doubles = len(seen_vdevs) - len(set(seen_vdevs))
     if set(seen_vdevs) != vdevs:
         problems.append(f"vdevs: held {len(set(seen_vdevs))} granted {len(vdevs)}")
     return doubles, problems
 
 
-def verdict(ok: bool) -> str:
-    return "PASS" if ok else "FAIL"
+def ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}x"
 
 
-def row(label: str, s: dict[str, float], floor: dict[str, float] | None) -> list[str]:
-    ratio50 = f"{s['p50'] / floor['p50']:.2f}x" if floor else ""
-    ratio99 = f"{s['p99'] / floor['p99']:.2f}x" if floor else ""
-    return [
-        label,
-        str(int(s["n"])),
-        ms(s["p50"]),
-        ms(s["p90"]),
-        ms(s["p99"]),
-        ms(s["max"]),
-        ratio50,
-        ratio99,
+def rows_for(label: str, s: Samples, part: slice = slice(None)) -> list[list[str]]:
+    agent, ssa, merge = (
+        summary(s.agent[part]),
+        summary(s.floor_ssa[part]),
+        summary(s.floor_merge[part]),
+    )
+    out = [
+        [
+            label,
+            str(int(agent["n"])),
+            ms(agent["p50"]),
+            ms(agent["p99"]),
+            ms(merge["p50"]),
+            ms(merge["p99"]),
+            ratio(agent["p50"], merge["p50"]),
+            ratio(agent["p99"], merge["p99"]),
+        ]
     ]
+    if s.floor_ssa:
+        out[0] += [
+            ms(ssa["p50"]),
+            ms(ssa["p99"]),
+            ratio(agent["p50"], ssa["p50"]),
+            ratio(agent["p99"], ssa["p99"]),
+        ]
+    else:
+        out[0] += ["", "", "", ""]
+    return out
 
 
 async def bench(args: argparse.Namespace) -> str:
     env = cluster_env()
-    seq, callers, per = args.seq, args.callers, args.per_caller
-    n_conc = callers * per
     async with bench_api(env["KUBECONFIG"]) as api:
         await prepare_namespace(api)
+        await prepare_namespace(api, FLOOR_NS)
         with tempfile.TemporaryDirectory(prefix="akb", dir="/tmp") as tmp:
             root = Path(tmp)
             kubelet = KubeletStandin(root / "dp").start()
-            settings = AgentSettings(
-                node=NODE,
-                discovery_handlers_directory=root / "akri",
-                device_plugin_dir=root / "dp",
-                pod_resources_socket=root / "pr.sock",
-                namespace=BENCH_NS,
-                handlers=(bench_echo(root / "avail"),),
-                metrics_port=None,
-                reclaim_period=3600.0,
-            )
             try:
-                async with trio.open_nursery() as nursery:
-                    agent: Agent = await nursery.start(
-                        lambda **kw: run_agent(settings, api=api, **kw)
-                    )
-                    report = await _measure(args, api, kubelet, agent, seq, callers, per, n_conc)
-                    nursery.cancel_scope.cancel()
+                async with agent_process(root, env["KUBECONFIG"], NODE, "--reclaim-period", "3600"):
+                    report = await _measure(args, api, kubelet)
             finally:
                 kubelet.stop()
         await purge_namespace(api)
+        await purge_namespace(api, FLOOR_NS)
     return report
 
 
-async def _measure(
-    args: argparse.Namespace,
-    api: Client,
-    kubelet: KubeletStandin,
-    agent: Agent,
-    seq: int,
-    callers: int,
-    per: int,
-    n_conc: int,
-) -> str:
+async def _measure(args: argparse.Namespace, api: Client, kubelet: KubeletStandin) -> str:
     started = time.monotonic()
+    seq, callers, per = args.seq, args.callers, args.per_caller
+    n_small = max(1, (WARMUP + seq) // SMALL_CAPACITY)
     await api.create(CONFIGS, echo_config("seq", ["s0"], WARMUP + seq))
-    await api.create(CONFIGS, echo_config("conc", ["c0"], n_conc))
+    await api.create(
+        CONFIGS, echo_config("small", [f"m{i}" for i in range(n_small)], SMALL_CAPACITY)
+    )
+    await api.create(CONFIGS, echo_config("conc", ["c0"], callers * per))
     await api.create(CONFIGS, echo_config("spread", [f"p{i}" for i in range(callers)], per))
-    await api.create(CONFIGS, echo_config("vdev", ["v0"], args.vdev))
+    await api.create(CONFIGS, echo_config("vdev", ["v0"], WARMUP + args.vdev))
+    expect = {"seq": 1, "small": n_small, "conc": 1, "spread": callers}
     await wait_kubelet(
         kubelet,
         lambda k: (
-            len(instance_resources(k, "seq")) == 1
-            and len(instance_resources(k, "conc")) == 1
-            and len(instance_resources(k, "spread")) == callers
-            and len(k.healthy("akri.sh/vdev")) == 1
+            all(len(instance_resources(k, c)) == n for c, n in expect.items())
+            and len(k.healthy("akri.sh/vdev")) >= 1
             and all(len(k.healthy(r)) == per for r in instance_resources(k, "spread"))
         ),
     )
     print(f"agent ready, {time.monotonic() - started:.1f}s after the Configurations")
-    seq_res = instance_resources(kubelet, "seq")[0]
-    conc_res = instance_resources(kubelet, "conc")[0]
-    spread_res = instance_resources(kubelet, "spread")
+    names = {c: [r.split("/", 1)[1] for r in instance_resources(kubelet, c)] for c in expect}
+    vdev_inst = [
+        o["metadata"]["name"]
+        for o in (await api.list(INSTANCES, namespace=BENCH_NS)).items
+        if o["spec"]["configurationName"] == "vdev"
+    ]
+    floor = Floor(api)
+    await floor.create_mirrors([n for ns in names.values() for n in ns] + vdev_inst)
     granted: dict[str, set[str]] = {}
 
-    def alloc(resource: str, slot: str) -> Callable[[], Any]:
-        inst = resource.split("/", 1)[1]
-
+    def alloc(inst: str, slot: str) -> Step:
         def call() -> Any:
-            kubelet.allocate(resource, [[slot]])
-            granted.setdefault(inst, set()).add(slot)  # GIL-atomic enough: one add per slot
+            kubelet.allocate(f"akri.sh/{inst}", [[slot]])
+            granted.setdefault(inst, set()).add(slot)  # one add per slot: GIL-atomic enough
 
-        return call
+        return inst, slot, NODE, call
 
-    seq_inst = seq_res.split("/", 1)[1]
-    calls = [alloc(seq_res, f"{seq_inst}-{i}") for i in range(WARMUP + seq)]
-    opts_stub = kubelet._stub(seq_res)
+    opts_stub = kubelet._stub(f"akri.sh/{names['seq'][0]}")
 
     def options() -> Any:
         return opts_stub.GetDevicePluginOptions(dp.Empty(), timeout=30)
 
-    # Floor 1: grpc round trip on the same plugin socket (purerpc/trio servicer, no work).
-    await trio.to_thread.run_sync(sequential, [options] * 100)
-    grpc_floor, _ = await trio.to_thread.run_sync(sequential, [options] * seq)
-    # Floor 2: one SSA PATCH (alone).
-    ssa_inst, ssa_cm = await floor_ssa(api, seq)
-
-    # Instance level, sequential.
-    await trio.to_thread.run_sync(sequential, calls[:WARMUP])
-    seq_samples, seq_err = await trio.to_thread.run_sync(sequential, calls[WARMUP:])
-    # Instance level, concurrent on one Instance.
-    conc_inst = conc_res.split("/", 1)[1]
-    slots = iter(range(n_conc))
-    jobs = [
-        [alloc(conc_res, f"{conc_inst}-{next(slots)}") for _ in range(per)] for _ in range(callers)
+    run = trio.to_thread.run_sync
+    await run(lambda: [options() for _ in range(100)])  # warm the grpc channel
+    seq_inst = names["seq"][0]
+    s_seq = await run(
+        interleaved,
+        floor,
+        options,
+        [alloc(seq_inst, f"{seq_inst}-{i}") for i in range(WARMUP + seq)],
+        WARMUP,
+    )
+    small_steps = [
+        alloc(names["small"][i % n_small], f"{names['small'][i % n_small]}-{i // n_small}")
+        for i in range(WARMUP + seq)
     ]
-    conc_samples, conc_err = await trio.to_thread.run_sync(concurrent, callers, jobs)
-    # Instance level, concurrent, each caller on its own Instance.
-    jobs = [[alloc(r, f"{r.split('/', 1)[1]}-{j}") for j in range(per)] for r in spread_res]
-    spread_samples, spread_err = await trio.to_thread.run_sync(concurrent, callers, jobs)
-    # Configuration level: one fresh vdev per call.
+    s_small = await run(interleaved, floor, options, small_steps, WARMUP)
+    conc_inst = names["conc"][0]
+    s_conc = await concurrent_rounds(
+        floor,
+        options,
+        [
+            [alloc(conc_inst, f"{conc_inst}-{r * callers + c}") for c in range(callers)]
+            for r in range(per)
+        ],
+    )
+    s_spread = await concurrent_rounds(
+        floor, options, [[alloc(n, f"{n}-{r}") for n in names["spread"]] for r in range(per)]
+    )
+    # Configuration level: one fresh vdev per call; the mirror gets the key the agent wrote.
     vdevs: set[str] = set()
+    v_inst = vdev_inst[0]
 
-    def vcall(i: int) -> Callable[[], Any]:
+    def vstep(i: int) -> Step:
         def call() -> Any:
             kubelet.allocate("akri.sh/vdev", [[f"vdev-{i}"]])
             vdevs.add(f"vdev-{i}")
 
-        return call
+        return v_inst, f"{v_inst}-{i}", f"C:vdev-{i}:{NODE}", call
 
-    vdev_samples, vdev_err = await trio.to_thread.run_sync(
-        sequential, [vcall(i) for i in range(args.vdev)]
+    s_vdev = await run(
+        interleaved, floor, options, [vstep(i) for i in range(WARMUP + args.vdev)], WARMUP
     )
-    vdev_samples = vdev_samples[min(WARMUP, len(vdev_samples) // 4) :]
 
     doubles, problems = await check_claims(api, granted, "vdev", vdevs)
-    purged = len((await api.list(CONFIGS, namespace=BENCH_NS)).items) != 4
-
-    g, si, sc = summary(grpc_floor), summary(ssa_inst), summary(ssa_cm)
-    floor = {k: g[k] + si[k] for k in ("p50", "p90", "p99", "max", "mean")} | {"n": g["n"]}
-    floor_cm = {k: g[k] + sc[k] for k in ("p50", "p90", "p99", "max", "mean")} | {"n": g["n"]}
-    heads = ["path", "n", "p50 ms", "p90 ms", "p99 ms", "max ms", "p50/floor", "p99/floor"]
-    s_seq, s_conc, s_spread, s_vdev = (
-        summary(seq_samples),
-        summary(conc_samples),
-        summary(spread_samples),
-        summary(vdev_samples),
-    )
-    early, late = summary(seq_samples[: seq // 5]), summary(seq_samples[-seq // 5 :])
-    rows = [
-        row("floor: grpcio GetDevicePluginOptions (agent plugin)", g, None),
-        row("floor: SSA PATCH Instance deviceUsage (1 key)", si, None),
-        row("(info) SSA PATCH ConfigMap", sc, None),
-        row("FLOOR = grpc + SSA Instance", floor, None),
-        row("Allocate instance-level, sequential", s_seq, floor),
-        row(f"  first {seq // 5} of those", early, floor),
-        row(f"  last {seq // 5} of those", late, floor),
-        row(f"Allocate instance-level, {callers} callers x {per}, 1 Instance", s_conc, floor),
-        row(
-            f"Allocate instance-level, {callers} callers x {per}, 1 Instance each", s_spread, floor
-        ),
-        row("Allocate configuration-level (1 vdev), sequential", s_vdev, floor),
+    purged = len((await api.list(CONFIGS, namespace=BENCH_NS)).items) != 5
+    fifth = max(1, seq // 5)
+    heads = [
+        "path",
+        "n",
+        "p50 ms",
+        "p99 ms",
+        "floor merge p50",
+        "floor merge p99",
+        "p50/merge",
+        "p99/merge",
+        "floor SSA p50",
+        "floor SSA p99",
+        "p50/SSA",
+        "p99/SSA",
     ]
-    errors = seq_err + conc_err + spread_err + vdev_err
+    rows = [
+        *rows_for("instance-level, sequential, one Instance", s_seq),
+        *rows_for(f"  first {fifth} (0-{fifth} keys held)", s_seq, slice(None, fifth)),
+        *rows_for(f"  last {fifth} ({seq - fifth}-{seq} keys held)", s_seq, slice(-fifth, None)),
+        *rows_for(
+            f"instance-level, sequential, {n_small} Instances of capacity {SMALL_CAPACITY}", s_small
+        ),
+        *rows_for(f"instance-level, {callers} callers at once x {per}, one Instance", s_conc),
+        *rows_for(
+            f"instance-level, {callers} callers at once x {per}, one Instance each", s_spread
+        ),
+        *rows_for("configuration-level (1 vdev), sequential", s_vdev),
+    ]
+    errors = s_seq.errors + s_small.errors + s_conc.errors + s_spread.errors + s_vdev.errors
+
+    def meets(label: str, s: Samples, ssa: bool = True) -> str:
+        """`label: vs <floor> p50 PASS (1.23x), p99 ...` for each floor measured."""
+        a = summary(s.agent)
+        floors = [("SSA floor", s.floor_ssa)] if ssa else []
+        floors.append(("merge floor" if ssa else "concurrent floor", s.floor_merge))
+        parts = []
+        for name, samples in floors:
+            f = summary(samples)
+            r50, r99 = a["p50"] / f["p50"], a["p99"] / f["p99"]
+            parts.append(
+                f"vs {name} p50 {'PASS' if r50 <= 1.5 else 'FAIL'} ({r50:.2f}x), "
+                f"p99 {'PASS' if r99 <= 3 else 'FAIL'} ({r99:.2f}x)"
+            )
+        return f"- {label}: " + "; ".join(parts)
+
     out = [
         f"### allocate_latency run {now()}",
         "",
@@ -345,15 +443,16 @@ async def _measure(
         "",
         table(heads, rows),
         "",
-        f"(info) floor with ConfigMap SSA instead: p50 {ms(floor_cm['p50'])} ms, "
-        f"p99 {ms(floor_cm['p99'])} ms",
         f"errors: {len(errors)} {sorted(set(errors))[:3]}",
         f"double claims: {doubles}; claim check problems: {problems or 'none'}; "
         f"purged by someone else: {purged}",
-        f"targets: seq p50 <= 1.5x floor: {verdict(s_seq['p50'] <= 1.5 * floor['p50'])}; "
-        f"seq p99 <= 3x floor: {verdict(s_seq['p99'] <= 3 * floor['p99'])}; "
-        f"conc p50 <= 1.5x floor: {verdict(s_conc['p50'] <= 1.5 * floor['p50'])}; "
-        f"0 double claims: {verdict(doubles == 0 and not problems)}",
+        "targets (p50 <= 1.5x floor, p99 <= 3x floor):",
+        meets("sequential, one Instance", s_seq),
+        meets(f"sequential, capacity {SMALL_CAPACITY}", s_small),
+        meets(f"{callers} at once, one Instance", s_conc, ssa=False),
+        meets(f"{callers} at once, one Instance each", s_spread, ssa=False),
+        meets("configuration level", s_vdev),
+        f"- 0 double claims: {'PASS' if doubles == 0 and not problems else 'FAIL'}",
         f"wall time {time.monotonic() - started:.0f} s",
     ]
     return "\n".join(out)

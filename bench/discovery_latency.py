@@ -1,11 +1,10 @@
 """Discovery latency: a device appears at the handler -> the kubelet stand-in sees it.
 
-    .venv/bin/python -m bench.discovery_latency [--rounds 10] [--polls 1.0,0.05]
+    .venv/bin/python -m bench.discovery_latency [--rounds 10] [--polls 0.2,0.05]
 
 An in-process agent (`run_agent`, embedded debugEcho as `benchEcho`) and a grpcio kubelet
 stand-in, for each debugEcho poll interval given (the handler stats its availability file once
-per interval; 1.0 s is the shipped value, lowered here in-process to show the pipeline's own
-latency). Two ways for devices to appear, `--devices` of them each time:
+per interval; 0.2 s is the shipped value, 0.05 s shows the pipeline's own latency). Two ways for devices to appear, `--devices` of them each time:
   toggle   the availability file goes OFFLINE (wait: the stand-in shows no healthy device),
            then ONLINE at t0 (a random phase against the poll); t = the stand-in's ListAndWatch
            shows every instance-level resource healthy (all slots) and the configuration-level
@@ -217,7 +216,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--devices", type=int, default=2)
-    p.add_argument("--polls", default="1.0,0.05")
+    p.add_argument("--polls", default="0.2,0.05")
     p.add_argument("--no-write", action="store_true", help="do not append to bench/RESULTS.md")
     args = p.parse_args()
     report = trio.run(bench, args)

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
-import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -30,11 +28,11 @@ import trio
 
 from akri_trio.kube.client import Client
 from akri_trio.kube.errors import NotFound
+from bench._agent_proc import agent_process
 from bench._common import (
     BENCH_NS,
     CONFIGURATIONS,
     INSTANCES,
-    REPO,
     bench_api,
     cluster_env,
     echo_config,
@@ -139,123 +137,103 @@ async def bench(args: argparse.Namespace) -> str:
         with tempfile.TemporaryDirectory(prefix="aks", dir="/tmp") as tmp:
             root = Path(tmp)
             kubelet = KubeletStandin(root / "dp").start() if args.kubelet else None
-            (root / "dp").mkdir(exist_ok=True)
-            cmd = [
-                sys.executable, "-m", "bench._agent_proc",
-                "--node-name", NODE,
-                "--kubeconfig", env["KUBECONFIG"],
-                "--enable-debug-echo",
-                "--debug-echo-availability", str(root / "avail"),
-                "--device-plugin-dir", str(root / "dp"),
-                "--pod-resources-socket", str(root / "pr.sock"),
-                "--discovery-handlers-directory", str(root / "akri"),
-                "--metrics-port", "-1",
-                "--log-level", "WARNING",
-            ]  # fmt: skip
-            log = (root / "agent.log").open("w")
-            proc = await trio.lowlevel.open_process(cmd, cwd=REPO, stdout=log, stderr=log)
-            pid = proc.pid
-            try:
-                await trio.sleep(args.settle)  # import, sync (nothing to do)
-                rss, _ = rss_mb(pid)
-                cpu = await cpu_percent(pid, args.idle_empty)
-                th, fds = counts(pid)
-                lines.append(["empty (synced, 0 Instances)", f"{rss:.1f}", "", f"{cpu:.2f}",
-                              str(th), str(fds), ""])  # fmt: skip
-                c0 = cpu_seconds(pid)
-                t0 = time.monotonic()
-                descr = [f"scale-{i:04d}" for i in range(n)]
-                body = echo_config("scale", descr, 1)
-                await api.create(CONFIGURATIONS, body)
-                keeper = Keeper(api, body)
-                nursery.start_soon(keeper.run)
-
-                async def all_there() -> bool:
-                    have = await count_instances(api)
-                    if time.monotonic() - progress[0] > 10:
-                        progress[0] = time.monotonic()
-                        exists = bool((await api.list(CONFIGURATIONS, namespace=BENCH_NS)).items)
-                        gone = "" if exists else " (our Configuration is GONE: purged?)"
-                        print(f"  {time.monotonic() - t0:.0f} s: {have} Instances{gone}")
-                    return have == n
-
-                progress = [time.monotonic()]
-
-                t_api = await until(all_there, args.limit)
-                t_plugins = None
-                if kubelet is not None:
-
-                    def registered(k: KubeletStandin) -> bool:
-                        return (
-                            len(k.registrations) == n + 1
-                            and sum(1 for r in k.devices if k.healthy(r)) == n + 1
-                        )
-
-                    left = max(1.0, args.limit - (time.monotonic() - t0))
-                    await trio.to_thread.run_sync(kubelet.wait_for, registered, left)
-                    t_plugins = time.monotonic() - t0
-                ramp_cpu = cpu_seconds(pid) - c0
-                await trio.sleep(args.settle)
-                rss, hwm = rss_mb(pid)
-                windows = await clean_windows(api, pid, keeper, n, args.idle, args.window)
-                th, fds = counts(pid)
-                rss2, hwm = rss_mb(pid)
-                rss = max(rss, rss2)
-                if not windows:
-                    notes.append("VOID: no idle window free of purges")
-                    windows = [float("nan")]
-                cpu = sorted(windows)[len(windows) // 2]
-                notes.append(
-                    f"idle CPU: median of {len(windows)} clean {args.window:g} s windows "
-                    f"(min {min(windows):.2f}, max {max(windows):.2f} %); "
-                    f"Configuration re-created after purges: {keeper.recreated}"
-                )
-                print(f"  settled: RSS {rss:.1f} MB, CPU {cpu:.2f} %", flush=True)
-                lines.append([f"settled, {n} Instances", f"{rss:.1f}", f"{hwm:.1f}",
-                              f"{cpu:.2f}", str(th), str(fds),
-                              "PASS" if rss < 200 and cpu < 2 else "FAIL"])  # fmt: skip
-                plugins = (
-                    ""
-                    if t_plugins is None
-                    else f", all plugins registered+healthy after {t_plugins:.1f} s"
-                )
-                print(f"  ramp: {t_api:.1f} s, plugins {t_plugins}", flush=True)
-                notes.append(
-                    f"ramp: {n} Instances in the API server after {t_api:.1f} s{plugins}; "
-                    f"agent CPU during ramp {ramp_cpu:.1f} s"
-                )
-                t0 = time.monotonic()
-                keeper.active = False
+            async with agent_process(root, env["KUBECONFIG"], NODE) as proc:
+                pid = proc.pid
                 try:
-                    await api.delete(CONFIGURATIONS, "scale", namespace=BENCH_NS)
-                except NotFound:
-                    notes.append("teardown: our Configuration had already been purged")
+                    await trio.sleep(args.settle)  # import, sync (nothing to do)
+                    rss, _ = rss_mb(pid)
+                    cpu = await cpu_percent(pid, args.idle_empty)
+                    th, fds = counts(pid)
+                    lines.append(["empty (synced, 0 Instances)", f"{rss:.1f}", "", f"{cpu:.2f}",
+                                  str(th), str(fds), ""])  # fmt: skip
+                    c0 = cpu_seconds(pid)
+                    t0 = time.monotonic()
+                    descr = [f"scale-{i:04d}" for i in range(n)]
+                    body = echo_config("scale", descr, 1)
+                    await api.create(CONFIGURATIONS, body)
+                    keeper = Keeper(api, body)
+                    nursery.start_soon(keeper.run)
 
-                async def gone() -> bool:
-                    return await count_instances(api) == 0
+                    async def all_there() -> bool:
+                        have = await count_instances(api)
+                        if time.monotonic() - progress[0] > 10:
+                            progress[0] = time.monotonic()
+                            exists = bool(
+                                (await api.list(CONFIGURATIONS, namespace=BENCH_NS)).items
+                            )
+                            gone = "" if exists else " (our Configuration is GONE: purged?)"
+                            print(f"  {time.monotonic() - t0:.0f} s: {have} Instances{gone}")
+                        return have == n
 
-                t_gone = await until(gone, args.limit)
-                rss, hwm = rss_mb(pid)
-                notes.append(
-                    f"teardown: Configuration deleted -> 0 Instances after {t_gone:.1f} s; "
-                    f"agent RSS after {rss:.1f} MB (peak {hwm:.1f} MB)"
-                )
-            finally:
-                with trio.CancelScope(shield=True):
-                    proc.send_signal(signal.SIGTERM)
-                    with trio.move_on_after(20):
-                        await proc.wait()
-                    if proc.returncode is None:
-                        proc.kill()
-                        await proc.wait()
-                if kubelet is not None:
-                    kubelet.stop()
-                log.close()
-                text = (root / "agent.log").read_text()
-                await trio.Path("/tmp/bench-scale-agent.log").write_text(text)
-                tail = text.splitlines()[-5:]
-                if tail:
-                    notes.append("agent log tail: " + " / ".join(tail)[:600])
+                    progress = [time.monotonic()]
+
+                    t_api = await until(all_there, args.limit)
+                    t_plugins = None
+                    if kubelet is not None:
+
+                        def registered(k: KubeletStandin) -> bool:
+                            return (
+                                len(k.registrations) == n + 1
+                                and sum(1 for r in k.devices if k.healthy(r)) == n + 1
+                            )
+
+                        left = max(1.0, args.limit - (time.monotonic() - t0))
+                        await trio.to_thread.run_sync(kubelet.wait_for, registered, left)
+                        t_plugins = time.monotonic() - t0
+                    ramp_cpu = cpu_seconds(pid) - c0
+                    await trio.sleep(args.settle)
+                    rss, hwm = rss_mb(pid)
+                    windows = await clean_windows(api, pid, keeper, n, args.idle, args.window)
+                    th, fds = counts(pid)
+                    rss2, hwm = rss_mb(pid)
+                    rss = max(rss, rss2)
+                    if not windows:
+                        notes.append("VOID: no idle window free of purges")
+                        windows = [float("nan")]
+                    cpu = sorted(windows)[len(windows) // 2]
+                    notes.append(
+                        f"idle CPU: median of {len(windows)} clean {args.window:g} s windows "
+                        f"(min {min(windows):.2f}, max {max(windows):.2f} %); "
+                        f"Configuration re-created after purges: {keeper.recreated}"
+                    )
+                    print(f"  settled: RSS {rss:.1f} MB, CPU {cpu:.2f} %", flush=True)
+                    lines.append([f"settled, {n} Instances", f"{rss:.1f}", f"{hwm:.1f}",
+                                  f"{cpu:.2f}", str(th), str(fds),
+                                  "PASS" if rss < 200 and cpu < 2 else "FAIL"])  # fmt: skip
+                    plugins = (
+                        ""
+                        if t_plugins is None
+                        else f", all plugins registered+healthy after {t_plugins:.1f} s"
+                    )
+                    print(f"  ramp: {t_api:.1f} s, plugins {t_plugins}", flush=True)
+                    notes.append(
+                        f"ramp: {n} Instances in the API server after {t_api:.1f} s{plugins}; "
+                        f"agent CPU during ramp {ramp_cpu:.1f} s"
+                    )
+                    t0 = time.monotonic()
+                    keeper.active = False
+                    try:
+                        await api.delete(CONFIGURATIONS, "scale", namespace=BENCH_NS)
+                    except NotFound:
+                        notes.append("teardown: our Configuration had already been purged")
+
+                    async def gone() -> bool:
+                        return await count_instances(api) == 0
+
+                    t_gone = await until(gone, args.limit)
+                    rss, hwm = rss_mb(pid)
+                    notes.append(
+                        f"teardown: Configuration deleted -> 0 Instances after {t_gone:.1f} s; "
+                        f"agent RSS after {rss:.1f} MB (peak {hwm:.1f} MB)"
+                    )
+                finally:
+                    if kubelet is not None:
+                        kubelet.stop()
+                    text = (root / "agent.log").read_text()
+                    await trio.Path("/tmp/bench-scale-agent.log").write_text(text)
+                    tail = text.splitlines()[-5:]
+                    if tail:
+                        notes.append("agent log tail: " + " / ".join(tail)[:600])
         await purge_namespace(api, limit_s=args.limit)
         nursery.cancel_scope.cancel()
     heads = ["phase", "RSS MB", "peak MB", "CPU % (1 core)", "threads", "fds", "target"]

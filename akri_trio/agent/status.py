@@ -57,7 +57,7 @@ def node_entry(
     to_wall: Callable[[float], str],
 ) -> JSON:
     """The status entry for `node`; `previous` is its current entry (or None)."""
-    prev_conditions = {c["type"]: c for c in (previous or {}).get("conditions", [])}
+    prev_conditions = {c["type"]: c for c in (previous or {}).get("conditions") or []}
     if unsolvable is not None:
         props = _condition(
             "PropertiesResolved", False, "UnsolvableProperty", unsolvable, prev_conditions, now

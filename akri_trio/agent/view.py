@@ -1,10 +1,11 @@
 """What this node's agent knows right now: the cluster's Instances and its own devices.
 
 Two sources feed it — the Instance watch (what the cluster says) and this node's discovery (which
-devices it can reach) — and every device plugin reads from it. One version counter tells all
-readers "something changed": a ListAndWatch stream recomputes its answer and sends it only when
-it differs, so a change to one Instance costs each plugin one cheap recomputation and the
-kubelet sees only real changes. Writes that this agent makes (claims) are folded in from the
+devices it can reach) — and every device plugin reads from it. Version counters tell readers
+"something you read changed": per key (an Instance, a Configuration) for the plugins' ListAndWatch
+streams, which recompute their answer and send it only when it differs, and `membership` for the
+plugin manager, which ticks only when the set of plugins to run may change — not on the claims
+that make up most of the traffic. Writes that this agent makes (claims) are folded in from the
 API server's answer at once, so the kubelet hears about a claim without waiting for the watch.
 """
 
@@ -49,15 +50,22 @@ def _resource_version(obj: Mapping[str, Any]) -> int:
         return 0
 
 
+def _membership(inst: Instance) -> tuple[object, ...]:
+    """What of an Instance decides which plugins run (see PluginManager)."""
+    return inst.spec.nodes, inst.metadata.deletion_timestamp, inst.spec.configuration_name
+
+
 class NodeView:
-    """`changes` ticks on every change; `changes_of(key)` only on changes that concern `key`:
+    """`membership` ticks when an Instance appears, goes, or changes its nodes, deletion or
+    Configuration, and when a device appears or goes; `changes_of(key)` on every change that
+    concerns `key`:
     an Instance key (`ns/instance`) or a Configuration key (`ns/config`, ticked when any of its
     Instances or its devices change). A plugin waits on its own key, so a write to one Instance
     wakes the plugins of that Instance and its Configuration, not every plugin on the node."""
 
     def __init__(self, node: str) -> None:
         self.node = node
-        self.changes = Changes()
+        self.membership = Changes()
         self._keyed: dict[str, Changes] = {}
         self._instances: dict[str, Instance] = {}
         self._gone: dict[str, int] = {}  # key -> resourceVersion at which it was deleted
@@ -77,10 +85,11 @@ class NodeView:
     def touch(self, *keys: str) -> None:
         """Tell the waiters on `keys` to look again (something they read besides the view
         changed, e.g. which Instances a configuration plugin serves)."""
-        self._notify(*keys)
+        self._notify(*keys, membership=False)
 
-    def _notify(self, *keys: str) -> None:
-        self.changes.notify()
+    def _notify(self, *keys: str, membership: bool = True) -> None:
+        if membership:
+            self.membership.notify()
         for key in keys:
             changes = self._keyed.get(key)
             if changes is not None:
@@ -124,7 +133,9 @@ class NodeView:
         if held != inst:
             self._instances[key] = inst
             configs = {self._config_key(inst)} | ({self._config_key(held)} if held else set())
-            self._notify(key, *configs)
+            self._notify(
+                key, *configs, membership=held is None or _membership(held) != _membership(inst)
+            )
         return inst
 
     def drop_instance(self, key: str) -> None:

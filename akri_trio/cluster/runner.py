@@ -283,7 +283,7 @@ def _node_ready(c: httpx.Client, node: str) -> bool:
     r = c.get(f"/api/v1/nodes/{node}")
     if r.status_code != 200:
         return False
-    conds = r.json().get("status", {}).get("conditions", [])
+    conds = (r.json().get("status") or {}).get("conditions") or []
     return any(x["type"] == "Ready" and x["status"] == "True" for x in conds)
 
 

@@ -99,7 +99,7 @@ def load_mapping(text: str) -> dict[str, Any]:
     if doc is None:
         return {}
     if not isinstance(doc, dict):
-        raise InvalidDetails(None, f"must be a mapping, got {_kind(doc)}")
+        raise InvalidDetails(None, f"must be a mapping, got {describe_kind(doc)}")
     return doc
 
 
@@ -112,14 +112,14 @@ def required_str_list(doc: Mapping[str, Any], field: str) -> tuple[str, ...]:
 
 def str_list(value: Any, field: str) -> tuple[str, ...]:
     if not isinstance(value, list):
-        raise InvalidDetails(field, f"must be a list of strings, got {_kind(value)}")
+        raise InvalidDetails(field, f"must be a list of strings, got {describe_kind(value)}")
     for i, item in enumerate(value):
         if not isinstance(item, str):
-            raise InvalidDetails(f"{field}[{i}]", f"must be a string, got {_kind(item)}")
+            raise InvalidDetails(f"{field}[{i}]", f"must be a string, got {describe_kind(item)}")
     return tuple(value)
 
 
-def _kind(value: Any) -> str:
+def describe_kind(value: Any) -> str:
     names = {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean"}
     if value is None:
         return "null"

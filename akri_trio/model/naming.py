@@ -7,6 +7,7 @@ byte, or Configurations and brokers written for upstream stop working. Pure func
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from typing import Final
@@ -67,10 +68,26 @@ class BadId(ValueError):
     """A slot or vdev id that does not have the `<name>-<non-negative int>` shape."""
 
 
+def _is_index(text: str) -> bool:
+    """Canonical decimal: ASCII digits (str.isdigit alone admits '²', which int() refuses),
+    no leading zero."""
+    return text.isascii() and text.isdigit() and (len(text) == 1 or text[0] != "0")
+
+
+def index_after(prefix: str, device_id: str) -> int | None:
+    """`i` if `device_id` is exactly `<prefix>-<i>`, else None: split_indexed for one known
+    name, without building the pair (it runs for every deviceUsage key on every change)."""
+    n = len(prefix)
+    if len(device_id) <= n + 1 or device_id[n] != "-" or not device_id.startswith(prefix):
+        return None
+    index = device_id[n + 1 :]
+    return int(index) if _is_index(index) else None
+
+
 def split_indexed(device_id: str) -> tuple[str, int]:
     """`"cam-8120fe-1"` -> `("cam-8120fe", 1)`: upstream parses ids with rsplit_once('-')."""
     name, sep, index = device_id.rpartition("-")
-    if not sep or not name or not index.isdigit() or (len(index) > 1 and index[0] == "0"):
+    if not sep or not name or not _is_index(index):
         raise BadId(f"not a '<name>-<index>' device id: {device_id!r}")
     return name, int(index)
 
@@ -110,9 +127,13 @@ Usage = Free | NodeClaim | ConfigClaim
 FREE: Final = Free()
 
 
+@functools.lru_cache(maxsize=4096)
 def parse_usage(value: str) -> Usage:
     """Decode a deviceUsage value. Values written by other tools that we cannot decode are
-    treated as held by that opaque owner (a NodeClaim of the raw value): never as free."""
+    treated as held by that opaque owner (a NodeClaim of the raw value): never as free.
+
+    Cached: a cluster has few distinct values (one per node, one per held vdev) and every
+    ListAndWatch recomputation decodes them all; the results are frozen, so sharing is safe."""
     if value == "":
         return FREE
     if value.startswith("C:"):

@@ -7,7 +7,13 @@ check: Instances, status, write-only-on-change, Allocate claims, configuration-l
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
+import sys
 import tempfile
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +24,7 @@ import pytest
 import trio
 
 from akri_trio.agent.run import Agent, AgentSettings, run_agent
+from akri_trio.cluster import procs
 from akri_trio.kube.client import Client
 from tests.support.akri_cluster import (
     CONFIGURATIONS,
@@ -257,7 +264,7 @@ async def _node_status(api: Client, config: str) -> dict[str, Any]:
 
 
 def _conditions(entry: dict[str, Any]) -> dict[str, tuple[str, str]]:
-    return {c["type"]: (c["status"], c["message"]) for c in entry.get("conditions", [])}
+    return {c["type"]: (c["status"], c["message"]) for c in (entry.get("conditions") or [])}
 
 
 async def test_invalid_details_show_in_the_configuration_status(akri: Client, nodes: Any) -> None:
@@ -352,3 +359,67 @@ async def test_concurrent_allocates_on_one_device_share_writes(akri: Client, nod
     assert after["spec"]["deviceUsage"] == {f"{inst}-{i}": "node-a" for i in range(n)}
     # Every spec write bumps the generation: group commit needs far fewer than one per call.
     assert after["metadata"]["generation"] - before < n
+
+
+def _kill_apiserver(cluster_dir: Path) -> None:
+    rec = procs.running(cluster_dir / "pids" / "kube-apiserver.pid")
+    assert rec is not None, "kube-apiserver is not running"
+    os.kill(rec.pid, signal.SIGKILL)
+    while procs.is_alive(rec):
+        time.sleep(0.05)
+
+
+def _cluster_up() -> None:
+    subprocess.run([sys.executable, "-m", "akri_trio", "cluster", "up"], check=True, timeout=300)
+
+
+async def test_api_server_outage_serves_from_cache_and_recovers(
+    akri: Client, nodes: Any, cluster: dict[str, str]
+) -> None:
+    """The kube-apiserver is killed under a running agent and started again: meanwhile the
+    plugins keep serving the kubelet from the cache and Allocate fails cleanly (nothing claimed
+    without a write); afterwards the same agent claims, sees new Configurations, and no plugin
+    was ever restarted."""
+    node = await nodes("node-a")
+    inst, config_res = "out-da7ab9", "akri.sh/out"
+    await akri.create(CONFIGURATIONS, debug_echo_config("out", NS, ["c0"], capacity=3))
+    await node.wait(lambda k: len(k.healthy(f"akri.sh/{inst}")) == 3)
+    await node.wait(lambda k: k.healthy(config_res) == ["out-0"])  # one vdev per device
+    await node.allocate(f"akri.sh/{inst}", [[f"{inst}-0"]])
+    streams = dict(node.kubelet.streams_opened)
+    try:
+        await trio.to_thread.run_sync(_kill_apiserver, Path(cluster["AKRI_TRIO_CLUSTER_DIR"]))
+        # Allocate: refused at once with UNAVAILABLE, whichever plugin is asked.
+        with trio.fail_after(30):
+            for resource, ids in ((f"akri.sh/{inst}", [f"{inst}-1"]), (config_res, ["out-0"])):
+                with pytest.raises(grpc.RpcError) as refused:
+                    await node.allocate(resource, [ids])
+                assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+                assert "nothing claimed" in refused.value.details()
+        # Serving from the cache: the streams stay open, the devices stay listed and healthy,
+        # and GetPreferredAllocation still answers (a few seconds of the outage, watched).
+        with contextlib.suppress(TimeoutError):  # the change we watch for must not come
+            await trio.to_thread.run_sync(
+                node.kubelet.wait_for,
+                lambda k: len(k.healthy(f"akri.sh/{inst}")) != 3 or k.streams_opened != streams,
+                3.0,
+            )
+        assert node.kubelet.streams_opened == streams
+        assert len(node.kubelet.healthy(f"akri.sh/{inst}")) == 3
+        assert node.kubelet.healthy(config_res) == ["out-0"]
+        chosen = await trio.to_thread.run_sync(node.kubelet.preferred, config_res, ["out-0"], 1)
+        assert chosen == ["out-0"]
+    finally:
+        await trio.to_thread.run_sync(_cluster_up)
+    # Recovery, same agent: the refused claim left nothing, a new claim holds.
+    usage = (await akri.get(INSTANCES, inst, namespace=NS))["spec"]["deviceUsage"]
+    assert usage == {f"{inst}-0": "node-a"}
+    await node.allocate(f"akri.sh/{inst}", [[f"{inst}-1"]])
+    usage = (await akri.get(INSTANCES, inst, namespace=NS))["spec"]["deviceUsage"]
+    assert usage == {f"{inst}-0": "node-a", f"{inst}-1": "node-a"}
+    # The watches resumed (within their capped backoff): a new Configuration gets served.
+    await akri.create(CONFIGURATIONS, debug_echo_config("later", NS, ["c0"]))
+    await trio.to_thread.run_sync(
+        node.kubelet.wait_for, lambda k: len(k.healthy("akri.sh/later")) == 1, 60.0
+    )
+    assert all(node.kubelet.streams_opened[r] == n for r, n in streams.items())

@@ -85,7 +85,7 @@ async def test_bad_details_of_every_handler_show_in_the_status(
                 obj = await akri.get(CONFIGURATIONS, f"bad-{handler}", namespace=NS)
                 entries = (obj.get("status") or {}).get("nodes") or []
                 conditions = {
-                    c["type"]: c for c in (entries[0] if entries else {}).get("conditions", [])
+                    c["type"]: c for c in (entries[0] if entries else {}).get("conditions") or []
                 }
                 valid = conditions.get("DiscoveryDetailsValid")
                 if valid and valid["status"] == "False":

@@ -740,7 +740,7 @@ async def test_agent_restart_keeps_claims_until_handlers_reregister(
         async def status_written() -> bool:
             config = await ns.get(CONFIGURATIONS, "keep", namespace=NS)
             entries = (config.get("status") or {}).get("nodes") or []
-            conditions = [c for e in entries for c in e.get("conditions", [])]
+            conditions = [c for e in entries for c in (e.get("conditions") or [])]
             return any(
                 c["type"] == "HandlerAvailable" and c["status"] == "False" for c in conditions
             )

@@ -13,6 +13,7 @@ from akri_trio.agent.plugins.slots import (
     SlotError,
     SlotTaken,
     claim,
+    claimable_count,
     claimable_slots,
     free,
     held_slots,
@@ -20,7 +21,7 @@ from akri_trio.agent.plugins.slots import (
     merge_patch,
     node_slots,
 )
-from akri_trio.model.naming import NodeClaim
+from akri_trio.model.naming import FREE, NodeClaim, parse_usage, slot_id
 
 INST = "akri-onvif-8120fe"
 S0, S1, S2 = f"{INST}-0", f"{INST}-1", f"{INST}-2"
@@ -345,3 +346,52 @@ def test_every_healthy_free_slot_is_claimable(capacity: int, held: dict[int, str
                 # what the view offers, claim accepts: the kubelet is not lied to
                 new = claim(usage, [device.id], viewer, instance=INST, capacity=capacity)
                 assert new[device.id] == viewer
+
+
+# --- the sparse implementations against the obvious ones ---------------------------------------
+
+
+def _claimable_by_scan(capacity: int, usage: dict[str, str]) -> list[str]:
+    """The definition, slot by slot over the capacity (what slots.py did before it walked the
+    sparse map instead)."""
+    budget = capacity - len(held_slots(INST, usage))
+    free_ids = [
+        slot_id(INST, i)
+        for i in range(max(capacity, 0))
+        if parse_usage(usage.get(slot_id(INST, i), "")) == FREE
+    ]
+    return free_ids[: max(budget, 0)]
+
+
+def _devices_by_scan(capacity: int, usage: dict[str, str], node: str) -> list[DeviceView]:
+    claimable = set(_claimable_by_scan(capacity, usage))
+    out = []
+    for i in range(max(capacity, 0)):
+        sid = slot_id(INST, i)
+        holder = parse_usage(usage.get(sid, ""))
+        healthy = sid in claimable if holder == FREE else holder == NodeClaim(node)
+        out.append(DeviceView(sid, healthy))
+    return out
+
+
+USAGE_KEYS = st.one_of(
+    st.integers(0, 7).map(lambda i: slot_id(INST, i)),  # slots, orphans beyond capacity too
+    # not slots of INST
+    st.sampled_from([f"{INST}-01", f"{INST}-x", f"{INST}-²", "other-inst-0", INST, ""]),
+)
+USAGE_VALUES = st.sampled_from(["", *NODES, "C:cfg-0:node-a", "C:cfg-1:node-b", "C:bad"])
+
+
+@settings(max_examples=1000)
+@given(
+    capacity=st.integers(-1, 6),
+    usage=st.dictionaries(USAGE_KEYS, USAGE_VALUES, max_size=8),
+    node=st.sampled_from(NODES),
+)
+def test_sparse_walk_equals_the_slot_by_slot_definition(
+    capacity: int, usage: dict[str, str], node: str
+) -> None:
+    expected = _claimable_by_scan(capacity, usage)
+    assert claimable_slots(INST, capacity, usage) == expected
+    assert claimable_count(INST, capacity, usage) == len(expected)
+    assert instance_devices(INST, capacity, usage, node) == _devices_by_scan(capacity, usage, node)

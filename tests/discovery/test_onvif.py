@@ -12,12 +12,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from lxml import etree
 
+from akri_trio.discovery.filters import FilterList
 from akri_trio.discovery.handlers.onvif import (
     DEVICE_UUID,
     IP_ADDRESS,
     MAC_ADDRESS,
     SERVICE_URL,
-    FilterList,
     Onvif,
     OnvifDetails,
     device_id,

@@ -1,4 +1,4 @@
-"""opcua's pure core: discoveryDetails as upstream writes them, FilterList, the URL choice
+"""opcua's pure core: discoveryDetails as upstream writes them, the URL choice
 (first opc.tcp, the #624 host rebuild), de-duplication and the device shape."""
 
 from __future__ import annotations
@@ -9,17 +9,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from akri_trio.discovery.filters import FilterList
 from akri_trio.discovery.handlers import opcua
 from akri_trio.discovery.handlers.opcua import (
     APPLICATION_TYPE_SERVER,
     DEFAULT_DISCOVERY_URLS,
     PROPERTY,
     Application,
-    FilterAction,
-    FilterList,
     Opcua,
     OpcuaDetails,
-    admits,
     devices_for,
     endpoint_of,
     merged,
@@ -59,13 +57,13 @@ def test_full_details_and_filter_defaults() -> None:
     """
     assert parse_details(text) == OpcuaDetails(
         ("opc.tcp://10.0.0.1:4840/", "opc.tcp://lds.example:50000", "opc.tcp://h"),
-        FilterList(("a", "b"), FilterAction.INCLUDE),
+        FilterList(("a", "b"), "Include"),
     )
     exclude = parse_details(
         "opcuaDiscoveryMethod: {standard: {discoveryUrls: []}}\n"
         "applicationNames: {items: [], action: Exclude}"
     )
-    assert exclude == OpcuaDetails((), FilterList((), FilterAction.EXCLUDE))
+    assert exclude == OpcuaDetails((), FilterList((), "Exclude"))
 
 
 @pytest.mark.parametrize(
@@ -159,23 +157,6 @@ def test_registered_in_builtin() -> None:
     assert isinstance(load_handler("opcua", {}), Opcua)
 
 
-# ---- FilterList -----------------------------------------------------------------------------
-
-names = st.text(max_size=6)
-
-
-@given(st.lists(names, max_size=5), names)
-def test_filter_list_is_exact_membership(items: list[str], name: str) -> None:
-    inside = name in items
-    assert FilterList(tuple(items), FilterAction.INCLUDE).admits(name) is inside
-    assert FilterList(tuple(items), FilterAction.EXCLUDE).admits(name) is not inside
-    assert admits(None, name)
-
-
-def test_filter_is_case_sensitive_like_upstream() -> None:
-    assert not FilterList(("Server",)).admits("server")
-
-
 # ---- URL choice -----------------------------------------------------------------------------
 
 
@@ -203,7 +184,7 @@ def test_selected_urls_keeps_servers_passing_the_filter() -> None:
     ]
     assert selected_urls(apps, None) == ["opc.tcp://h:1/", "opc.tcp://h:6/"]
     assert selected_urls(apps, FilterList(("b", "client"))) == ["opc.tcp://h:6/"]
-    assert selected_urls(apps, FilterList(("b",), FilterAction.EXCLUDE)) == ["opc.tcp://h:1/"]
+    assert selected_urls(apps, FilterList(("b",), "Exclude")) == ["opc.tcp://h:1/"]
 
 
 @pytest.mark.parametrize(

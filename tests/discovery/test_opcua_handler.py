@@ -19,10 +19,9 @@ import pytest
 import trio
 
 from akri_trio.discovery.aio_bridge import AioBridge
+from akri_trio.discovery.filters import FilterList
 from akri_trio.discovery.handlers.opcua import (
     PROPERTY,
-    FilterAction,
-    FilterList,
     Opcua,
     OpcuaDetails,
     parse_details,
@@ -180,9 +179,9 @@ async def test_lds_lists_registered_servers_filtered_and_rebuilt(
 
         # the LDS itself (a DiscoveryServer) and c are not devices
         assert sorted(await handler.discover_once(details(lds_url))) == sorted([a, b, d])
-        include_a = FilterList(("a",), FilterAction.INCLUDE)
+        include_a = FilterList(("a",), "Include")
         assert await handler.discover_once(details(lds_url, names=include_a)) == [a]
-        exclude_a = FilterList(("a", "zzz"), FilterAction.EXCLUDE)
+        exclude_a = FilterList(("a", "zzz"), "Exclude")
         excluded = await handler.discover_once(details(lds_url, names=exclude_a))
         assert sorted(excluded) == sorted([b, d])
         # a server's own URL works as a discovery URL; seen twice, it is one device

@@ -124,7 +124,7 @@ def widgets_crd(kubeconfig: Path) -> str:
             with trio.fail_after(30):
                 while True:
                     crd = await client.get(CRDS, "widgets.test.akri.sh")
-                    conditions = crd.get("status", {}).get("conditions", [])
+                    conditions = (crd.get("status") or {}).get("conditions") or []
                     established = any(
                         c["type"] == "Established" and c["status"] == "True" for c in conditions
                     )

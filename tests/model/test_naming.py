@@ -45,10 +45,21 @@ def test_split_indexed_inverts_slot_id(name: str, index: int) -> None:
     assert naming.split_indexed(naming.slot_id(name, index)) == (name, index)
 
 
-@pytest.mark.parametrize("bad", ["", "abc", "abc-", "-1", "abc-x", "abc-01"])
+@pytest.mark.parametrize("bad", ["", "abc", "abc-", "-1", "abc-x", "abc-01", "abc-²", "abc-٣"])
 def test_split_indexed_rejects_malformed_ids(bad: str) -> None:
     with pytest.raises(naming.BadId):
         naming.split_indexed(bad)
+
+
+@given(st.sampled_from(["abc", "a-b", "abc-1"]), st.text(max_size=12))
+def test_index_after_agrees_with_split_indexed(prefix: str, text: str) -> None:
+    for device_id in (text, f"{prefix}{text}", f"{prefix}-{text}"):
+        try:
+            name, index = naming.split_indexed(device_id)
+            expected = index if name == prefix else None
+        except naming.BadId:
+            expected = None
+        assert naming.index_after(prefix, device_id) == expected
 
 
 @pytest.mark.parametrize(

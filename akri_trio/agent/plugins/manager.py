@@ -139,7 +139,7 @@ class PluginManager:
             started = False
             version = -1
             while True:
-                version = self.view.changes.version
+                version = self.view.membership.version
                 desired = self._desired()
                 touched: set[str] = set()
                 for plugin in list(self.running):
@@ -159,7 +159,7 @@ class PluginManager:
                 if not started:
                     task_status.started()
                     started = True
-                await self.view.changes.wait_past(version)
+                await self.view.membership.wait_past(version)
 
 
 def _start_order(plugin: Plugin) -> tuple[int, str]:

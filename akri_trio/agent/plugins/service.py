@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Protocol
 
 import purerpc
+import trio
 
 from akri_trio.agent.plugins import slots, vdevs
 from akri_trio.agent.plugins.claims import ClaimFailed, Claims, InstanceGone
@@ -32,6 +33,10 @@ from akri_trio.rpc.gen import deviceplugin_v1beta1_pb2 as dp
 log = logging.getLogger(__name__)
 
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
+# A ListAndWatch stream waits this long after a change before it recomputes: the Allocate that
+# caused the change sends its answer first (it is on the pod's admission path; the device list
+# is not), and a burst of claims costs one recomputation instead of one each.
+SETTLE_S = 0.002
 AllocateObserver = Callable[[str, str, float], None]  # (plugin kind, outcome, seconds)
 
 
@@ -221,6 +226,7 @@ class DevicePluginService(dp_grpc.DevicePluginServicer):
                     ]
                 )
             await changes.wait_past(version)
+            await trio.sleep(SETTLE_S)
 
     async def GetPreferredAllocation(
         self, request: dp.PreferredAllocationRequest

@@ -34,9 +34,9 @@ import attrs
 
 from akri_trio.model.naming import (
     FREE,
-    BadId,
     NodeClaim,
     Usage,
+    index_after,
     parse_usage,
     slot_id,
     split_indexed,
@@ -94,11 +94,7 @@ class InstanceSlots:
 
 def slot_index(instance: str, slot: str) -> int | None:
     """The index `i` if `slot` is `<instance>-<i>`, else None (whatever the capacity)."""
-    try:
-        name, index = split_indexed(slot)
-    except BadId:
-        return None
-    return index if name == instance else None
+    return index_after(instance, slot)
 
 
 def held_slots(instance: str, usage: Mapping[str, str]) -> dict[str, Usage]:
@@ -113,19 +109,41 @@ def held_slots(instance: str, usage: Mapping[str, str]) -> dict[str, Usage]:
     return held
 
 
+def _held_indices(instance: str, usage: Mapping[str, str]) -> dict[int, Usage]:
+    """Index -> holder of every held slot of `instance` (orphans beyond capacity included).
+    Walks the sparse map once, so the cost follows the number of claims, not the capacity."""
+    held: dict[int, Usage] = {}
+    for key, value in usage.items():
+        index = slot_index(instance, key)
+        if index is not None:
+            holder = parse_usage(value)
+            if holder != FREE:
+                held[index] = holder
+    return held
+
+
 def claimable_slots(instance: str, capacity: int, usage: Mapping[str, str]) -> list[str]:
     """The free slots a new claim may take, lowest index first.
 
     Normally every free slot below capacity; after a capacity cut left orphans held, only as many
     as keep the held count within capacity.
     """
-    budget = capacity - len(held_slots(instance, usage))
-    free_ids = [
-        slot_id(instance, i)
-        for i in range(max(capacity, 0))
-        if parse_usage(usage.get(slot_id(instance, i), "")) == FREE
-    ]
-    return free_ids[: max(budget, 0)]
+    held = _held_indices(instance, usage)
+    budget = capacity - len(held)
+    free_ids: list[str] = []
+    for i in range(max(capacity, 0)):
+        if len(free_ids) >= budget:
+            break
+        if i not in held:
+            free_ids.append(slot_id(instance, i))
+    return free_ids
+
+
+def claimable_count(instance: str, capacity: int, usage: Mapping[str, str]) -> int:
+    """`len(claimable_slots(...))` without listing them."""
+    held = _held_indices(instance, usage)
+    free_below = capacity - sum(1 for i in held if i < capacity)
+    return max(0, min(capacity - len(held), free_below))
 
 
 def claim(
@@ -200,14 +218,17 @@ def instance_devices(
     healthy; held by another node or by any configuration-level claim -> unhealthy. Plus ours:
     a free slot beyond the claimable budget (capacity cut, see module doc) is unhealthy.
     """
-    claimable = set(claimable_slots(instance, capacity, usage))
+    held = _held_indices(instance, usage)
+    budget = capacity - len(held)  # how many free slots may still be claimed
     mine = NodeClaim(node)
     devices: list[DeviceView] = []
     for i in range(max(capacity, 0)):
-        sid = slot_id(instance, i)
-        holder = parse_usage(usage.get(sid, ""))
-        healthy = sid in claimable if holder == FREE else holder == mine
-        devices.append(DeviceView(sid, healthy))
+        holder = held.get(i)
+        if holder is None:
+            devices.append(DeviceView(slot_id(instance, i), budget > 0))
+            budget -= 1
+        else:
+            devices.append(DeviceView(slot_id(instance, i), holder == mine))
     return devices
 
 

@@ -30,7 +30,13 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
-from akri_trio.agent.plugins.slots import DeviceView, InstanceSlots, claimable_slots, slot_index
+from akri_trio.agent.plugins.slots import (
+    DeviceView,
+    InstanceSlots,
+    claimable_count,
+    claimable_slots,
+    slot_index,
+)
 from akri_trio.model.naming import (
     BadId,
     ConfigClaim,
@@ -129,7 +135,7 @@ def config_devices(
     """
     held = vdev_holdings(instances, node)
     room = sum(
-        1 for name, inst in instances.items() if claimable_slots(name, inst.capacity, inst.usage)
+        1 for name, inst in instances.items() if claimable_count(name, inst.capacity, inst.usage)
     )
     ids = set(held)
     n = 0
@@ -201,7 +207,7 @@ def allocate(
             for name in sorted(usage):
                 if name in users:
                     continue
-                room = len(claimable_slots(name, instances[name].capacity, usage[name]))
+                room = claimable_count(name, instances[name].capacity, usage[name])
                 if room and (best is None or room > best[0]):
                     best = (room, name)
             if best is None:
@@ -286,7 +292,7 @@ def preferred_allocation(
         keep = _reusable(instances, places or [])
         if keep is not None:
             inst = instances[keep[0]]
-            return 0, len(claimable_slots(keep[0], inst.capacity, inst.usage)), _vdev_order(vdev)
+            return 0, claimable_count(keep[0], inst.capacity, inst.usage), _vdev_order(vdev)
         return (1 if places else 2), 0, _vdev_order(vdev)
 
     candidates = sorted(set(available) - set(chosen), key=preference)

@@ -18,11 +18,12 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Final, Literal
+from typing import Final
 
 import attrs
 import trio
 
+from akri_trio.discovery.filters import FilterList, parse_filter_list, passes
 from akri_trio.discovery.handlers.onvif_device import (
     AuthenticationFailed,
     Credential,
@@ -46,9 +47,8 @@ from akri_trio.discovery.interface import (
     InvalidDetails,
     Properties,
     Send,
-    _kind,
+    describe_kind,
     load_mapping,
-    required_str_list,
 )
 from akri_trio.model.device import Device
 
@@ -65,14 +65,6 @@ DEVICE_TIMEOUT_ENV: Final = "ONVIF_DEVICE_TIMEOUT_SECONDS"
 DEFAULT_POLL_INTERVAL: Final = 10.0
 DEFAULT_DEVICE_TIMEOUT: Final = 5.0
 
-Action = Literal["Include", "Exclude"]
-
-
-@attrs.frozen
-class FilterList:
-    items: tuple[str, ...]
-    action: Action = "Include"
-
 
 @attrs.frozen
 class OnvifDetails:
@@ -86,35 +78,20 @@ class OnvifDetails:
 # ---- details (pure) -----------------------------------------------------------------------------
 
 
-def _filter_list(doc: Mapping[str, Any], field: str) -> FilterList | None:
-    value = doc.get(field)
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise InvalidDetails(field, f"must be a mapping with items and action, got {_kind(value)}")
-    try:
-        items = required_str_list(value, "items")
-    except InvalidDetails as exc:  # it names the field relative to the FilterList
-        raise InvalidDetails(f"{field}.{exc.field}", exc.problem) from None
-    action = value.get("action", "Include")
-    if action not in ("Include", "Exclude"):
-        raise InvalidDetails(f"{field}.action", f"must be Include or Exclude, got {action!r}")
-    return FilterList(items, action)
-
-
 def parse_details(text: str) -> OnvifDetails:
     """Upstream's OnvifDiscoveryDetails (camelCase keys; unknown keys ignored, as serde)."""
     doc = load_mapping(text)
     timeout = doc.get("discoveryTimeoutSeconds", 1)
     if isinstance(timeout, bool) or not isinstance(timeout, int):
-        raise InvalidDetails("discoveryTimeoutSeconds", f"must be an integer, got {_kind(timeout)}")
+        problem = f"must be an integer, got {describe_kind(timeout)}"
+        raise InvalidDetails("discoveryTimeoutSeconds", problem)
     if timeout <= 0:
         raise InvalidDetails("discoveryTimeoutSeconds", f"must be positive, got {timeout}")
     return OnvifDetails(
-        ip_addresses=_filter_list(doc, "ipAddresses"),
-        mac_addresses=_filter_list(doc, "macAddresses"),
-        scopes=_filter_list(doc, "scopes"),
-        uuids=_filter_list(doc, "uuids"),
+        ip_addresses=parse_filter_list(doc, "ipAddresses"),
+        mac_addresses=parse_filter_list(doc, "macAddresses"),
+        scopes=parse_filter_list(doc, "scopes"),
+        uuids=parse_filter_list(doc, "uuids"),
         discovery_timeout_seconds=timeout,
     )
 
@@ -122,30 +99,24 @@ def parse_details(text: str) -> OnvifDetails:
 # ---- filters (pure) -----------------------------------------------------------------------------
 
 
-def _passes(filter_list: FilterList | None, matched: bool) -> bool:
-    if filter_list is None:
-        return True
-    return matched if filter_list.action == "Include" else not matched
-
-
 def passes_filter(filter_list: FilterList | None, values: Iterable[str | None]) -> bool:
     """Case-insensitive equality (upstream's ip/mac rule): Include keeps a device when one of
     its values equals an item, Exclude drops it then. An unknown value (None) matches nothing."""
     wanted = {item.lower() for item in filter_list.items} if filter_list else set()
     matched = any(v is not None and v.lower() in wanted for v in values)
-    return _passes(filter_list, matched)
+    return passes(filter_list, matched)
 
 
 def passes_scopes(filter_list: FilterList | None, scopes: Iterable[str]) -> bool:
     """Scopes match exactly, token by token (a scope URI is case-sensitive in its path)."""
     wanted = set(filter_list.items) if filter_list else set()
-    return _passes(filter_list, any(s in wanted for s in scopes))
+    return passes(filter_list, any(s in wanted for s in scopes))
 
 
 def passes_uuid(filter_list: FilterList | None, device_uuid: str) -> bool:
     """uuids are compared normalized, so `urn:uuid:ABC` in a Configuration matches `abc`."""
     wanted = {normalize_uuid(i) for i in filter_list.items} if filter_list else set()
-    return _passes(filter_list, normalize_uuid(device_uuid) in wanted)
+    return passes(filter_list, normalize_uuid(device_uuid) in wanted)
 
 
 def probe_filter(details: OnvifDetails, match: ProbeMatch) -> bool:

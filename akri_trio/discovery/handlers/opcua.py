@@ -38,7 +38,6 @@ asyncua is asyncio-only: its FindServers runs on the process's one asyncio bridg
 
 from __future__ import annotations
 
-import enum
 import logging
 import os
 import socket
@@ -52,6 +51,7 @@ import trio
 
 from akri_trio.discovery import aio_bridge
 from akri_trio.discovery.aio_bridge import AioBridge, BridgeStopped
+from akri_trio.discovery.filters import FilterList, admits, parse_filter_list
 from akri_trio.discovery.interface import InvalidDetails, Properties, Send, load_mapping, str_list
 from akri_trio.model.device import Device
 
@@ -70,43 +70,6 @@ T = TypeVar("T")
 
 
 # ---- details (pure) -----------------------------------------------------------------------------
-
-
-class FilterAction(enum.Enum):
-    INCLUDE = "Include"
-    EXCLUDE = "Exclude"
-
-
-@attrs.frozen
-class FilterList:
-    """Upstream's `akri_discovery_utils::filtering::FilterList`: exact string matches."""
-
-    items: tuple[str, ...]
-    action: FilterAction = FilterAction.INCLUDE
-
-    def admits(self, item: str) -> bool:
-        return (item in self.items) == (self.action is FilterAction.INCLUDE)
-
-
-def admits(filter_list: FilterList | None, item: str) -> bool:
-    """Upstream's `should_include`: no filter admits everything."""
-    return filter_list is None or filter_list.admits(item)
-
-
-def parse_filter_list(value: Any, field: str) -> FilterList:
-    if not isinstance(value, dict):
-        raise InvalidDetails(field, "must be a mapping with `items` and optional `action`")
-    if value.get("items") is None:
-        raise InvalidDetails(f"{field}.items", "is required")
-    items = str_list(value["items"], f"{field}.items")
-    action = value.get("action", FilterAction.INCLUDE.value)
-    try:
-        parsed = FilterAction(action)
-    except ValueError:
-        raise InvalidDetails(
-            f"{field}.action", f"must be Include or Exclude, got {action!r}"
-        ) from None
-    return FilterList(items, parsed)
 
 
 @attrs.frozen
@@ -143,10 +106,9 @@ def parse_details(text: str) -> OpcuaDetails:
         problem = url_problem(url)
         if problem:
             raise InvalidDetails(f"{urls_field}[{i}]", problem)
-    names = doc.get("applicationNames")
     return OpcuaDetails(
         discovery_urls=urls,
-        application_names=None if names is None else parse_filter_list(names, "applicationNames"),
+        application_names=parse_filter_list(doc, "applicationNames"),
     )
 
 
