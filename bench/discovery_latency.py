@@ -4,7 +4,8 @@
 
 An in-process agent (`run_agent`, embedded debugEcho as `benchEcho`) and a grpcio kubelet
 stand-in, for each debugEcho poll interval given (the handler stats its availability file once
-per interval; 0.2 s is the shipped value, 0.05 s shows the pipeline's own latency). Two ways for devices to appear, `--devices` of them each time:
+per interval; 0.2 s is the shipped value, 0.05 s shows the pipeline's own latency). Two ways
+for devices to appear, `--devices` of them each time:
   toggle   the availability file goes OFFLINE (wait: the stand-in shows no healthy device),
            then ONLINE at t0 (a random phase against the poll); t = the stand-in's ListAndWatch
            shows every instance-level resource healthy (all slots) and the configuration-level

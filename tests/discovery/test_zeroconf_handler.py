@@ -131,6 +131,21 @@ async def test_services_appear_update_and_leave() -> None:
         nursery.cancel_scope.cancel()
 
 
+async def test_first_list_comes_once_all_seen_are_resolved_not_at_the_settle_bound() -> None:
+    handler = Zeroconf(interfaces=LOOPBACK, settle=60)  # the bound: far beyond fail_after
+    infos = [service(f"early-{i}", 8100 + i) for i in range(5)]
+    send, receive = trio.open_memory_channel[list[Device]](10)
+    async with responder() as peer, trio.open_nursery() as nursery:
+        for info in infos:
+            await peer.register(info)
+        nursery.start_soon(
+            discover_changes, handler, parse_details("kind: _akritest._tcp"), {}, send.send
+        )
+        first = await next_list(receive, 10)
+        assert [d.id for d in first] == [f"early-{i}._akritest._tcp.local." for i in range(5)]
+        nursery.cancel_scope.cancel()
+
+
 async def test_filters_by_name_port_txt_and_kinds() -> None:
     handler = Zeroconf(interfaces=LOOPBACK, settle=1.5)
     services = [

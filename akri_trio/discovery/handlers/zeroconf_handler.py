@@ -282,8 +282,11 @@ class Zeroconf:
     interfaces: tuple[str, ...] | None = None
     resolve_timeout: float = 3.0
     resolve_attempts: int = 3
-    # Batches the initial burst of answers into one first list.
+    # The first list waits for the initial burst of answers: until every service seen so far is
+    # resolved and nothing new came for `quiet` seconds, or at most `settle` seconds (also the
+    # wait before an empty first list: silence cannot tell "none" from "not yet").
     settle: float = 1.0
+    quiet: float = 0.25
     shared: bool = True
     name: str = NAME
 
@@ -336,8 +339,24 @@ class Zeroconf:
         generation: dict[str, int] = {}
         changed = trio.Event()
         last: list[Device] | None = None
+        resolving = 0  # resolutions in flight
+        activity = trio.Event()  # set by every event and every finished resolution
+
+        def active() -> None:
+            nonlocal activity
+            activity.set()
+            activity = trio.Event()
 
         async def resolve(service_type: str, name: str, gen: int) -> None:
+            nonlocal resolving
+            resolving += 1
+            try:
+                await resolve_once(service_type, name, gen)
+            finally:
+                resolving -= 1
+                active()
+
+        async def resolve_once(service_type: str, name: str, gen: int) -> None:
             for attempt in range(self.resolve_attempts):
                 info = await trio.to_thread.run_sync(
                     partial(
@@ -363,7 +382,11 @@ class Zeroconf:
             nonlocal changed, last
             task_status.started()
             with trio.move_on_after(self.settle):
-                await trio.sleep_forever()
+                while True:  # the first burst: until all seen are resolved and it went quiet
+                    with trio.move_on_after(self.quiet) as silence:
+                        await activity.wait()
+                    if silence.cancelled_caught and generation and not resolving:
+                        break
             while True:
                 devices = devices_for(details, services.values())
                 if devices != last:
@@ -375,6 +398,7 @@ class Zeroconf:
         async with trio.open_nursery() as nursery:
             await nursery.start(publish)
             async for service_type, name, what in events:
+                active()
                 generation[name] = generation.get(name, 0) + 1
                 if what == "removed":
                     if services.pop(name, None) is not None:
