@@ -356,7 +356,21 @@ class Zeroconf:
                 resolving -= 1
                 active()
 
+        def take(info: Any, service_type: str, name: str) -> bool:
+            """Record a resolved service (True), or False when `info` is incomplete."""
+            service = service_from_info(info, service_type)
+            if service is None:
+                return False
+            if services.get(name) != service:
+                services[name] = service
+                changed.set()
+            return True
+
         async def resolve_once(service_type: str, name: str, gen: int) -> None:
+            # The browser's answers usually carry SRV, TXT and A records along: then the cache
+            # has it all and no thread is needed (load_from_cache is thread-safe by design).
+            if take(_cached_info(zc, service_type, name), service_type, name):
+                return
             for attempt in range(self.resolve_attempts):
                 info = await trio.to_thread.run_sync(
                     partial(
@@ -369,11 +383,7 @@ class Zeroconf:
                 )
                 if generation.get(name) != gen:
                     return  # removed (or updated again) meanwhile: a newer event decides
-                service = service_from_info(info, service_type)
-                if service is not None:
-                    if services.get(name) != service:
-                        services[name] = service
-                        changed.set()
+                if take(info, service_type, name):
                     return
                 log.debug("zeroconf: %s not resolved (attempt %d)", name, attempt + 1)
             log.info("zeroconf: could not resolve %s; ignoring it until it changes", name)
@@ -405,6 +415,14 @@ class Zeroconf:
                         changed.set()
                 else:
                     nursery.start_soon(resolve, service_type, name, generation[name])
+
+
+def _cached_info(zc: Any, service_type: str, name: str) -> Any:
+    """A ServiceInfo filled from `zc`'s cache, or None when the cache lacks part of it."""
+    from zeroconf import ServiceInfo
+
+    info = ServiceInfo(service_type, name)
+    return info if info.load_from_cache(zc) else None
 
 
 def _offer(channel: trio.MemorySendChannel[Event], event: Event) -> None:
