@@ -146,6 +146,55 @@ async def test_first_list_comes_once_all_seen_are_resolved_not_at_the_settle_bou
         nursery.cancel_scope.cancel()
 
 
+async def test_configurations_share_one_instance_and_a_late_one_finds_cached_services() -> None:
+    import threading
+
+    handler = Zeroconf(interfaces=LOOPBACK, settle=5)
+    before = {t.ident for t in threading.enumerate()}
+    infos = [service("shared-a", 8201), service("shared-b", 8202)]
+    first_send, first = trio.open_memory_channel[list[Device]](10)
+    late_send, late = trio.open_memory_channel[list[Device]](10)
+    all_of_them = [f"shared-{x}._akritest._tcp.local." for x in "ab"]
+    async with responder() as peer:
+        for info in infos:
+            await peer.register(info)
+        async with trio.open_nursery() as nursery:
+            every = parse_details("kind: _akritest._tcp")
+            first_scope, first_done = trio.CancelScope(), trio.Event()
+
+            async def first_discover() -> None:
+                with first_scope:
+                    await discover_changes(handler, every, {}, first_send.send)
+                first_done.set()
+
+            nursery.start_soon(first_discover)
+            assert [d.id for d in await next_list(first, 10)] == all_of_them
+            # Started after the first one resolved everything: the answers are in the shared
+            # cache (responders suppress known answers), and the new browser must get them.
+            only_b = parse_details("{kind: _akritest._tcp, name: shared-b}")
+            nursery.start_soon(discover_changes, handler, only_b, {}, late_send.send)
+            assert [d.id for d in await next_list(late, 10)] == all_of_them[1:]
+            assert handler._instance._users == 2  # one Zeroconf for both
+            # The first one ends; the shared instance stays open for the other, which still
+            # follows changes.
+            first_scope.cancel()
+            with trio.fail_after(5):
+                await first_done.wait()
+            assert handler._instance._users == 1
+            await peer.update(service("shared-b", 8202, model="Z"))
+            updated = await next_list(late, 5)
+            assert updated[0].properties[f"{PREFIX}_MODEL"] == "Z"
+            nursery.cancel_scope.cancel()
+    assert handler._instance._zc is None  # the last one out closed it
+    await trio.sleep(0.2)
+    left = [
+        t.name
+        for t in threading.enumerate()
+        if t.ident not in before and not t.name.startswith("Trio thread")
+    ]
+    assert left == []
+
+
 async def test_filters_by_name_port_txt_and_kinds() -> None:
     handler = Zeroconf(interfaces=LOOPBACK, settle=1.5)
     services = [

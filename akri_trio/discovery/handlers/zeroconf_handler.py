@@ -32,11 +32,13 @@ One device per resolved service instance. id = the service's full name
 How it runs: python-zeroconf's threaded API (`Zeroconf` runs its own loop thread; AsyncZeroconf
 cannot run under trio, research/stack.md §5). A `ServiceBrowser` calls back in its own thread;
 the callback only hands the event to trio through the trio token and a memory channel.
-Resolution (`get_service_info`, blocking, answered from the cache when possible) runs in a
-worker thread per service, abandoned on cancellation. Browser events come from multicast
-traffic, so appearances and goodbyes show within about a second, and nothing runs while
-nothing changes. The Zeroconf instance is closed on the way out, cancellation included. The
-pod needs `hostNetwork: true` to see the LAN's mDNS.
+Resolution reads the cache first (the browser's answers usually carry SRV, TXT and A records)
+and only then runs the blocking `get_service_info` in a worker thread, abandoned on
+cancellation. Browser events come from multicast traffic, so appearances and goodbyes show
+within about a second, and nothing runs while nothing changes. One Zeroconf instance serves
+every Configuration of a handler (each gets its own browser): its sockets and loop thread are
+opened by the first `discover` and closed when the last one ends, cancellation included. The pod
+needs `hostNetwork: true` to see the LAN's mDNS.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ import logging
 import math
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from functools import partial
 from typing import Any, Final
 
@@ -289,6 +291,9 @@ class Zeroconf:
     quiet: float = 0.25
     shared: bool = True
     name: str = NAME
+    _instance: _SharedInstance = attrs.field(
+        factory=lambda: _SharedInstance(), init=False, eq=False, repr=False
+    )
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Zeroconf:
@@ -316,17 +321,18 @@ class Zeroconf:
                 token.run_sync_soon(_offer, events_in, event)
 
         interfaces: Any = list(self.interfaces) if self.interfaces else zc_lib.InterfaceChoice.All
-        zc = await trio.to_thread.run_sync(partial(zc_lib.Zeroconf, interfaces=interfaces))
-        browser: zc_lib.ServiceBrowser | None = None
-        try:
-            browser = await trio.to_thread.run_sync(
-                partial(zc_lib.ServiceBrowser, zc, details.service_types, handlers=[on_change])
-            )
-            await self._track(zc, details, events, send)
-        finally:
-            events_in.close()
-            with trio.CancelScope(shield=True):
-                await trio.to_thread.run_sync(_close, zc, browser)
+        async with self._instance.use(partial(zc_lib.Zeroconf, interfaces=interfaces)) as zc:
+            browser: zc_lib.ServiceBrowser | None = None
+            try:
+                browser = await trio.to_thread.run_sync(
+                    partial(zc_lib.ServiceBrowser, zc, details.service_types, handlers=[on_change])
+                )
+                await self._track(zc, details, events, send)
+            finally:
+                events_in.close()
+                if browser is not None:
+                    with trio.CancelScope(shield=True):
+                        await trio.to_thread.run_sync(browser.cancel)
 
     async def _track(
         self,
@@ -430,9 +436,28 @@ def _offer(channel: trio.MemorySendChannel[Event], event: Event) -> None:
         channel.send_nowait(event)
 
 
-def _close(zc: Any, browser: Any) -> None:
-    try:
-        if browser is not None:
-            browser.cancel()
-    finally:
-        zc.close()
+class _SharedInstance:
+    """One python-zeroconf `Zeroconf` for all of a handler's `discover` calls: opened by the
+    first user, closed (in a thread, shielded) when the last one leaves; a user arriving while
+    the previous instance closes gets a new one."""
+
+    def __init__(self) -> None:
+        self._zc: Any = None
+        self._users = 0
+        self._opening = trio.Lock()
+
+    @contextlib.asynccontextmanager
+    async def use(self, open_instance: Callable[[], Any]) -> AsyncIterator[Any]:
+        async with self._opening:
+            if self._zc is None:
+                self._zc = await trio.to_thread.run_sync(open_instance)
+            self._users += 1
+            zc = self._zc
+        try:
+            yield zc
+        finally:
+            self._users -= 1
+            if self._users == 0 and self._zc is zc:
+                self._zc = None
+                with trio.CancelScope(shield=True):
+                    await trio.to_thread.run_sync(zc.close)
