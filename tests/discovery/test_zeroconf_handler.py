@@ -72,6 +72,18 @@ async def responder() -> AsyncIterator[Responder]:
             await trio.to_thread.run_sync(zc.close)  # also says goodbye for what is left
 
 
+async def threads_started_since(before: set[int | None]) -> list[str]:
+    """Threads (but trio's idle workers) that were not there `before`, after a moment to go."""
+    import threading
+
+    await trio.sleep(0.2)
+    return [
+        t.name
+        for t in threading.enumerate()
+        if t.ident not in before and not t.name.startswith("Trio thread")
+    ]
+
+
 async def next_list(
     receive: trio.MemoryReceiveChannel[list[Device]], within: float
 ) -> list[Device]:
@@ -186,13 +198,7 @@ async def test_configurations_share_one_instance_and_a_late_one_finds_cached_ser
             assert updated[0].properties[f"{PREFIX}_MODEL"] == "Z"
             nursery.cancel_scope.cancel()
     assert handler._instance._zc is None  # the last one out closed it
-    await trio.sleep(0.2)
-    left = [
-        t.name
-        for t in threading.enumerate()
-        if t.ident not in before and not t.name.startswith("Trio thread")
-    ]
-    assert left == []
+    assert await threads_started_since(before) == []
 
 
 async def test_filters_by_name_port_txt_and_kinds() -> None:
@@ -251,10 +257,4 @@ async def test_cancellation_closes_zeroconf_promptly() -> None:
         await handler.discover(parse_details("kind: _akritest._tcp"), {}, send)
     assert trio.current_time() - start < 2.0
     # Zeroconf's loop thread and the browser thread are gone (trio's idle workers may stay)
-    await trio.sleep(0.2)
-    left = [
-        t.name
-        for t in threading.enumerate()
-        if t.ident not in before and not t.name.startswith("Trio thread")
-    ]
-    assert left == []
+    assert await threads_started_since(before) == []
