@@ -27,16 +27,15 @@ from pathlib import Path
 import trio
 
 from akri_trio.discovery.handlers.debug_echo import DebugEcho
-from akri_trio.kube.client import JSON, Client, Resource
+from akri_trio.kube.client import JSON, Client
 from akri_trio.kube.config import load_config
 from akri_trio.kube.errors import NotFound
+from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
+from tests.support.akri_cluster import NAMESPACES
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH_NS = "akri-bench"
 HANDLER = "benchEcho"
-CONFIGURATIONS = Resource("akri.sh", "v0", "configurations", "Configuration")
-INSTANCES = Resource("akri.sh", "v0", "instances", "Instance")
-NAMESPACES = Resource.core("namespaces", "Namespace", namespaced=False)
 
 
 # --- cluster ---------------------------------------------------------------------------------

@@ -30,10 +30,9 @@ import trio
 
 from akri_trio.agent.run import AgentSettings, run_agent
 from akri_trio.kube.client import Client
+from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
 from bench._common import (
     BENCH_NS,
-    CONFIGURATIONS,
-    INSTANCES,
     bench_api,
     bench_echo,
     cluster_env,

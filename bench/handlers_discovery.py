@@ -69,6 +69,7 @@ from akri_trio.discovery.handlers.opcua import Opcua, OpcuaDetails
 from akri_trio.discovery.handlers.zeroconf_handler import Zeroconf, parse_details
 from akri_trio.model.device import Device
 from bench._common import machine, ms, now, summary, table, write_run
+from tests.support.opcua_server import SERVER_SCRIPT
 
 T = TypeVar("T")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -492,46 +493,6 @@ async def bench_mdns(args: argparse.Namespace, logs: Path) -> tuple[list[str], s
 
 
 # ---- OPC UA -------------------------------------------------------------------------------------
-
-# One asyncua server; `--register LDS` registers it there (RegisterServer, once) before READY.
-SERVER_SCRIPT = r"""
-import argparse, asyncio
-from asyncua import Client, Server, ua
-
-async def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--name", required=True)
-    p.add_argument("--port", type=int, required=True)
-    p.add_argument("--type", default="Server")
-    p.add_argument("--register")
-    a = p.parse_args()
-    server = Server()
-    await server.init()
-    endpoint = f"opc.tcp://127.0.0.1:{a.port}/akri/{a.name}/"
-    server.set_endpoint(endpoint)
-    server.set_server_name(a.name)
-    await server.set_application_uri(f"urn:akri-trio-bench:{a.name}")
-    server.application_type = getattr(ua.ApplicationType, a.type)
-    async with server:
-        if a.register:
-            reg = ua.RegisteredServer()
-            reg.ServerUri = f"urn:akri-trio-bench:{a.name}"
-            reg.ProductUri = "urn:akri-trio-bench"
-            reg.DiscoveryUrls = [endpoint]
-            reg.ServerType = server.application_type
-            reg.ServerNames = [ua.LocalizedText(a.name)]
-            reg.IsOnline = True
-            client = Client(a.register)
-            await client.connect_sessionless()
-            try:
-                await client.uaclient.register_server(reg)
-            finally:
-                await client.disconnect_sessionless()
-        print("READY", flush=True)
-        await asyncio.Event().wait()
-
-asyncio.run(main())
-"""
 
 
 @attrs.frozen

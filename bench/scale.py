@@ -28,11 +28,10 @@ import trio
 
 from akri_trio.kube.client import Client
 from akri_trio.kube.errors import NotFound
+from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
 from bench._agent_proc import agent_process
 from bench._common import (
     BENCH_NS,
-    CONFIGURATIONS,
-    INSTANCES,
     bench_api,
     cluster_env,
     echo_config,

@@ -40,12 +40,10 @@ from akri_trio.kube.errors import ApiError, Conflict, Invalid, NotFound
 from akri_trio.kube.queue import Requeue
 from akri_trio.kube.store import Store
 from akri_trio.model.convert import error_messages, structure
-from akri_trio.model.resources import JSON, Configuration, Instance
+from akri_trio.model.resources import CONFIGURATIONS, INSTANCES, JSON, Configuration, Instance
 
 log = logging.getLogger(__name__)
 
-CONFIGURATIONS = Resource("akri.sh", "v0", "configurations", "Configuration")
-INSTANCES = Resource("akri.sh", "v0", "instances", "Instance")
 SECRETS = Resource.core("secrets", "Secret")
 CONFIG_MAPS = Resource.core("configmaps", "ConfigMap")
 RETRY_UNSOLVABLE_S = 30.0

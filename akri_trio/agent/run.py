@@ -31,7 +31,7 @@ from typing import Any
 import attrs
 import trio
 
-from akri_trio.agent.configurations import CONFIGURATIONS, INSTANCES, ConfigurationReconciler
+from akri_trio.agent.configurations import ConfigurationReconciler
 from akri_trio.agent.metrics import AgentMetrics
 from akri_trio.agent.plugins.claims import Claims
 from akri_trio.agent.plugins.kubelet import KubeletWatch
@@ -48,7 +48,7 @@ from akri_trio.kube.config import load_config
 from akri_trio.kube.queue import ReconcileQueue
 from akri_trio.kube.store import Store, reflect
 from akri_trio.model.convert import unstructure
-from akri_trio.model.resources import Instance
+from akri_trio.model.resources import CONFIGURATIONS, INSTANCES, Instance
 from akri_trio.observe.http import serve_observe
 
 log = logging.getLogger(__name__)

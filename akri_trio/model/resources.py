@@ -12,7 +12,13 @@ from typing import Any, Literal
 
 import attrs
 
+from akri_trio.kube.client import Resource
+
 JSON = dict[str, Any]
+
+# Where the API server serves them (the CRDs in k8s/crds/).
+CONFIGURATIONS = Resource("akri.sh", "v0", "configurations", "Configuration")
+INSTANCES = Resource("akri.sh", "v0", "instances", "Instance")
 
 
 @attrs.frozen

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -24,3 +26,10 @@ async def akri(api: Client) -> AsyncIterator[Client]:
     await purge_akri(api)
     yield api
     await purge_akri(api)
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """Unix socket paths must stay under 108 bytes; pytest's tmp_path is too deep."""
+    with tempfile.TemporaryDirectory(prefix="ak", dir="/tmp") as d:
+        yield Path(d)

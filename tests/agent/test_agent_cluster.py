@@ -12,9 +12,8 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +25,8 @@ import trio
 from akri_trio.agent.run import Agent, AgentSettings, run_agent
 from akri_trio.cluster import procs
 from akri_trio.kube.client import Client
+from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
 from tests.support.akri_cluster import (
-    CONFIGURATIONS,
-    INSTANCES,
     debug_echo_config,
     ensure_namespace,
 )
@@ -78,13 +76,6 @@ async def _start(api: Client, settings: AgentSettings) -> Agent:
         lambda **kw: run_agent(settings, api=api, **kw)
     )
     return agent
-
-
-@pytest.fixture
-def short_tmp() -> Iterator[Path]:
-    """Unix socket paths must stay under 108 bytes; pytest's tmp_path is too deep."""
-    with tempfile.TemporaryDirectory(prefix="ak", dir="/tmp") as d:
-        yield Path(d)
 
 
 @pytest.fixture

@@ -8,8 +8,7 @@ Instance with its device node in the Allocate response.
 
 from __future__ import annotations
 
-import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -20,18 +19,13 @@ import yaml
 from akri_trio.agent.run import Agent, AgentSettings, run_agent
 from akri_trio.kube.client import Client
 from akri_trio.model.naming import device_hash
-from tests.support.akri_cluster import CONFIGURATIONS, INSTANCES, ensure_namespace
+from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
+from tests.support.akri_cluster import ensure_namespace
 from tests.support.kubelet_standin import KubeletStandin
 
 NS = "handler-tests"
 NODE = "handlers-node"
 HANDLERS = ("udev", "onvif", "opcua", "zeroconf")
-
-
-@pytest.fixture
-def short_tmp() -> Iterator[Path]:
-    with tempfile.TemporaryDirectory(prefix="ak", dir="/tmp") as d:
-        yield Path(d)
 
 
 @pytest.fixture

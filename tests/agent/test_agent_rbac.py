@@ -19,9 +19,8 @@ from akri_trio.kube.client import Client, Resource
 from akri_trio.kube.config import KubeConfig
 from akri_trio.kube.errors import NotFound
 from akri_trio.model.naming import device_hash
+from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
 from tests.support.akri_cluster import (
-    CONFIGURATIONS,
-    INSTANCES,
     debug_echo_config,
     ensure_namespace,
 )

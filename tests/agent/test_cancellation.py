@@ -43,9 +43,8 @@ from akri_trio.kube.backoff import Backoff
 from akri_trio.kube.client import Client
 from akri_trio.kube.config import load_config
 from akri_trio.kube.errors import NotFound
+from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
 from tests.support.akri_cluster import (
-    CONFIGURATIONS,
-    INSTANCES,
     debug_echo_config,
     ensure_namespace,
 )
@@ -103,13 +102,6 @@ def _grpcio_initialized() -> Iterator[None]:
         keeper.stop()
         yield
         del keeper
-
-
-@pytest.fixture
-def short_tmp() -> Iterator[Path]:
-    """Unix socket paths must stay under 108 bytes; pytest's tmp_path is too deep."""
-    with tempfile.TemporaryDirectory(prefix="akc", dir="/tmp") as d:
-        yield Path(d)
 
 
 @attrs.frozen

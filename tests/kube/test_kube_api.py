@@ -38,20 +38,13 @@ from akri_trio.kube import (
     reflect,
     run_watch,
 )
+from tests.support.akri_cluster import CRDS, NAMESPACES
 
 pytestmark = pytest.mark.k8s
 
 T = TypeVar("T")
 
-NAMESPACES = Resource.core("namespaces", "Namespace", namespaced=False)
 CONFIGMAPS = Resource.core("configmaps", "ConfigMap")
-CRDS = Resource(
-    "apiextensions.k8s.io",
-    "v1",
-    "customresourcedefinitions",
-    "CustomResourceDefinition",
-    namespaced=False,
-)
 WIDGETS = Resource("test.akri.sh", "v1", "widgets", "Widget")
 
 WIDGET_CRD: dict[str, Any] = {

@@ -11,6 +11,7 @@ import yaml
 
 from akri_trio.kube.client import Client, Resource
 from akri_trio.kube.errors import NotFound
+from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
 
 REPO = Path(__file__).resolve().parent.parent.parent
 CRDS = Resource(
@@ -20,8 +21,6 @@ CRDS = Resource(
     "CustomResourceDefinition",
     namespaced=False,
 )
-CONFIGURATIONS = Resource("akri.sh", "v0", "configurations", "Configuration")
-INSTANCES = Resource("akri.sh", "v0", "instances", "Instance")
 NAMESPACES = Resource.core("namespaces", "Namespace", namespaced=False)
 
 

@@ -29,14 +29,13 @@ import trio
 from akri_trio.agent.plugins import slots, vdevs
 from akri_trio.agent.plugins.slots import InstanceSlots
 from akri_trio.agent.view import NodeView, instance_key
-from akri_trio.kube.client import Client, Resource
+from akri_trio.kube.client import Client
 from akri_trio.kube.errors import ApiError, Conflict, NotFound
 from akri_trio.model import naming
-from akri_trio.model.resources import JSON, Instance
+from akri_trio.model.resources import INSTANCES, JSON, Instance
 
 log = logging.getLogger(__name__)
 
-INSTANCES = Resource("akri.sh", "v0", "instances", "Instance")
 MAX_ATTEMPTS = 5
 
 
@@ -123,12 +122,16 @@ class Claims:
         return self.view.instance(key)
 
     async def _write(self, inst: Instance, usage: Mapping[str, str]) -> Instance:
-        """One apply; Conflict propagates to the caller's retry loop."""
+        """One compare-and-swap write, none when this node's claims do not change; Conflict
+        propagates to the caller's retry loop."""
+        body = usage_patch(inst, usage, self.node)
+        if not body["spec"]["deviceUsage"]:
+            return inst
         try:
             obj = await self.api.merge_patch(
                 INSTANCES,
                 inst.metadata.name,
-                usage_patch(inst, usage, self.node),
+                body,
                 field_manager=usage_field_manager(self.node),
                 namespace=inst.metadata.namespace,
             )
@@ -174,13 +177,12 @@ class Claims:
             inst = self._cached(key) or await self._fresh(key)
             for attempt in range(MAX_ATTEMPTS):
                 usage, accepted = _decide_all(inst, batch)
-                if held_by(usage, self.node) != held_by(inst.spec.device_usage, self.node):
-                    try:
-                        inst = await self._write(inst, usage)
-                    except Conflict:
-                        log.debug("deviceUsage of %s changed under us (try %d)", key, attempt + 1)
-                        inst = await self._fresh(key)
-                        continue
+                try:
+                    inst = await self._write(inst, usage)
+                except Conflict:
+                    log.debug("deviceUsage of %s changed under us (try %d)", key, attempt + 1)
+                    inst = await self._fresh(key)
+                    continue
                 for request in accepted:
                     request.result = inst
                 return

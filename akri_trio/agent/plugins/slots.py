@@ -99,14 +99,8 @@ def slot_index(instance: str, slot: str) -> int | None:
 
 def held_slots(instance: str, usage: Mapping[str, str]) -> dict[str, Usage]:
     """Every held slot of `instance` (orphans beyond capacity included) -> its holder."""
-    held: dict[str, Usage] = {}
-    for key, value in usage.items():
-        if slot_index(instance, key) is None:
-            continue
-        holder = parse_usage(value)
-        if holder != FREE:
-            held[key] = holder
-    return held
+    # A key that parses as slot i is exactly `slot_id(instance, i)` (ids are canonical).
+    return {slot_id(instance, i): holder for i, holder in _held_indices(instance, usage).items()}
 
 
 def _held_indices(instance: str, usage: Mapping[str, str]) -> dict[int, Usage]:
