@@ -30,9 +30,13 @@ bench:
     python -m bench.discovery_latency
     python -m bench.scale
 
-# start the local control plane and a Ready node (builds Kubernetes once)
+# start the local control plane and a Ready node (builds Kubernetes, etcd, containerd once)
 cluster-up:
     python -m akri_trio cluster up --node
+
+# after editing akri_trio/cluster/gobuild/versions.env: rewrite the wrapper modules' go.mod/go.sum
+pin-cluster:
+    bash akri_trio/cluster/gobuild/pin.sh
 
 # stop everything cluster-up started and clean up
 cluster-down:

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from akri_trio.cluster import cli as cluster_cli
-from akri_trio.cluster.layout import CONTROL_PLANE, Layout
+from akri_trio.cluster.layout import CONTROL_PLANE, K8S_VERSION, Layout
 
 pytestmark = pytest.mark.k8s
 REPO = Path(__file__).resolve().parent.parent
@@ -86,7 +86,8 @@ def test_restricted_user_is_authenticated_but_forbidden(cluster: dict[str, str])
 
 
 def test_pod_can_be_created_right_after_up(cluster: dict[str, str]) -> None:
-    """ServiceAccount admission is on: this only works once the default SA has its token."""
+    """ServiceAccount admission is on: this only works once the default SA exists, and the Pod
+    gets a projected ServiceAccount token volume."""
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -106,7 +107,8 @@ def test_pod_can_be_created_right_after_up(cluster: dict[str, str]) -> None:
         try:
             assert r.status_code == 201, r.text
             volumes = r.json()["spec"].get("volumes", [])
-            assert any(v["name"].startswith("default-token-") for v in volumes)
+            sources = [x for v in volumes for x in (v.get("projected") or {}).get("sources", [])]
+            assert any("serviceAccountToken" in x for x in sources), volumes
         finally:
             c.delete(
                 "/api/v1/namespaces/default/pods/cluster-test-unscheduled",
@@ -123,20 +125,21 @@ def test_env_points_at_existing_files_and_a_live_etcd_gateway(cluster: dict[str,
 
 def test_kubectl_matches_the_server(cluster: dict[str, str]) -> None:
     proc = subprocess.run(
-        [cluster["KUBECTL"], "version", "--short"],
+        [cluster["KUBECTL"], "version"],
         capture_output=True,
         text=True,
         env={**os.environ, "KUBECONFIG": cluster["KUBECONFIG"]},
         timeout=30,
     )
     assert proc.returncode == 0, proc.stderr
-    assert "Client Version: v1.20.2" in proc.stdout and "Server Version: v1.20.2" in proc.stdout
+    assert f"Client Version: {K8S_VERSION}" in proc.stdout
+    assert f"Server Version: {K8S_VERSION}" in proc.stdout
 
 
 def test_up_names_a_port_that_is_taken(cluster: dict[str, str], tmp_path: Path) -> None:
     """A second cluster home (binaries shared) collides with the running etcd's port."""
     real = Layout.default()
-    (tmp_path / real.k8s_dir.name).symlink_to(real.k8s_dir)
+    (tmp_path / "build").symlink_to(real.home / "build")
     proc = _run_cli("up", env={**os.environ, "AKRI_TRIO_HOME": str(tmp_path)})
     assert proc.returncode == 1
     assert f"port {real.ports.etcd_client} (etcd client) is already in use" in proc.stderr
@@ -190,6 +193,6 @@ def test_failed_build_shows_the_log_tail(tmp_path: Path) -> None:
     proc = _run_cli("up", env=env)
     assert proc.returncode == 1
     assert "[build] compiling" in proc.stdout  # progress is streamed
-    assert "build failed (exit 3)" in proc.stderr
+    assert "building kubernetes failed (exit 3)" in proc.stderr
     assert "FATAL: no Go today" in proc.stderr and "line-40" in proc.stderr
     assert "line-1\n" not in proc.stderr  # a tail, not the whole log

@@ -22,7 +22,14 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from akri_trio.cluster import cleanup, configs, flags, oci, pki, procs, runner
-from akri_trio.cluster.layout import Layout
+from akri_trio.cluster.layout import (
+    COMPONENTS,
+    K8S_VERSION,
+    VERSIONS,
+    VERSIONS_FILE,
+    Layout,
+    parse_versions,
+)
 
 LAY = Layout(home=Path("/h"))
 
@@ -75,28 +82,54 @@ def test_new_tokens_are_distinct_and_cover_every_user() -> None:
     assert len(set(tokens.values())) == len(tokens)
 
 
-def test_containerd_config_restricts_oom_score_adj_and_stays_in_its_dirs() -> None:
+def test_containerd_config_restricts_oom_score_adj_stays_in_its_dirs_and_reads_cdi() -> None:
     text = configs.containerd_config(
         root=Path("/r/root"),
         state=Path("/r/state"),
         socket=Path("/r/c.sock"),
         cni_conf_dir=Path("/r/net.d"),
-        sandbox_image="registry.k8s.io/pause:3.6",
+        cdi_dir=Path("/r/cdi"),
+        sandbox_image="registry.k8s.io/pause:3.10.2",
     )
     doc = tomllib.loads(text)
-    cri = doc["plugins"]["io.containerd.grpc.v1.cri"]
-    assert doc["version"] == 2
+    runtime = doc["plugins"]["io.containerd.cri.v1.runtime"]
+    images = doc["plugins"]["io.containerd.cri.v1.images"]
+    assert doc["version"] == 3
     assert (doc["root"], doc["state"], doc["grpc"]["address"]) == (
         "/r/root",
         "/r/state",
         "/r/c.sock",
     )
-    assert cri["restrict_oom_score_adj"] is True
-    assert cri["sandbox_image"] == "registry.k8s.io/pause:3.6"
-    assert cri["cni"] == {"bin_dir": "/usr/lib/cni", "conf_dir": "/r/net.d"}
-    runc = cri["containerd"]["runtimes"]["runc"]
+    assert runtime["restrict_oom_score_adj"] is True
+    assert runtime["enable_cdi"] is True and runtime["cdi_spec_dirs"] == ["/r/cdi"]
+    assert images["pinned_images"]["sandbox"] == "registry.k8s.io/pause:3.10.2"
+    assert runtime["cni"] == {"bin_dirs": ["/usr/lib/cni"], "conf_dir": "/r/net.d"}
+    runc = runtime["containerd"]["runtimes"]["runc"]
     assert runc["runtime_type"] == "io.containerd.runc.v2"
     assert runc["options"]["Root"] == "/r/state/runc"
+
+
+def _kubelet_settings(address: str) -> configs.KubeletSettings:
+    return configs.KubeletSettings(
+        runtime_endpoint="unix:///r/c.sock",
+        client_ca=Path("/p/ca.crt"),
+        address=address,
+        port=10250,
+        healthz_port=10248,
+        volume_plugin_dir=Path("/var/lib/kubelet/volumeplugins"),
+    )
+
+
+def test_kubelet_config_runs_on_cgroup_v1_and_never_evicts() -> None:
+    doc = yaml.safe_load(configs.kubelet_config(_kubelet_settings("127.0.0.1")))
+    assert doc["kind"] == "KubeletConfiguration"
+    assert doc["apiVersion"] == "kubelet.config.k8s.io/v1beta1"
+    assert doc["failCgroupV1"] is False and doc["cgroupDriver"] == "cgroupfs"
+    assert doc["evictionHard"] == {} and doc["imageGCHighThresholdPercent"] == 100
+    assert doc["containerRuntimeEndpoint"] == "unix:///r/c.sock"
+    assert doc["address"] == "127.0.0.1" and doc["readOnlyPort"] == 0
+    assert doc["authentication"]["anonymous"] == {"enabled": False}
+    assert doc["authentication"]["x509"] == {"clientCAFile": "/p/ca.crt"}
 
 
 def test_cni_conflist_is_bridge_with_host_local_then_loopback() -> None:
@@ -119,7 +152,7 @@ def _opts(argv: list[str]) -> dict[str, str]:
 
 def test_apiserver_flags_secure_loopback_node_rbac_and_sa_admission_on() -> None:
     o = _opts(flags.kube_apiserver(LAY))
-    assert o["--bind-address"] == "127.0.0.1" and o["--insecure-port"] == "0"
+    assert o["--bind-address"] == "127.0.0.1"
     assert o["--secure-port"] == "16443"
     assert o["--authorization-mode"] == "Node,RBAC"
     assert "--disable-admission-plugins" not in o  # ServiceAccount admission stays on
@@ -136,10 +169,10 @@ def test_etcd_listens_on_loopback_only() -> None:
         assert o[key].startswith("http://127.0.0.1:")
 
 
-def test_controller_manager_and_scheduler_disable_insecure_ports() -> None:
+def test_controller_manager_and_scheduler_listen_on_loopback() -> None:
     for argv in (flags.kube_controller_manager(LAY), flags.kube_scheduler(LAY)):
         o = _opts(argv)
-        assert o["--port"] == "0" and o["--bind-address"] == "127.0.0.1"
+        assert o["--bind-address"] == "127.0.0.1"
     kcm = _opts(flags.kube_controller_manager(LAY))
     assert kcm["--service-account-private-key-file"] == "/h/run/pki/sa.key"
     assert kcm["--controllers"] == "*"  # GC, Jobs, ServiceAccount tokens, ...
@@ -155,9 +188,10 @@ def test_controller_manager_credentials_cover_all_its_controllers() -> None:
 def test_kubelet_ip_node_uses_hostname_override_and_standard_root_dir() -> None:
     o = _opts(flags.kubelet_argv(LAY, "127.0.0.1", None))
     assert o["--root-dir"] == "/var/lib/kubelet"
-    assert o["--hostname-override"] == "127.0.0.1" and o["--address"] == "127.0.0.1"
+    assert o["--hostname-override"] == "127.0.0.1"
+    assert flags.kubelet_address("127.0.0.1", None) == "127.0.0.1"
     assert "--node-ip" not in o  # the kubelet refuses a loopback --node-ip
-    assert o["--container-runtime-endpoint"] == "unix:///h/run/containerd/containerd.sock"
+    assert o["--config"] == "/h/run/kubelet-config.yaml"
     assert o["--kubeconfig"] == "/h/run/kubelet.kubeconfig"
 
 
@@ -166,7 +200,8 @@ def test_kubelet_named_node_needs_and_uses_a_node_ip() -> None:
         flags.kubelet_argv(LAY, "akri-node", None)
     o = _opts(flags.kubelet_argv(LAY, "akri-node", "192.0.2.2"))
     assert o["--hostname-override"] == "akri-node"
-    assert o["--node-ip"] == "192.0.2.2" and o["--address"] == "192.0.2.2"
+    assert o["--node-ip"] == "192.0.2.2"
+    assert flags.kubelet_address("akri-node", "192.0.2.2") == "192.0.2.2"
 
 
 @pytest.mark.parametrize(
@@ -324,10 +359,34 @@ def test_stop_plan_stops_node_before_control_plane_and_etcd_last() -> None:
     assert cleanup.STOP_ORDER[-1] == "etcd" and cleanup.STOP_ORDER[0] == "kubelet"
 
 
-def test_runtime_dirs_never_include_the_pki_or_binaries() -> None:
+def test_runtime_dirs_never_include_the_pki_binaries_or_go_cache() -> None:
+    kept = [LAY.pki, LAY.go_cache, *(LAY.build_dir(c) for c in COMPONENTS)]
     for d in LAY.runtime_dirs:
-        assert not (LAY.pki == d or d in LAY.pki.parents)
-        assert not (LAY.bin_dir == d or d in LAY.bin_dir.parents)
+        for k in kept:
+            assert not (k == d or d in k.parents)
+
+
+def test_binaries_live_in_a_directory_named_by_their_component_version() -> None:
+    assert LAY.binary("kubelet") == Path(f"/h/build/kubernetes-{K8S_VERSION}/bin/kubelet")
+    assert LAY.binary("etcd").parent.parent.name == f"etcd-{VERSIONS['ETCD']}"
+    assert LAY.binary("ctr").parent.parent.name == f"containerd-{VERSIONS['CONTAINERD']}"
+
+
+def test_versions_file_parses_and_every_wrapper_module_requires_its_pinned_version() -> None:
+    assert parse_versions("# c\nA = v1\n\nB=v2 \n") == {"A": "v1", "B": "v2"}
+    required = {
+        "kubernetes": f"k8s.io/kubernetes {VERSIONS['KUBERNETES']}",
+        "etcd": f"go.etcd.io/etcd/server/v3 {VERSIONS['ETCD']}",
+        "containerd": f"github.com/containerd/containerd/v2 {VERSIONS['CONTAINERD']}",
+    }
+    gobuild = VERSIONS_FILE.parent
+    for comp in COMPONENTS:
+        mod = (gobuild / comp.name / "go.mod").read_text()
+        assert f"require {required[comp.name]}\n" in mod, comp.name
+        assert (gobuild / comp.name / "go.sum").stat().st_size > 0
+    minor = VERSIONS["KUBERNETES"].removeprefix("v1.")
+    kmod = (gobuild / "kubernetes" / "go.mod").read_text()
+    assert "k8s.io/api => k8s.io/api v0." + minor in kmod
 
 
 # -- processes, ports, packages --------------------------------------------------------------

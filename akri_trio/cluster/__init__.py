@@ -1,8 +1,9 @@
-"""A real single-node Kubernetes v1.20.2 on loopback, for tests and local development.
+"""A real single-node Kubernetes on loopback, for tests and local development.
 
 Akri only means something against a real API server and a real kubelet, and no registry ships
-those binaries, so this package builds them from Debian's source package (build_k8s.sh) and
-runs etcd, kube-apiserver, kube-controller-manager, kube-scheduler and, with `--node`,
-containerd plus a kubelet with offline images. Pure modules (layout, flags, configs, pki, oci,
-cleanup) decide; runner.py and procs.py act; cli.py is `akri-trio cluster up|down|status|env`.
+those binaries, so this package builds them (and etcd and containerd) from Go modules at the
+versions pinned in gobuild/versions.env, and runs etcd, kube-apiserver, kube-controller-manager,
+kube-scheduler and, with `--node`, containerd plus a kubelet with offline images. Pure modules
+(layout, flags, configs, pki, oci, cleanup) decide; runner.py and procs.py act; cli.py is
+`akri-trio cluster up|down|status|env`.
 """

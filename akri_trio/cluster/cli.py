@@ -1,4 +1,4 @@
-"""`akri-trio cluster up | down | status | env`: a real single-node Kubernetes 1.20 on loopback.
+"""`akri-trio cluster up | down | status | env`: a real single-node Kubernetes on loopback.
 
 Tests and developers share one cluster: `up` is idempotent (it adopts what already runs), `env`
 tells every consumer where the kubeconfigs and endpoints are, and `down` removes only what

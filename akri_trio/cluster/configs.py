@@ -81,41 +81,95 @@ def kubeconfig(
 
 
 def containerd_config(
-    *, root: Path, state: Path, socket: Path, cni_conf_dir: Path, sandbox_image: str
+    *, root: Path, state: Path, socket: Path, cni_conf_dir: Path, cdi_dir: Path, sandbox_image: str
 ) -> str:
-    """containerd 1.6 config (version 2) confined to our state directory.
+    """containerd 2 config (version 3) confined to our state directory, CDI on.
 
     restrict_oom_score_adj is REQUIRED where the process lacks CAP_SYS_RESOURCE (this VM):
     without it every sandbox fails with "can't get final child's PID from pipe: EOF".
     """
+    runtime = "plugins.'io.containerd.cri.v1.runtime'"
     return f"""\
-version = 2
+version = 3
 root = "{root}"
 state = "{state}"
 # Plugins that would probe for filesystems or devices we never use.
 disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", \
-"io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
+"io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", \
+"io.containerd.snapshotter.v1.erofs"]
 
 [grpc]
   address = "{socket}"
 
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "{sandbox_image}"
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "overlayfs"
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = "{sandbox_image}"
+
+[{runtime}]
   restrict_oom_score_adj = true
   enable_selinux = false
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
+  enable_cdi = true
+  cdi_spec_dirs = ["{cdi_dir}"]
+  [{runtime}.containerd]
     default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    [{runtime}.containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+      [{runtime}.containerd.runtimes.runc.options]
         SystemdCgroup = false
         # runc's state next to ours, not in the shared /run/containerd/runc.
         Root = "{state}/runc"
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
+  [{runtime}.cni]
+    bin_dirs = ["/usr/lib/cni"]
     conf_dir = "{cni_conf_dir}"
 """
+
+
+@attrs.frozen
+class KubeletSettings:
+    runtime_endpoint: str
+    client_ca: Path
+    address: str
+    port: int
+    healthz_port: int
+    volume_plugin_dir: Path
+
+
+def kubelet_config(k: KubeletSettings) -> str:
+    """KubeletConfiguration for a throwaway node on a VM we do not own.
+
+    cgroup v1 hosts (these machines) need failCgroupV1: false from 1.35 on. No QoS cgroups,
+    node-allocatable enforcement, eviction or image GC: a test node must not evict or delete
+    what the tests made because the VM's disk looks full.
+    """
+    doc = {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "containerRuntimeEndpoint": k.runtime_endpoint,
+        "runtimeRequestTimeout": "2m",
+        "address": k.address,
+        "port": k.port,
+        "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1",
+        "healthzPort": k.healthz_port,
+        "authentication": {
+            "anonymous": {"enabled": False},
+            "webhook": {"enabled": False},
+            "x509": {"clientCAFile": str(k.client_ca)},
+        },
+        "authorization": {"mode": "AlwaysAllow"},
+        # Keep its flexvolume dir inside the root dir so `down` removes it with the rest.
+        "volumePluginDir": str(k.volume_plugin_dir),
+        "failSwapOn": False,
+        "failCgroupV1": False,
+        "cgroupDriver": "cgroupfs",
+        "cgroupsPerQOS": False,
+        "enforceNodeAllocatable": [],
+        "evictionHard": {},
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+    }
+    return yaml.safe_dump(doc, sort_keys=False)
 
 
 def cni_conflist(*, bridge: str, subnet: str) -> str:

@@ -1,18 +1,14 @@
 """Command lines of the cluster's processes, as pure functions of the `Layout`.
 
-Flags follow the verified recipe in research/real-k8s.md §3, §4 and §7: everything on loopback,
-TLS with our CA, token auth, Node+RBAC authorization, ServiceAccount admission on (a
-controller-manager makes the tokens), webhooks enabled (they are on by default in 1.20).
+Everything on loopback, TLS with our CA, token auth, Node+RBAC authorization, ServiceAccount
+admission on (the controller-manager creates the ServiceAccounts; the kubelet requests their
+tokens), admission webhooks on (the default). The kubelet takes its settings from a
+KubeletConfiguration file (configs.kubelet_config); only what has no field there is a flag.
 """
 
 from __future__ import annotations
 
-from akri_trio.cluster.layout import (
-    KUBELET_ROOT,
-    PAUSE_IMAGE,
-    SERVICE_CIDR,
-    Layout,
-)
+from akri_trio.cluster.layout import KUBELET_ROOT, SERVICE_CIDR, Layout
 
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
 
@@ -22,7 +18,7 @@ def etcd(lay: Layout) -> list[str]:
     client = f"http://127.0.0.1:{p.etcd_client}"
     peer = f"http://127.0.0.1:{p.etcd_peer}"
     return [
-        "/usr/bin/etcd",
+        str(lay.binary("etcd")),
         "--name=akri-trio",
         f"--data-dir={lay.etcd_data}",
         f"--listen-client-urls={client}",
@@ -44,8 +40,10 @@ def kube_apiserver(lay: Layout) -> list[str]:
         f"--etcd-servers={lay.etcd_url}",
         "--bind-address=127.0.0.1",
         "--advertise-address=127.0.0.1",
+        # The `kubernetes` Service's endpoints may not be a loopback address; with no
+        # kube-proxy nothing could route to them anyway.
+        "--endpoint-reconciler-type=none",
         f"--secure-port={lay.ports.apiserver}",
-        "--insecure-port=0",
         f"--tls-cert-file={pki / 'apiserver.crt'}",
         f"--tls-private-key-file={pki / 'apiserver.key'}",
         f"--client-ca-file={pki / 'ca.crt'}",
@@ -75,7 +73,6 @@ def kube_controller_manager(lay: Layout) -> list[str]:
         f"--kubeconfig={lay.kubeconfig('controller-manager')}",
         "--bind-address=127.0.0.1",
         f"--secure-port={lay.ports.controller_manager}",
-        "--port=0",
         f"--service-account-private-key-file={pki / 'sa.key'}",
         f"--root-ca-file={pki / 'ca.crt'}",
         f"--cluster-signing-cert-file={pki / 'ca.crt'}",
@@ -100,52 +97,29 @@ def kube_scheduler(lay: Layout) -> list[str]:
         "--leader-elect=false",
         "--bind-address=127.0.0.1",
         f"--secure-port={lay.ports.scheduler}",
-        "--port=0",
         f"--cert-dir={lay.run / 'scheduler-certs'}",
         "--v=1",
     ]
 
 
 def containerd(lay: Layout) -> list[str]:
-    return ["/usr/bin/containerd", f"--config={lay.containerd_config}"]
+    return [str(lay.binary("containerd")), f"--config={lay.containerd_config}"]
 
 
 def kubelet(lay: Layout, node_name: str) -> list[str]:
-    """kubelet flags.
+    """kubelet flags; the rest is in its configuration file.
 
     A node named by an IP (the default, 127.0.0.1) uses --hostname-override=<ip>: the kubelet
     then reports InternalIP=<ip> without the "nodeIP can't be loopback" check that --node-ip
-    applies, so `kubectl logs` reaches it on loopback (research §7). Other names need a
-    non-loopback InternalIP: see `kubelet_node_ip` in the shell (`runner`).
+    applies, so `kubectl logs` reaches it on loopback. Other names need a non-loopback
+    InternalIP: see `kubelet_node_ip` in the shell (`runner`).
     """
     return [
         str(lay.binary("kubelet")),
+        f"--config={lay.kubelet_config}",
         f"--kubeconfig={lay.kubeconfig('kubelet')}",
-        "--container-runtime=remote",
-        f"--container-runtime-endpoint=unix://{lay.containerd_socket}",
-        # cAdvisor's own containerd client; at its default (/run/containerd/...) it waits 5 s
-        # for a socket that is not there before the kubelet goes on.
-        f"--containerd={lay.containerd_socket}",
-        "--runtime-request-timeout=2m",
-        f"--pod-infra-container-image={PAUSE_IMAGE}",
         f"--root-dir={KUBELET_ROOT}",
-        # Keep its flexvolume dir inside the root dir so `down` removes it with the rest.
-        f"--volume-plugin-dir={KUBELET_ROOT / 'volumeplugins'}",
         f"--hostname-override={node_name}",
-        f"--port={lay.ports.kubelet}",
-        f"--healthz-port={lay.ports.kubelet_healthz}",
-        "--healthz-bind-address=127.0.0.1",
-        "--read-only-port=0",
-        f"--client-ca-file={lay.pki / 'ca.crt'}",
-        "--anonymous-auth=false",
-        "--authentication-token-webhook=false",
-        "--authorization-mode=AlwaysAllow",
-        "--fail-swap-on=false",
-        "--cgroup-driver=cgroupfs",
-        "--cgroups-per-qos=false",
-        "--enforce-node-allocatable=",
-        "--eviction-hard=",
-        "--image-gc-high-threshold=100",
         "--v=1",
     ]
 
@@ -161,16 +135,23 @@ def is_ip_node_name(node_name: str) -> bool:
 
 def with_node_ip(argv: list[str], node_ip: str) -> list[str]:
     """Named (non-IP) nodes: pin InternalIP and the listen address to a non-loopback IP."""
-    return [*argv, f"--node-ip={node_ip}", f"--address={node_ip}"]
+    return [*argv, f"--node-ip={node_ip}"]
+
+
+def kubelet_address(node_name: str, node_ip: str | None) -> str:
+    """The address the kubelet serves on: the node's InternalIP, which the apiserver dials."""
+    if is_ip_node_name(node_name):
+        return node_name
+    if node_ip is None:
+        raise ValueError(f"node {node_name!r} is not an IP: it needs a non-loopback node IP")
+    return node_ip
 
 
 def kubelet_argv(lay: Layout, node_name: str, node_ip: str | None) -> list[str]:
     argv = kubelet(lay, node_name)
     if is_ip_node_name(node_name):
-        return [*argv, f"--address={node_name}"]
-    if node_ip is None:
-        raise ValueError(f"node {node_name!r} is not an IP: it needs a non-loopback node IP")
-    return with_node_ip(argv, node_ip)
+        return argv
+    return with_node_ip(argv, kubelet_address(node_name, node_ip))
 
 
 def control_plane_argv(lay: Layout, name: str) -> list[str]:

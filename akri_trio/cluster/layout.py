@@ -6,11 +6,13 @@ I/O: `Layout.default()` only reads the environment and the home directory's name
 
 State lives under ``$AKRI_TRIO_HOME`` (default ``~/.cache/akri-trio``):
 
-    k8s-v1.20.2/bin/   binaries built by build_k8s.sh (kept across `down`)
+    build/<component>-<version>/bin/   binaries built by gobuild/build.sh (kept across `down`;
+                       a version change in gobuild/versions.env builds into a new directory)
+    go/                the Go module and build caches of those builds
     run/pki/           CA, serving/client certs, service-account keys (kept across `down`)
     run/*.kubeconfig   admin, restricted, controller-manager, scheduler, kubelet (kept)
     run/pids/, run/logs/   one PID file and one log per process
-    run/etcd/, run/containerd/, run/cni/   runtime state (removed by `down`)
+    run/etcd/, run/containerd/, run/cni/, run/cdi/   runtime state (removed by `down`)
 
 The kubelet uses the standard --root-dir=/var/lib/kubelet, so device-plugin and pod-resources
 sockets are where every tool expects them.
@@ -23,15 +25,48 @@ from pathlib import Path
 
 import attrs
 
-K8S_VERSION = "v1.20.2"
-K8S_BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl")
+VERSIONS_FILE = Path(__file__).with_name("gobuild") / "versions.env"
+
+
+def parse_versions(text: str) -> dict[str, str]:
+    """KEY=value lines of versions.env (comments and blank lines skipped)."""
+    pairs = (line.split("=", 1) for line in text.splitlines() if "=" in line)
+    return {k.strip(): v.strip() for k, v in pairs if not k.lstrip().startswith("#")}
+
+
+VERSIONS = parse_versions(VERSIONS_FILE.read_text())
+K8S_VERSION = VERSIONS["KUBERNETES"]
+
+
+@attrs.frozen
+class Component:
+    """One wrapper module of gobuild/ and the binaries it builds."""
+
+    name: str
+    version: str
+    binaries: tuple[str, ...]
+
+
+COMPONENTS = (
+    Component(
+        "kubernetes",
+        K8S_VERSION,
+        ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl"),
+    ),
+    Component("etcd", VERSIONS["ETCD"], ("etcd",)),
+    Component(
+        "containerd", VERSIONS["CONTAINERD"], ("containerd", "containerd-shim-runc-v2", "ctr")
+    ),
+)
+_PROVIDER = {b: c for c in COMPONENTS for b in c.binaries}
 
 # Control-plane processes in start order; `down` stops them in reverse.
 CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
 NODE_PROCESSES = ("containerd", "kubelet")
 
 DEFAULT_NODE_NAME = "127.0.0.1"
-PAUSE_IMAGE = "registry.k8s.io/pause:3.6"
+# The sandbox image kubeadm pairs with this release; built locally (oci.py), never pulled.
+PAUSE_IMAGE = "registry.k8s.io/pause:3.10.2"
 BUSYBOX_IMAGE = "docker.io/library/busybox:latest"
 SERVICE_CIDR = "10.0.0.0/24"
 POD_CIDR = "10.244.0.0/24"
@@ -84,20 +119,18 @@ class Layout:
         return cls(home=home)
 
     # -- binaries ------------------------------------------------------------------------
-    @property
-    def k8s_dir(self) -> Path:
-        return self.home / f"k8s-{K8S_VERSION}"
+    def build_dir(self, component: Component) -> Path:
+        return self.home / "build" / f"{component.name}-{component.version}"
 
     @property
-    def bin_dir(self) -> Path:
-        return self.k8s_dir / "bin"
+    def go_cache(self) -> Path:
+        return self.home / "go"
 
-    @property
-    def build_log(self) -> Path:
-        return self.k8s_dir / "build.log"
+    def build_log(self, component: Component) -> Path:
+        return self.build_dir(component) / "build.log"
 
     def binary(self, name: str) -> Path:
-        return self.bin_dir / name
+        return self.build_dir(_PROVIDER[name]) / "bin" / name
 
     @property
     def kubectl(self) -> Path:
@@ -166,6 +199,15 @@ class Layout:
         return self.run / "cni" / "net.d"
 
     @property
+    def cdi_dir(self) -> Path:
+        """Where containerd reads CDI specs (and where tests and a DRA driver write them)."""
+        return self.run / "cdi"
+
+    @property
+    def kubelet_config(self) -> Path:
+        return self.run / "kubelet-config.yaml"
+
+    @property
     def images_dir(self) -> Path:
         return self.run / "images"
 
@@ -178,7 +220,8 @@ class Layout:
     def runtime_dirs(self) -> tuple[Path, ...]:
         """State `down` deletes (the PKI, kubeconfigs and binaries stay)."""
         certs = tuple(self.run / d for d in ("apiserver-certs", "kcm-certs", "scheduler-certs"))
-        return (self.etcd_data, self.containerd_dir, self.run / "cni", self.images_dir, *certs)
+        node = (self.containerd_dir, self.run / "cni", self.cdi_dir, self.images_dir)
+        return (self.etcd_data, *node, *certs)
 
     # -- endpoints -----------------------------------------------------------------------
     @property
@@ -191,8 +234,7 @@ class Layout:
 
     @property
     def device_plugin_dir(self) -> Path:
-        # Hard-coded in kubelet 1.20 regardless of --root-dir.
-        return Path("/var/lib/kubelet/device-plugins")
+        return KUBELET_ROOT / "device-plugins"
 
     @property
     def pod_resources_socket(self) -> Path:

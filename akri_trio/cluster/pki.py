@@ -1,4 +1,4 @@
-"""The local cluster's PKI, as bytes: a CA and the few certificates a 1.20 cluster needs.
+"""The local cluster's PKI, as bytes: a CA and the few certificates the cluster needs.
 
 Pure: every function returns PEM bytes and takes the clock as an argument; writing files is the
 caller's job. The cryptography package does the work (it is already installed via asyncua), so

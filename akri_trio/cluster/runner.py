@@ -27,9 +27,9 @@ from akri_trio.cluster import cleanup, configs, flags, oci, pki, procs
 from akri_trio.cluster.layout import (
     BUSYBOX_IMAGE,
     CNI_BRIDGE,
+    COMPONENTS,
     CONTROL_PLANE,
     HOST_DIRS_TO_REMOVE,
-    K8S_BINARIES,
     KUBELET_ROOT,
     NETNS_DIR,
     NODE_PROCESSES,
@@ -38,9 +38,9 @@ from akri_trio.cluster.layout import (
     Layout,
 )
 
-CONTROL_PLANE_PACKAGES = ("etcd-server",)
+# etcd and containerd are built from Go modules with Kubernetes (gobuild/); runc and the CNI
+# plugins come from Debian.
 NODE_PACKAGES = (
-    "containerd",
     "runc",
     "containernetworking-plugins",
     "busybox-static",
@@ -48,11 +48,11 @@ NODE_PACKAGES = (
     "iptables",
     "mount",
 )
-BUILD_SCRIPT = Path(__file__).with_name("build_k8s.sh")
+BUILD_SCRIPT = Path(__file__).with_name("gobuild") / "build.sh"
 
 
 def build_script() -> Path:
-    """build_k8s.sh, unless AKRI_TRIO_BUILD_SCRIPT names another (e.g. one that fetches
+    """gobuild/build.sh, unless AKRI_TRIO_BUILD_SCRIPT names another (e.g. one that fetches
     prebuilt binaries from a CI cache; tests use it to exercise a failing build)."""
     return Path(os.environ.get("AKRI_TRIO_BUILD_SCRIPT") or BUILD_SCRIPT)
 
@@ -122,50 +122,36 @@ def ensure_packages(wanted: Sequence[str]) -> None:
         raise ClusterError(f"apt-get install {' '.join(missing)} failed:\n{output}")
 
 
-def _wait_for_other_builds(lay: Layout) -> None:
-    """build_k8s.sh serialises builds with flock, but a build started by an older copy of the
-    script holds no lock: wait for any build_k8s.sh of the same directory to finish first."""
-    announced = False
-    while others := [
-        p for p in procs.find_processes("bash", BUILD_SCRIPT.name) if p.pid != os.getpid()
-    ]:
-        if not any(str(lay.k8s_dir) in procs.cmdline(p.pid) for p in others):
-            return
-        if not announced:
-            say(f"waiting for a running build_k8s.sh (pid {others[0].pid}) to finish")
-            announced = True
-        time.sleep(2)
-
-
 def ensure_binaries(lay: Layout) -> None:
-    if all(lay.binary(b).is_file() for b in K8S_BINARIES):
-        return
-    if os.geteuid() != 0:
-        raise ClusterError(
-            "Kubernetes binaries are not built yet and building needs root (apt-get)"
+    """Build every component whose binaries are missing, one after the other (2 cores)."""
+    todo = [c for c in COMPONENTS if not all(lay.binary(b).is_file() for b in c.binaries)]
+    for n, comp in enumerate(todo, 1):
+        build_dir, log_path = lay.build_dir(comp), lay.build_log(comp)
+        say(
+            f"building {n}/{len(todo)}: {comp.name} {comp.version} into {build_dir} "
+            f"(minutes on a new machine; log {log_path})"
         )
-    _wait_for_other_builds(lay)
-    if all(lay.binary(b).is_file() for b in K8S_BINARIES):
-        return
-    say(f"building Kubernetes binaries into {lay.bin_dir} (minutes; log {lay.build_log})")
-    lay.k8s_dir.mkdir(parents=True, exist_ok=True)
-    with lay.build_log.open("a") as log:
-        proc = subprocess.Popen(
-            ["bash", str(build_script()), str(lay.k8s_dir)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            log.write(line)
-            log.flush()
-            print(f"  {line.rstrip()}", flush=True)
-        rc = proc.wait()
-    if rc != 0:
-        raise ClusterError(
-            f"build failed (exit {rc}); last lines of {lay.build_log}:\n{_tail(lay.build_log, 30)}"
-        )
+        build_dir.mkdir(parents=True, exist_ok=True)
+        t0 = time.monotonic()
+        with log_path.open("a") as log:
+            proc = subprocess.Popen(
+                ["bash", str(build_script()), comp.name, str(build_dir), str(lay.go_cache)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                log.write(line)
+                log.flush()
+                print(f"  {line.rstrip()}", flush=True)
+            rc = proc.wait()
+        if rc != 0:
+            raise ClusterError(
+                f"building {comp.name} failed (exit {rc}); last lines of {log_path}:\n"
+                f"{_tail(log_path, 30)}"
+            )
+        say(f"built {comp.name} {comp.version} in {time.monotonic() - t0:.0f} s")
 
 
 # -- files ---------------------------------------------------------------------------------
@@ -223,7 +209,7 @@ def write_control_plane_files(lay: Layout) -> None:
         _write(lay.kubeconfig(who), text, 0o600)
 
 
-def write_node_files(lay: Layout, node: str) -> None:
+def write_node_files(lay: Layout, node: str, node_ip: str | None) -> None:
     crt, key = lay.pki / f"kubelet-{node}.crt", lay.pki / f"kubelet-{node}.key"
     if not (crt.is_file() and key.is_file()):
         ca = pki.KeyCert((lay.pki / "ca.key").read_bytes(), (lay.pki / "ca.crt").read_bytes())
@@ -242,9 +228,20 @@ def write_node_files(lay: Layout, node: str) -> None:
             state=lay.containerd_state,
             socket=lay.containerd_socket,
             cni_conf_dir=lay.cni_conf_dir,
+            cdi_dir=lay.cdi_dir,
             sandbox_image=PAUSE_IMAGE,
         ),
     )
+    settings = configs.KubeletSettings(
+        runtime_endpoint=f"unix://{lay.containerd_socket}",
+        client_ca=lay.pki / "ca.crt",
+        address=flags.kubelet_address(node, node_ip),
+        port=lay.ports.kubelet,
+        healthz_port=lay.ports.kubelet_healthz,
+        volume_plugin_dir=KUBELET_ROOT / "volumeplugins",
+    )
+    _write(lay.kubelet_config, configs.kubelet_config(settings))
+    lay.cdi_dir.mkdir(parents=True, exist_ok=True)
     _write(
         lay.cni_conf_dir / "10-akri-trio.conflist",
         configs.cni_conflist(bridge=CNI_BRIDGE, subnet=POD_CIDR),
@@ -274,9 +271,14 @@ def apiserver_ready(lay: Layout) -> bool:
         return False
 
 
-def _default_sa_has_token(c: httpx.Client) -> bool:
-    r = c.get("/api/v1/namespaces/default/serviceaccounts/default")
-    return r.status_code == 200 and bool(r.json().get("secrets"))
+def _pods_can_start(c: httpx.Client) -> bool:
+    """A Pod's ServiceAccount token volume needs the default ServiceAccount and the
+    kube-root-ca.crt ConfigMap, both made by the controller-manager shortly after start."""
+    ns = "/api/v1/namespaces/default"
+    return all(
+        c.get(f"{ns}/{path}").status_code == 200
+        for path in ("serviceaccounts/default", "configmaps/kube-root-ca.crt")
+    )
 
 
 def _node_ready(c: httpx.Client, node: str) -> bool:
@@ -297,7 +299,7 @@ def _https_ok(port: int) -> bool:
 
 
 # -- processes -----------------------------------------------------------------------------
-def _start(lay: Layout, name: str, argv: list[str]) -> bool:
+def _start(lay: Layout, name: str, argv: list[str], env: dict[str, str] | None = None) -> bool:
     """Start `name` unless it runs; True when started now. Names the port when one is taken."""
     rec = procs.running(lay.pid_file(name))
     if rec is not None:
@@ -311,7 +313,7 @@ def _start(lay: Layout, name: str, argv: list[str]) -> bool:
     conflicts = procs.port_conflicts(lay.ports.for_process(name))
     if conflicts:
         raise ClusterError(f"cannot start {name}: " + "; ".join(conflicts))
-    rec = procs.spawn(argv, pid_file=lay.pid_file(name), log_file=lay.log_file(name))
+    rec = procs.spawn(argv, pid_file=lay.pid_file(name), log_file=lay.log_file(name), env=env)
     say(f"started {name} (pid {rec.pid}, log {lay.log_file(name)})")
     return True
 
@@ -326,7 +328,6 @@ def _check_alive(lay: Layout, name: str) -> bool:
 
 def up_control_plane(lay: Layout) -> None:
     t0 = time.monotonic()
-    ensure_packages(CONTROL_PLANE_PACKAGES)
     ensure_binaries(lay)
     ensure_pki(lay)
     write_control_plane_files(lay)
@@ -369,8 +370,8 @@ def up_control_plane(lay: Layout) -> None:
     )
     with _client(lay) as c:
         _wait(
-            "the default ServiceAccount's token in namespace default",
-            lambda: _default_sa_has_token(c),
+            "the default ServiceAccount and kube-root-ca.crt in namespace default",
+            lambda: _pods_can_start(c),
             60,
             lay.log_file("kube-controller-manager"),
         )
@@ -397,7 +398,7 @@ def default_route_ip() -> str | None:
 
 def _ctr(lay: Layout, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(
-        ["ctr", "--address", str(lay.containerd_socket), "-n", "k8s.io", *args],
+        [str(lay.binary("ctr")), "--address", str(lay.containerd_socket), "-n", "k8s.io", *args],
         capture_output=True,
         text=True,
     )
@@ -456,8 +457,10 @@ def up_node(lay: Layout, node: str) -> None:
             raise ClusterError(
                 f"node name {node!r} needs a non-loopback IPv4 address; use --node-name=127.0.0.1"
             )
-    write_node_files(lay, node)
-    if _start(lay, "containerd", flags.containerd(lay)):
+    write_node_files(lay, node, node_ip)
+    # containerd starts its runc shim by name: ours, built beside it.
+    shim_path = f"{lay.binary('containerd-shim-runc-v2').parent}:{os.environ.get('PATH', '')}"
+    if _start(lay, "containerd", flags.containerd(lay), env={**os.environ, "PATH": shim_path}):
         _wait(
             "containerd socket",
             lambda: (
@@ -657,6 +660,8 @@ def env_lines(lay: Layout) -> list[str]:
             "AKRI_TRIO_DEVICE_PLUGIN_DIR": lay.device_plugin_dir,
             "AKRI_TRIO_POD_RESOURCES_SOCKET": lay.pod_resources_socket,
             "AKRI_TRIO_CONTAINERD_SOCKET": lay.containerd_socket,
+            "AKRI_TRIO_KUBELET_ROOT_DIR": KUBELET_ROOT,
+            "AKRI_TRIO_CDI_DIR": lay.cdi_dir,
         }
     return [f"{k}={v}" for k, v in pairs.items()]
 

@@ -50,15 +50,16 @@ async def _agent_token(api: Client) -> str:
     for doc in yaml.safe_load_all(MANIFEST.read_text()):
         if doc["kind"] in KINDS:
             await api.apply(KINDS[doc["kind"]], doc, field_manager="akri-trio-tests", force=True)
-    sa_res = KINDS["ServiceAccount"]
-    with trio.fail_after(30):
-        while True:  # the token controller adds the secret shortly after the ServiceAccount
-            sa = await api.get(sa_res, "akri-agent-sa", namespace="akri")
-            if sa.get("secrets"):
-                break
-            await trio.sleep(0.2)
-    secret = await api.get(SECRETS, sa["secrets"][0]["name"], namespace="akri")
-    return base64.b64decode(secret["data"]["token"]).decode()
+    # A bound token from the TokenRequest API, as the kubelet gets for a Pod.
+    sa_path = KINDS["ServiceAccount"].path("akri", "akri-agent-sa", "token")
+    request = {
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "TokenRequest",
+        "spec": {"expirationSeconds": 3600},
+    }
+    answer = await api.request("POST", sa_path, body=request)
+    token: str = answer["status"]["token"]
+    return token
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ interface only (127.0.0.1: multicast never leaves this machine), and the handler
 
 from __future__ import annotations
 
+import secrets
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -26,7 +27,10 @@ from akri_trio.discovery.handlers.zeroconf_handler import (
 from akri_trio.discovery.interface import discover_changes
 from akri_trio.model.device import Device
 
-KIND_TYPE = "_akritest._tcp.local."
+# A service type of this test run's own: other runs on the machine (a developer's, CI's) announce
+# on the same loopback multicast group, and their services must not show up here.
+SHORT_KIND = f"_akri{secrets.token_hex(4)}._tcp"
+KIND_TYPE = f"{SHORT_KIND}.local."
 LOOPBACK = ("127.0.0.1",)
 
 
@@ -93,7 +97,7 @@ async def next_list(
 
 async def test_services_appear_update_and_leave() -> None:
     handler = Zeroconf(interfaces=LOOPBACK, settle=0.5)
-    details = parse_details("kind: _akritest._tcp")
+    details = parse_details(f"kind: {SHORT_KIND}")
     dev1 = service("dev1", 8001, model="X100", **{"fw-version": "1.2"})
     dev2 = service("dev2", 8002)
     send, receive = trio.open_memory_channel[list[Device]](10)
@@ -105,9 +109,9 @@ async def test_services_appear_update_and_leave() -> None:
         first = await next_list(receive, 5)
         while not first:
             first = await next_list(receive, 5)
-        assert [d.id for d in first] == ["dev1._akritest._tcp.local."]
+        assert [d.id for d in first] == [f"dev1.{KIND_TYPE}"]
         assert first[0].properties == {
-            KIND: "_akritest._tcp",
+            KIND: SHORT_KIND,
             f"{PREFIX}_NAME": "dev1",
             HOST: "dev1-host.local",
             f"{PREFIX}_ADDR": "127.0.0.1",
@@ -121,8 +125,8 @@ async def test_services_appear_update_and_leave() -> None:
         await peer.register(dev2)  # announced while we browse
         second = await next_list(receive, 3)
         assert [d.id for d in second] == [
-            "dev1._akritest._tcp.local.",
-            "dev2._akritest._tcp.local.",
+            f"dev1.{KIND_TYPE}",
+            f"dev2.{KIND_TYPE}",
         ]
         assert trio.current_time() - start < 2.0
 
@@ -135,7 +139,7 @@ async def test_services_appear_update_and_leave() -> None:
         start = trio.current_time()
         await peer.unregister(dev2)  # goodbye packets
         fourth = await next_list(receive, 3)
-        assert [d.id for d in fourth] == ["dev1._akritest._tcp.local."]
+        assert [d.id for d in fourth] == [f"dev1.{KIND_TYPE}"]
         assert trio.current_time() - start < 2.0
 
         with trio.move_on_after(1.5):  # nothing changes: nothing is sent
@@ -151,10 +155,10 @@ async def test_first_list_comes_once_all_seen_are_resolved_not_at_the_settle_bou
         for info in infos:
             await peer.register(info)
         nursery.start_soon(
-            discover_changes, handler, parse_details("kind: _akritest._tcp"), {}, send.send
+            discover_changes, handler, parse_details(f"kind: {SHORT_KIND}"), {}, send.send
         )
         first = await next_list(receive, 10)
-        assert [d.id for d in first] == [f"early-{i}._akritest._tcp.local." for i in range(5)]
+        assert [d.id for d in first] == [f"early-{i}.{KIND_TYPE}" for i in range(5)]
         nursery.cancel_scope.cancel()
 
 
@@ -166,12 +170,12 @@ async def test_configurations_share_one_instance_and_a_late_one_finds_cached_ser
     infos = [service("shared-a", 8201), service("shared-b", 8202)]
     first_send, first = trio.open_memory_channel[list[Device]](10)
     late_send, late = trio.open_memory_channel[list[Device]](10)
-    all_of_them = [f"shared-{x}._akritest._tcp.local." for x in "ab"]
+    all_of_them = [f"shared-{x}.{KIND_TYPE}" for x in "ab"]
     async with responder() as peer:
         for info in infos:
             await peer.register(info)
         async with trio.open_nursery() as nursery:
-            every = parse_details("kind: _akritest._tcp")
+            every = parse_details(f"kind: {SHORT_KIND}")
             first_scope, first_done = trio.CancelScope(), trio.Event()
 
             async def first_discover() -> None:
@@ -183,7 +187,7 @@ async def test_configurations_share_one_instance_and_a_late_one_finds_cached_ser
             assert [d.id for d in await next_list(first, 10)] == all_of_them
             # Started after the first one resolved everything: the answers are in the shared
             # cache (responders suppress known answers), and the new browser must get them.
-            only_b = parse_details("{kind: _akritest._tcp, name: shared-b}")
+            only_b = parse_details(f"{{kind: {SHORT_KIND}, name: shared-b}}")
             nursery.start_soon(discover_changes, handler, only_b, {}, late_send.send)
             assert [d.id for d in await next_list(late, 10)] == all_of_them[1:]
             assert handler._instance._users == 2  # one Zeroconf for both
@@ -227,15 +231,15 @@ async def test_filters_by_name_port_txt_and_kinds() -> None:
     async with responder() as peer:
         for info in [*services, other]:
             await peer.register(info)
-        p1, p2, c1 = (f"{n}._akritest._tcp.local." for n in ("printer-1", "printer-2", "camera-1"))
-        assert await found("kind: _akritest._tcp.local.") == [c1, p1, p2]
-        assert await found("{kind: _akritest._tcp, name: 'printer-.*'}") == [p1, p2]
-        assert await found("{kind: _akritest._tcp, name: 'printer'}") == []  # full match
-        assert await found("{kind: _akritest._tcp, port: 9002}") == [p2]
-        assert await found("{kind: _akritest._tcp, txtRecords: {MODEL: X100}}") == [c1, p1]
-        assert await found("{kind: _akritest._tcp, txtRecords: {secure: null}}") == [p1]
-        assert await found("{kind: _akritest._tcp, host: 'camera-1-host\\.local'}") == [c1]
-        assert await found("kinds: [_akritest._tcp, _akriother._udp]") == [
+        p1, p2, c1 = (f"{n}.{KIND_TYPE}" for n in ("printer-1", "printer-2", "camera-1"))
+        assert await found(f"kind: {KIND_TYPE}") == [c1, p1, p2]
+        assert await found(f"{{kind: {SHORT_KIND}, name: 'printer-.*'}}") == [p1, p2]
+        assert await found(f"{{kind: {SHORT_KIND}, name: 'printer'}}") == []  # full match
+        assert await found(f"{{kind: {SHORT_KIND}, port: 9002}}") == [p2]
+        assert await found(f"{{kind: {SHORT_KIND}, txtRecords: {{MODEL: X100}}}}") == [c1, p1]
+        assert await found(f"{{kind: {SHORT_KIND}, txtRecords: {{secure: null}}}}") == [p1]
+        assert await found(f"{{kind: {SHORT_KIND}, host: 'camera-1-host\\.local'}}") == [c1]
+        assert await found(f"kinds: [{SHORT_KIND}, _akriother._udp]") == [
             c1,
             p1,
             p2,
@@ -254,7 +258,7 @@ async def test_cancellation_closes_zeroconf_promptly() -> None:
 
     start = trio.current_time()
     with trio.move_on_after(0.5):
-        await handler.discover(parse_details("kind: _akritest._tcp"), {}, send)
+        await handler.discover(parse_details(f"kind: {SHORT_KIND}"), {}, send)
     assert trio.current_time() - start < 2.0
     # Zeroconf's loop thread and the browser thread are gone (trio's idle workers may stay)
     assert await threads_started_since(before) == []

@@ -51,7 +51,7 @@ class Plugin(dp_grpc.DevicePluginServicer):
     async def Allocate(self, input_message: dp.AllocateRequest) -> dp.AllocateResponse:
         response = dp.AllocateResponse()
         for request in input_message.container_requests:
-            ids = list(request.devicesIDs)
+            ids = list(request.devices_ids)
             self.allocations.append(ids)
             response.container_responses.append(
                 dp.ContainerAllocateResponse(

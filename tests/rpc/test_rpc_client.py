@@ -85,7 +85,7 @@ async def test_purerpc_both_ends_do_not_leak_fds(plugin: Plugin, sock_dir: Path)
     async def allocate(path: Path, device: str) -> None:
         async with uds.UnixChannel(path) as channel:
             request = dp.AllocateRequest(
-                container_requests=[dp.ContainerAllocateRequest(devicesIDs=[device])]
+                container_requests=[dp.ContainerAllocateRequest(devices_ids=[device])]
             )
             await dp_grpc.DevicePluginStub(channel).Allocate(request)
 

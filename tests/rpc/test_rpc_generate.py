@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from google.protobuf import descriptor
 
+from akri_trio.cluster.layout import K8S_VERSION, Layout
 from akri_trio.rpc import generate
 from akri_trio.rpc.gen import deviceplugin_v1beta1_pb2 as dp
 from akri_trio.rpc.gen import discovery_pb2 as disc
@@ -97,6 +98,7 @@ def test_device_plugin_proto_is_kubelet_v1beta1() -> None:
         "mounts": 2,
         "devices": 3,
         "annotations": 4,
+        "cdi_devices": 5,
     }
     assert fields(dp.ContainerPreferredAllocationRequest.DESCRIPTOR) == {
         "available_deviceIDs": 1,
@@ -112,21 +114,20 @@ def test_device_plugin_proto_is_kubelet_v1beta1() -> None:
         ("podresources_v1.proto", "podresources/v1/api.proto"),
     ],
 )
-def test_kubelet_protos_are_upstream_minus_gogoproto(proto: str, upstream: str) -> None:
-    root = Path.home() / ".cache/akri-trio/k8s-v1.20.2/src/kubernetes-1.20.2"
-    source = root / "vendor/k8s.io/kubelet/pkg/apis" / upstream
-    if not source.exists():
-        pytest.skip(f"Kubernetes 1.20.2 source not unpacked at {root}")
+def test_kubelet_protos_are_upstream_minus_regenerate_note(
+    proto: str, upstream: str, cluster: dict[str, str]
+) -> None:
+    """Against the k8s.io/kubelet module the cluster build downloaded (`cluster` ensures it)."""
+    minor = K8S_VERSION.removeprefix("v1.")
+    source = Layout.default().go_cache / "mod" / f"k8s.io/kubelet@v0.{minor}/pkg/apis" / upstream
+    assert source.exists(), f"{source} missing after the cluster build"
 
     def body(text: str) -> list[str]:
         lines = (line.rstrip() for line in text.splitlines())
         return [
             line
             for line in lines
-            if line
-            and "gogoproto" not in line
-            and not line.startswith("// To regenerate")
-            and not line.startswith("//")  # comments: our header differs, fields must not
+            if line and not line.startswith("//")  # comments: our header differs, fields must not
         ]
 
     ours = (generate.PROTO_DIR / proto).read_text()
@@ -137,7 +138,9 @@ def test_kubelet_protos_are_upstream_minus_gogoproto(proto: str, upstream: str) 
 def test_podresources_proto_is_kubelet_v1() -> None:
     assert pr.DESCRIPTOR.package == "v1"
     assert [m.name for m in pr.DESCRIPTOR.services_by_name["PodResourcesLister"].methods] == [
-        "List"
+        "List",
+        "GetAllocatableResources",
+        "Get",
     ]
     assert fields(pr.ContainerDevices.DESCRIPTOR) == {
         "resource_name": 1,

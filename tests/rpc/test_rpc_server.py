@@ -39,7 +39,7 @@ def allocate_via_grpcio(path: Path, ids: list[str]) -> dp.AllocateResponse:
     with grpcio_channel(path) as channel:
         stub = dp_grpcio.DevicePluginStub(channel)
         request = dp.AllocateRequest(
-            container_requests=[dp.ContainerAllocateRequest(devicesIDs=ids)]
+            container_requests=[dp.ContainerAllocateRequest(devices_ids=ids)]
         )
         response: dp.AllocateResponse = stub.Allocate(request, timeout=GRPC_TIMEOUT_S)
         return response
@@ -306,7 +306,7 @@ async def test_tcp_server_serves_grpcio(plugin: Plugin) -> None:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             stub = dp_grpcio.DevicePluginStub(channel)
             request = dp.AllocateRequest(
-                container_requests=[dp.ContainerAllocateRequest(devicesIDs=["t"])]
+                container_requests=[dp.ContainerAllocateRequest(devices_ids=["t"])]
             )
             response = stub.Allocate(request, timeout=GRPC_TIMEOUT_S)
             return len(response.container_responses)

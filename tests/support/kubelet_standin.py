@@ -101,7 +101,7 @@ class KubeletStandin:
     def allocate(self, resource: str, container_requests: Sequence[Sequence[str]]) -> Any:
         request = dp.AllocateRequest(
             container_requests=[
-                dp.ContainerAllocateRequest(devicesIDs=list(ids)) for ids in container_requests
+                dp.ContainerAllocateRequest(devices_ids=list(ids)) for ids in container_requests
             ]
         )
         return self._stub(resource).Allocate(request, timeout=30)

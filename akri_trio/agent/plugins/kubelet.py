@@ -6,10 +6,11 @@ agent restarted. Here one `KubeletWatch` stats the directory (one syscall per ti
 number of plugins) and wakes the plugins when it changes; each plugin whose socket is gone
 re-serves on a new socket and registers again.
 
-The re-register race (real-k8s.md §8.2 #3): while the kubelet restarts, a Register can land
-after the new kubelet has already wiped our fresh socket, and kubelet 1.20 then keeps two
-ListAndWatch streams. So before sending Register — connecting to kubelet.sock proves the wipe is
-over — we check our socket is still the inode we served; if not, we re-serve first.
+The re-register race: while the kubelet restarts, a Register can land after the new kubelet has
+already wiped our fresh socket, and the kubelet then holds a registration for a socket that no
+longer exists (1.20 was seen keeping two ListAndWatch streams). So before sending Register
+(connecting to kubelet.sock proves the wipe is over) we check our socket is still the inode we
+served; if not, we re-serve first.
 """
 
 from __future__ import annotations

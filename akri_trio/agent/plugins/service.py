@@ -245,7 +245,7 @@ class DevicePluginService(dp_grpc.DevicePluginServicer):
 
     async def Allocate(self, request: dp.AllocateRequest) -> dp.AllocateResponse:
         started = time.monotonic()
-        requests = [list(creq.devicesIDs) for creq in request.container_requests]
+        requests = [list(creq.devices_ids) for creq in request.container_requests]
         outcome = "ok"
         try:
             responses = await self.behaviour.allocate(requests)

@@ -7,6 +7,12 @@ class PodResourcesListerServicer(purerpc.Servicer):
     async def List(self, input_message):
         raise NotImplementedError()
 
+    async def GetAllocatableResources(self, input_message):
+        raise NotImplementedError()
+
+    async def Get(self, input_message):
+        raise NotImplementedError()
+
     @property
     def service(self) -> purerpc.Service:
         service_obj = purerpc.Service(
@@ -19,6 +25,24 @@ class PodResourcesListerServicer(purerpc.Servicer):
                 purerpc.Cardinality.UNARY_UNARY,
                 podresources_v1__pb2.ListPodResourcesRequest,
                 podresources_v1__pb2.ListPodResourcesResponse,
+            )
+        )
+        service_obj.add_method(
+            "GetAllocatableResources",
+            self.GetAllocatableResources,
+            purerpc.RPCSignature(
+                purerpc.Cardinality.UNARY_UNARY,
+                podresources_v1__pb2.AllocatableResourcesRequest,
+                podresources_v1__pb2.AllocatableResourcesResponse,
+            )
+        )
+        service_obj.add_method(
+            "Get",
+            self.Get,
+            purerpc.RPCSignature(
+                purerpc.Cardinality.UNARY_UNARY,
+                podresources_v1__pb2.GetPodResourcesRequest,
+                podresources_v1__pb2.GetPodResourcesResponse,
             )
         )
         return service_obj
@@ -36,5 +60,21 @@ class PodResourcesListerStub:
                 purerpc.Cardinality.UNARY_UNARY,
                 podresources_v1__pb2.ListPodResourcesRequest,
                 podresources_v1__pb2.ListPodResourcesResponse,
+            )
+        )
+        self.GetAllocatableResources = self._client.get_method_stub(
+            "GetAllocatableResources",
+            purerpc.RPCSignature(
+                purerpc.Cardinality.UNARY_UNARY,
+                podresources_v1__pb2.AllocatableResourcesRequest,
+                podresources_v1__pb2.AllocatableResourcesResponse,
+            )
+        )
+        self.Get = self._client.get_method_stub(
+            "Get",
+            purerpc.RPCSignature(
+                purerpc.Cardinality.UNARY_UNARY,
+                podresources_v1__pb2.GetPodResourcesRequest,
+                podresources_v1__pb2.GetPodResourcesResponse,
             )
         )

@@ -25,27 +25,44 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15podresources_v1.proto\x12\x02v1\"\x19\n\x17ListPodResourcesRequest\"C\n\x18ListPodResourcesResponse\x12\'\n\rpod_resources\x18\x01 \x03(\x0b\x32\x10.v1.PodResources\"[\n\x0cPodResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12*\n\ncontainers\x18\x03 \x03(\x0b\x32\x16.v1.ContainerResources\"Z\n\x12\x43ontainerResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12%\n\x07\x64\x65vices\x18\x02 \x03(\x0b\x32\x14.v1.ContainerDevices\x12\x0f\n\x07\x63pu_ids\x18\x03 \x03(\x03\"a\n\x10\x43ontainerDevices\x12\x15\n\rresource_name\x18\x01 \x01(\t\x12\x12\n\ndevice_ids\x18\x02 \x03(\t\x12\"\n\x08topology\x18\x03 \x01(\x0b\x32\x10.v1.TopologyInfo\"+\n\x0cTopologyInfo\x12\x1b\n\x05nodes\x18\x01 \x03(\x0b\x32\x0c.v1.NUMANode\"\x16\n\x08NUMANode\x12\n\n\x02ID\x18\x01 \x01(\x03\x32Y\n\x12PodResourcesLister\x12\x43\n\x04List\x12\x1b.v1.ListPodResourcesRequest\x1a\x1c.v1.ListPodResourcesResponse\"\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15podresources_v1.proto\x12\x02v1\"\x1d\n\x1b\x41llocatableResourcesRequest\"{\n\x1c\x41llocatableResourcesResponse\x12%\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x14.v1.ContainerDevices\x12\x0f\n\x07\x63pu_ids\x18\x02 \x03(\x03\x12#\n\x06memory\x18\x03 \x03(\x0b\x32\x13.v1.ContainerMemory\"\x19\n\x17ListPodResourcesRequest\"C\n\x18ListPodResourcesResponse\x12\'\n\rpod_resources\x18\x01 \x03(\x0b\x32\x10.v1.PodResources\"\x91\x01\n\x0cPodResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12*\n\ncontainers\x18\x03 \x03(\x0b\x32\x16.v1.ContainerResources\x12\x0f\n\x07\x63pu_ids\x18\x04 \x03(\x03\x12#\n\x06memory\x18\x05 \x03(\x0b\x32\x13.v1.ContainerMemory\"\xaf\x01\n\x12\x43ontainerResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12%\n\x07\x64\x65vices\x18\x02 \x03(\x0b\x32\x14.v1.ContainerDevices\x12\x0f\n\x07\x63pu_ids\x18\x03 \x03(\x03\x12#\n\x06memory\x18\x04 \x03(\x0b\x32\x13.v1.ContainerMemory\x12.\n\x11\x64ynamic_resources\x18\x05 \x03(\x0b\x32\x13.v1.DynamicResource\"X\n\x0f\x43ontainerMemory\x12\x13\n\x0bmemory_type\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\"\n\x08topology\x18\x03 \x01(\x0b\x32\x10.v1.TopologyInfo\"a\n\x10\x43ontainerDevices\x12\x15\n\rresource_name\x18\x01 \x01(\t\x12\x12\n\ndevice_ids\x18\x02 \x03(\t\x12\"\n\x08topology\x18\x03 \x01(\x0b\x32\x10.v1.TopologyInfo\"+\n\x0cTopologyInfo\x12\x1b\n\x05nodes\x18\x01 \x03(\x0b\x32\x0c.v1.NUMANode\"\x16\n\x08NUMANode\x12\n\n\x02ID\x18\x01 \x01(\x03\"j\n\x0f\x44ynamicResource\x12\x12\n\nclaim_name\x18\x02 \x01(\t\x12\x17\n\x0f\x63laim_namespace\x18\x03 \x01(\t\x12*\n\x0f\x63laim_resources\x18\x04 \x03(\x0b\x32\x11.v1.ClaimResource\"\x94\x01\n\rClaimResource\x12\"\n\x0b\x63\x64i_devices\x18\x01 \x03(\x0b\x32\r.v1.CDIDevice\x12\x13\n\x0b\x64river_name\x18\x02 \x01(\t\x12\x11\n\tpool_name\x18\x03 \x01(\t\x12\x13\n\x0b\x64\x65vice_name\x18\x04 \x01(\t\x12\x15\n\x08share_id\x18\x05 \x01(\tH\x00\x88\x01\x01\x42\x0b\n\t_share_id\"\x19\n\tCDIDevice\x12\x0c\n\x04name\x18\x01 \x01(\t\"A\n\x16GetPodResourcesRequest\x12\x10\n\x08pod_name\x18\x01 \x01(\t\x12\x15\n\rpod_namespace\x18\x02 \x01(\t\"B\n\x17GetPodResourcesResponse\x12\'\n\rpod_resources\x18\x01 \x01(\x0b\x32\x10.v1.PodResources2\xfb\x01\n\x12PodResourcesLister\x12\x43\n\x04List\x12\x1b.v1.ListPodResourcesRequest\x1a\x1c.v1.ListPodResourcesResponse\"\x00\x12^\n\x17GetAllocatableResources\x12\x1f.v1.AllocatableResourcesRequest\x1a .v1.AllocatableResourcesResponse\"\x00\x12@\n\x03Get\x12\x1a.v1.GetPodResourcesRequest\x1a\x1b.v1.GetPodResourcesResponse\"\x00\x42)Z\'k8s.io/kubelet/pkg/apis/podresources/v1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'podresources_v1_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
-  DESCRIPTOR._loaded_options = None
-  _globals['_LISTPODRESOURCESREQUEST']._serialized_start=29
-  _globals['_LISTPODRESOURCESREQUEST']._serialized_end=54
-  _globals['_LISTPODRESOURCESRESPONSE']._serialized_start=56
-  _globals['_LISTPODRESOURCESRESPONSE']._serialized_end=123
-  _globals['_PODRESOURCES']._serialized_start=125
-  _globals['_PODRESOURCES']._serialized_end=216
-  _globals['_CONTAINERRESOURCES']._serialized_start=218
-  _globals['_CONTAINERRESOURCES']._serialized_end=308
-  _globals['_CONTAINERDEVICES']._serialized_start=310
-  _globals['_CONTAINERDEVICES']._serialized_end=407
-  _globals['_TOPOLOGYINFO']._serialized_start=409
-  _globals['_TOPOLOGYINFO']._serialized_end=452
-  _globals['_NUMANODE']._serialized_start=454
-  _globals['_NUMANODE']._serialized_end=476
-  _globals['_PODRESOURCESLISTER']._serialized_start=478
-  _globals['_PODRESOURCESLISTER']._serialized_end=567
+  _globals['DESCRIPTOR']._loaded_options = None
+  _globals['DESCRIPTOR']._serialized_options = b'Z\'k8s.io/kubelet/pkg/apis/podresources/v1'
+  _globals['_ALLOCATABLERESOURCESREQUEST']._serialized_start=29
+  _globals['_ALLOCATABLERESOURCESREQUEST']._serialized_end=58
+  _globals['_ALLOCATABLERESOURCESRESPONSE']._serialized_start=60
+  _globals['_ALLOCATABLERESOURCESRESPONSE']._serialized_end=183
+  _globals['_LISTPODRESOURCESREQUEST']._serialized_start=185
+  _globals['_LISTPODRESOURCESREQUEST']._serialized_end=210
+  _globals['_LISTPODRESOURCESRESPONSE']._serialized_start=212
+  _globals['_LISTPODRESOURCESRESPONSE']._serialized_end=279
+  _globals['_PODRESOURCES']._serialized_start=282
+  _globals['_PODRESOURCES']._serialized_end=427
+  _globals['_CONTAINERRESOURCES']._serialized_start=430
+  _globals['_CONTAINERRESOURCES']._serialized_end=605
+  _globals['_CONTAINERMEMORY']._serialized_start=607
+  _globals['_CONTAINERMEMORY']._serialized_end=695
+  _globals['_CONTAINERDEVICES']._serialized_start=697
+  _globals['_CONTAINERDEVICES']._serialized_end=794
+  _globals['_TOPOLOGYINFO']._serialized_start=796
+  _globals['_TOPOLOGYINFO']._serialized_end=839
+  _globals['_NUMANODE']._serialized_start=841
+  _globals['_NUMANODE']._serialized_end=863
+  _globals['_DYNAMICRESOURCE']._serialized_start=865
+  _globals['_DYNAMICRESOURCE']._serialized_end=971
+  _globals['_CLAIMRESOURCE']._serialized_start=974
+  _globals['_CLAIMRESOURCE']._serialized_end=1122
+  _globals['_CDIDEVICE']._serialized_start=1124
+  _globals['_CDIDEVICE']._serialized_end=1149
+  _globals['_GETPODRESOURCESREQUEST']._serialized_start=1151
+  _globals['_GETPODRESOURCESREQUEST']._serialized_end=1216
+  _globals['_GETPODRESOURCESRESPONSE']._serialized_start=1218
+  _globals['_GETPODRESOURCESRESPONSE']._serialized_end=1284
+  _globals['_PODRESOURCESLISTER']._serialized_start=1287
+  _globals['_PODRESOURCESLISTER']._serialized_end=1538
 # @@protoc_insertion_point(module_scope)

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Build one component of the local test cluster from Go modules, at the versions in
+# versions.env, with the wrapper module beside this file (its go.sum pins every dependency):
+#   kubernetes  kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl
+#   etcd        etcd
+#   containerd  containerd containerd-shim-runc-v2 ctr
+# No registry ships these binaries; the Go module proxy ships their source.
+#
+# Usage: build.sh COMPONENT OUT_DIR CACHE_DIR
+#   OUT_DIR/bin receives the binaries; CACHE_DIR holds the module and build caches.
+# Idempotent: exits at once when every binary is in OUT_DIR/bin. Two builds of one OUT_DIR
+# serialise on a lock.
+set -euo pipefail
+COMPONENT=${1:?usage: build.sh COMPONENT OUT_DIR CACHE_DIR}
+OUT=${2:?usage: build.sh COMPONENT OUT_DIR CACHE_DIR}
+CACHE=${3:?usage: build.sh COMPONENT OUT_DIR CACHE_DIR}
+. "$(dirname "$0")/common.sh"
+
+version_x() {  # the -X flags that make a binary report its release
+  local v=$1 pkg flags="" minor
+  minor=${v#v*.}; minor=${minor%%.*}
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    flags+=" -X $pkg.gitVersion=$v -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+    flags+=" -X $pkg.gitTreeState=clean -X $pkg.gitCommit=$v -X $pkg.buildDate=1970-01-01T00:00:00Z"
+  done
+  echo "$flags"
+}
+
+case $COMPONENT in
+  kubernetes)
+    BINS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
+    PKGS=(); for b in "${BINS[@]}"; do PKGS+=("k8s.io/kubernetes/cmd/$b"); done
+    LDFLAGS="-s -w $(version_x "$KUBERNETES")"; TAGS=""; export CGO_ENABLED=0 ;;
+  etcd)
+    BINS=(etcd); PKGS=(go.etcd.io/etcd/server/v3)
+    LDFLAGS="-s -w"; TAGS=""; export CGO_ENABLED=0 ;;
+  containerd)
+    BINS=(containerd containerd-shim-runc-v2 ctr)
+    PKGS=(); for b in "${BINS[@]}"; do PKGS+=("github.com/containerd/containerd/v2/cmd/$b"); done
+    LDFLAGS="-s -w -X github.com/containerd/containerd/v2/version.Version=$CONTAINERD"
+    LDFLAGS+=" -X github.com/containerd/containerd/v2/version.Revision=$CONTAINERD"
+    TAGS="no_btrfs"; export CGO_ENABLED=0 ;;
+  *) echo "[build] unknown component $COMPONENT"; exit 2 ;;
+esac
+
+have_all() { for b in "${BINS[@]}"; do [ -x "$OUT/bin/$b" ] || return 1; done; }
+if have_all; then exit 0; fi
+mkdir -p "$OUT" "$CACHE"
+exec 9>"$OUT/.build.lock"
+if ! flock -n 9; then echo "[build] another build of $OUT is running; waiting for it"; flock 9; fi
+if have_all; then exit 0; fi
+
+go_env "$CACHE"
+step() { echo "[build] $(date +%T) $*"; }
+step "$COMPONENT: go build ${BINS[*]} with $GO_TOOLCHAIN (downloads modules on a new machine)"
+tmp="$OUT/bin.tmp"
+rm -rf "$tmp"; mkdir -p "$tmp"
+(cd "$here/$COMPONENT" && "$GO" build -trimpath -tags "$TAGS" -ldflags "$LDFLAGS" -o "$tmp/" "${PKGS[@]}")
+# etcd's main package is its module root, go.etcd.io/etcd/server/v3: go build names the binary
+# "server" (a major-version suffix is skipped).
+if [ "$COMPONENT" = etcd ]; then mv "$tmp/server" "$tmp/etcd"; fi
+mkdir -p "$OUT/bin"
+for b in "${BINS[@]}"; do mv "$tmp/$b" "$OUT/bin/$b"; done
+rmdir "$tmp"
+step "$COMPONENT: done ($(du -sh "$OUT/bin" | cut -f1))"
