@@ -18,6 +18,7 @@ The shape of a controller loop built from them:
                 queue.enqueue(key)
 """
 
+from akri_trio.address import ObjectKey
 from akri_trio.kube.backoff import Backoff
 from akri_trio.kube.client import JSON, Client, ListPage, ObjectList, Resource
 from akri_trio.kube.config import ConfigError, KubeConfig, http_client, load_config
@@ -69,6 +70,7 @@ __all__ = [
     "ListPage",
     "MethodNotAllowed",
     "NotFound",
+    "ObjectKey",
     "ObjectList",
     "ReconcileQueue",
     "Requeue",
