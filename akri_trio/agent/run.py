@@ -208,11 +208,13 @@ async def run_agent(
             await configs.wait_synced()
             await instances.wait_synced()
         discovery_nursery: trio.Nursery = await root.start(_child_nursery)
-        queue: ReconcileQueue
+        queue: ReconcileQueue[str]
         reconciler = ConfigurationReconciler(
             api, view, registry, configs, discovery_nursery, lambda key: queue.enqueue(key), metrics
         )
-        queue = ReconcileQueue(reconciler.reconcile, workers=4)
+        # No drain: the reconcile is cancel-safe (a restarted agent redoes every write), and
+        # what it would go on doing needs the discovery nursery, which closes at shutdown.
+        queue = ReconcileQueue(reconciler.reconcile, workers=4, drain=0)
         await root.start(queue.run)
         root.start_soon(_feed_view, instances, view, queue.enqueue)
         root.start_soon(_feed_queue, configs, queue.enqueue)
