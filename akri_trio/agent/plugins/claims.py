@@ -38,6 +38,11 @@ from akri_trio.model.resources import INSTANCES, JSON, Instance
 log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 5
+# How long a failed or cancelled configuration-level Allocate may spend giving back the claims
+# it made: shielded, so it survives the cancellation, but bounded, so an API server that is
+# down cannot hold up the agent's shutdown past a Pod's grace period (the reclaimer frees
+# whatever is left).
+RELEASE_BOUND_S = 5.0
 
 
 class ClaimFailed(Exception):
@@ -261,8 +266,10 @@ class Claims:
                         instances = {k: await self._fresh(k) for k in keys}
                 raise ClaimFailed(f"deviceUsage of {config}'s Instances kept changing")
             except BaseException:
-                with trio.CancelScope(shield=True):
+                with trio.move_on_after(RELEASE_BOUND_S, shield=True) as bounded:
                     await self._release(instances, before, written)
+                if bounded.cancelled_caught:
+                    log.warning("gave up releasing the claims of a failed Allocate on %s", config)
                 raise
 
     async def _release(
