@@ -131,8 +131,9 @@ class ReconcileQueue(Generic[K]):
         self, stopping: trio.Event, *, task_status: trio.TaskStatus[trio.Nursery]
     ) -> None:
         """The nursery reconciles run in: shielded from the cancellation that stops `run`, so
-        they can finish, but only until `drain` seconds after `stopping`."""
-        with trio.CancelScope(shield=True) as drain:
+        they can finish, but only until `drain` seconds after `stopping`. With no drain it is
+        not shielded at all: reconciles are cancelled together with `run`."""
+        with trio.CancelScope(shield=self._drain > 0) as drain:
             async with trio.open_nursery() as workers:
                 task_status.started(workers)
                 await stopping.wait()

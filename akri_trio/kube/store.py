@@ -177,12 +177,14 @@ class Store:
 
     def _replace(self, key: ObjectKey, new: JSON | None) -> JSON | None:
         """Store `new` under `key` (None: remove it), keeping the indexes in step."""
-        old = self._objects.pop(key, None)
+        old = self._objects.get(key)
         if old is not None:
             for index in self._indexes.values():
                 index.remove(key, old)
-        if new is not None:
-            self._objects[key] = new
+        if new is None:
+            self._objects.pop(key, None)
+        else:
+            self._objects[key] = new  # an update keeps the key's place in iteration order
             for index in self._indexes.values():
                 index.add(key, new)
         return old

@@ -355,3 +355,9 @@ def test_indexes_always_equal_the_ones_recomputed_from_scratch(
             for value, keys in expected.items():
                 assert store.keys_for(name, value) == keys
                 assert store.select(name, value) == {key: store.get(key) for key in keys}
+
+
+def test_an_update_keeps_the_key_in_its_place() -> None:
+    store = listed(obj("a"), obj("b"))
+    store.apply(Apply(obj("a", 2)))
+    assert list(store.snapshot()) == [k("a"), k("b")]
