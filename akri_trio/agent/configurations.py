@@ -24,11 +24,12 @@ import attrs
 import httpx
 import trio
 
+from akri_trio.address import ObjectKey
 from akri_trio.agent import instances as plan_
 from akri_trio.agent.discovery import DiscoveryRequest, DiscoveryResult, run_configuration_discovery
 from akri_trio.agent.metrics import AgentMetrics
 from akri_trio.agent.status import node_entry
-from akri_trio.agent.view import NodeView, instance_key
+from akri_trio.agent.view import NodeView
 from akri_trio.discovery.properties import (
     UnsolvableProperty,
     referenced_objects,
@@ -79,7 +80,7 @@ class ConfigurationReconciler:
         registry: Registry,
         configs: Store,
         discovery_nursery: trio.Nursery,
-        enqueue: Callable[[str], None],
+        enqueue: Callable[[ObjectKey], None],
         metrics: AgentMetrics | None = None,
     ) -> None:
         self.api = api
@@ -90,16 +91,16 @@ class ConfigurationReconciler:
         self.nursery = discovery_nursery
         self.enqueue = enqueue
         self.metrics = metrics
-        self.running: dict[str, _Running] = {}
+        self.running: dict[ObjectKey, _Running] = {}
 
     # --- discovery tasks -----------------------------------------------------------------------
 
-    def _stop(self, key: str) -> None:
+    def _stop(self, key: ObjectKey) -> None:
         running = self.running.pop(key, None)
         if running is not None:
             running.scope.cancel()
 
-    async def _discover(self, key: str, running: _Running) -> None:
+    async def _discover(self, key: ObjectKey, running: _Running) -> None:
         async def send(result: DiscoveryResult) -> None:
             if self.running.get(key) is running:
                 if self.metrics is not None:
@@ -110,10 +111,10 @@ class ConfigurationReconciler:
         with running.scope:
             await run_configuration_discovery(self.registry, running.request, send)
 
-    def _observe(self, key: str, running: _Running, result: DiscoveryResult) -> None:
+    def _observe(self, key: ObjectKey, running: _Running, result: DiscoveryResult) -> None:
         assert self.metrics is not None
         if running.result is None:
-            self.metrics.discovery_response_time.labels(configuration=key).observe(
+            self.metrics.discovery_response_time.labels(configuration=str(key)).observe(
                 trio.current_time() - running.started_at
             )
         self.metrics.discovery_response_result.labels(
@@ -121,7 +122,7 @@ class ConfigurationReconciler:
             result="error" if result.problems else "success",
         ).inc()
 
-    def _ensure(self, key: str, request: DiscoveryRequest) -> _Running:
+    def _ensure(self, key: ObjectKey, request: DiscoveryRequest) -> _Running:
         running = self.running.get(key)
         if running is not None and running.request == request:
             return running
@@ -151,15 +152,15 @@ class ConfigurationReconciler:
 
     # --- the reconcile -------------------------------------------------------------------------
 
-    async def reconcile(self, key: str) -> Requeue | None:
-        namespace, name = key.split("/", 1)
+    async def reconcile(self, key: ObjectKey) -> Requeue | None:
+        namespace, name = key.namespace, key.name
         obj = self.configs.get(key)
         if obj is None or (obj.get("metadata") or {}).get("deletionTimestamp"):
             self._stop(key)
             self.view.set_devices(key, {})
             await self._leave_all(namespace, name)
             if self.metrics is not None:
-                self.metrics.instance_count.remove_matching(configuration=key)
+                self.metrics.instance_count.remove_matching(configuration=str(key))
             return None
         try:
             config = structure(obj, Configuration)
@@ -176,13 +177,13 @@ class ConfigurationReconciler:
             await self._write_status(config, None, unsolvable)
             return Requeue(RETRY_UNSOLVABLE_S)
         handler = config.spec.discovery_handler
-        request = DiscoveryRequest(key, handler.name, handler.discovery_details, properties)
+        request = DiscoveryRequest(str(key), handler.name, handler.discovery_details, properties)
         running = self._ensure(key, request)
         result = running.result
         if result is None:
             return None  # the discovery task enqueues us with its first result
         devices = {
-            instance_key(
+            ObjectKey(
                 namespace, plan_.instance_name_for(name, f.device.id, f.shared, self.node)
             ): f.device
             for f in result.devices
@@ -204,14 +205,14 @@ class ConfigurationReconciler:
             self._count_instances(key, namespace, name)
         return requeue
 
-    def _count_instances(self, key: str, namespace: str, name: str) -> None:
+    def _count_instances(self, key: ObjectKey, namespace: str, name: str) -> None:
         assert self.metrics is not None
         served = [
             i for i in self._instances_of(namespace, name).values() if self.node in i.spec.nodes
         ]
         for shared in (True, False):
             self.metrics.instance_count.labels(
-                configuration=key, is_shared=str(shared).lower()
+                configuration=str(key), is_shared=str(shared).lower()
             ).set(sum(i.spec.shared == shared for i in served))
 
     def _instances_of(self, namespace: str, config: str) -> dict[str, Instance]:
@@ -222,7 +223,7 @@ class ConfigurationReconciler:
         }
 
     async def _execute_all(
-        self, key: str, uid: str, namespace: str, ops: list[plan_.Operation]
+        self, key: ObjectKey, uid: str, namespace: str, ops: list[plan_.Operation]
     ) -> None:
         """Run the plan's writes, a few at a time; stop as soon as the Configuration is gone or
         replaced (its reconcile then leaves what was made), so a deleted Configuration with
@@ -265,13 +266,13 @@ class ConfigurationReconciler:
             try:
                 inst = await self._apply(namespace, op.body)
             except NotFound:
-                self.view.drop_instance(instance_key(namespace, op.name))
+                self.view.drop_instance(ObjectKey(namespace, op.name))
                 return
             except (Conflict, Invalid):
                 try:
                     obj = await self.api.get(INSTANCES, op.name, namespace=namespace)
                 except NotFound:
-                    self.view.drop_instance(instance_key(namespace, op.name))
+                    self.view.drop_instance(ObjectKey(namespace, op.name))
                     return
                 fresh = self.view.put_instance(obj)
                 if self.node not in fresh.spec.nodes and self.node not in fresh.metadata.finalizers:

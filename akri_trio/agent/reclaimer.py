@@ -20,9 +20,10 @@ from typing import NamedTuple
 
 import trio
 
+from akri_trio.address import ObjectKey
 from akri_trio.agent.plugins.claims import ClaimFailed, Claims, InstanceGone
 from akri_trio.agent.reclaim import DeviceKey, ReclaimState, device_key
-from akri_trio.agent.view import NodeView, instance_key
+from akri_trio.agent.view import NodeView
 from akri_trio.model import naming
 from akri_trio.rpc.gen import podresources_v1_grpc as pr_grpc
 from akri_trio.rpc.gen import podresources_v1_pb2 as pr
@@ -47,7 +48,7 @@ async def list_in_use(socket: Path) -> list[tuple[str, list[str]]]:
 
 
 class Holding(NamedTuple):
-    instance: str  # instance key (namespace/name)
+    instance: ObjectKey
     slot: str  # the deviceUsage key
     config: str | None  # set for a configuration-level claim (the key is then a vdev)
 
@@ -56,7 +57,7 @@ def held_devices(view: NodeView) -> dict[DeviceKey, Holding]:
     """Every slot / vdev this node holds, and where."""
     held: dict[DeviceKey, Holding] = {}
     for inst in view.instances():
-        key = instance_key(inst.metadata.namespace, inst.metadata.name)
+        key = inst.metadata.key
         for slot, value in inst.spec.device_usage.items():
             match naming.parse_usage(value):
                 case naming.NodeClaim(node) if node == view.node:
@@ -113,15 +114,15 @@ class Reclaimer:
         return in_use
 
     async def _free(self, keys: frozenset[DeviceKey], held: dict[DeviceKey, Holding]) -> int:
-        slots_by_instance: defaultdict[str, list[str]] = defaultdict(list)
+        slots_by_instance: defaultdict[ObjectKey, list[str]] = defaultdict(list)
         vdevs_by_config: defaultdict[tuple[str, str], list[str]] = defaultdict(list)
-        instances_by_config: defaultdict[tuple[str, str], set[str]] = defaultdict(set)
+        instances_by_config: defaultdict[tuple[str, str], set[ObjectKey]] = defaultdict(set)
         for key in keys:
             where = held[key]
             if where.config is None:
                 slots_by_instance[where.instance].append(where.slot)
             else:
-                group = (where.instance.split("/", 1)[0], where.config)
+                group = (where.instance.namespace, where.config)
                 vdevs_by_config[group].append(key.device)
                 instances_by_config[group].add(where.instance)
         freed = 0

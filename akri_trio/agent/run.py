@@ -24,9 +24,8 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 import attrs
 import trio
@@ -37,17 +36,23 @@ from akri_trio.agent.plugins.claims import Claims
 from akri_trio.agent.plugins.kubelet import KubeletWatch
 from akri_trio.agent.plugins.manager import PluginManager
 from akri_trio.agent.reclaimer import DEFAULT_PERIOD_S, Reclaimer
-from akri_trio.agent.view import NodeView
+from akri_trio.agent.view import NodeView, config_key
 from akri_trio.discovery.handlers import load_handler
 from akri_trio.discovery.handlers.debug_echo import DebugEcho
 from akri_trio.discovery.interface import AnyHandler
 from akri_trio.discovery.registration import serve_registration
 from akri_trio.discovery.registry import Registry, embedded
-from akri_trio.kube.client import Client
-from akri_trio.kube.config import load_config
-from akri_trio.kube.queue import ReconcileQueue
-from akri_trio.kube.store import Store, reflect
-from akri_trio.model.convert import unstructure
+from akri_trio.kube import (
+    Change,
+    Client,
+    Controller,
+    Mapper,
+    ObjectKey,
+    Store,
+    drop_managed_fields,
+    load_config,
+    reflect,
+)
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES, Instance
 from akri_trio.observe.http import serve_observe
 
@@ -97,26 +102,25 @@ async def _child_nursery(*, task_status: trio.TaskStatus[trio.Nursery]) -> None:
         await trio.sleep_forever()
 
 
-async def _feed_view(instances: Store, view: NodeView, enqueue: Callable[[str], None]) -> None:
-    """Instance store -> node view; every Instance change re-reconciles its Configuration."""
-    with instances.subscribe() as changes:
-        view.replace_instances(instances.snapshot())
-        for existing in instances.snapshot().values():
-            enqueue(_config_key(existing))
-        async for key in changes:
-            obj = instances.get(key)
-            before = view.instance(key)
-            if obj is None:
-                view.drop_instance(key)
-                if before is not None:
-                    enqueue(_config_key(unstructure(before)))
-                continue
-            after = view.put_instance(obj)
-            if after is before:
-                continue
-            # deviceUsage changes (every Allocate) are the plugins' business, not the plan's.
-            if before is None or _plan_inputs(before) != _plan_inputs(after):
-                enqueue(_config_key(obj))
+def _instance_changed(view: NodeView) -> Mapper:
+    """The Instance watch's mapper: fold each change into the node view, and reconcile the
+    Configuration whose plan it may change. Both in one step, so a reconcile never reads a view
+    older than the change that caused it."""
+
+    def mapper(change: Change) -> Iterable[ObjectKey]:
+        before = view.instance(change.key)
+        if change.new is None:
+            view.drop_instance(change.key)
+            return () if before is None else (config_key(before),)
+        after = view.put_instance(change.new)
+        if after is before:
+            return ()
+        # deviceUsage changes (every Allocate) are the plugins' business, not the plan's.
+        if before is None or _plan_inputs(before) != _plan_inputs(after):
+            return (config_key(after),)
+        return ()
+
+    return mapper
 
 
 def _plan_inputs(inst: Instance) -> Instance:
@@ -126,19 +130,6 @@ def _plan_inputs(inst: Instance) -> Instance:
         metadata=attrs.evolve(inst.metadata, resource_version="", generation=0),
         spec=attrs.evolve(inst.spec, device_usage={}),
     )
-
-
-def _config_key(instance: dict[str, Any]) -> str:
-    namespace = instance["metadata"].get("namespace", "default")
-    return f"{namespace}/{(instance.get('spec') or {}).get('configurationName', '')}"
-
-
-async def _feed_queue(configs: Store, enqueue: Callable[[str], None]) -> None:
-    with configs.subscribe() as changes:
-        for key in configs.snapshot():
-            enqueue(key)
-        async for key in changes:
-            enqueue(key)
 
 
 async def run_agent(
@@ -165,7 +156,8 @@ async def run_agent(
     metrics = AgentMetrics()
     registry.subscribe(lambda _: metrics.update_handlers(registry))
     metrics.update_handlers(registry)
-    configs, instances = Store(), Store()
+    configs = Store(transform=drop_managed_fields)
+    instances = Store(transform=drop_managed_fields)
     claims = Claims(api, view)
     watch = KubeletWatch(settings.device_plugin_dir)
     plugins = PluginManager(
@@ -208,14 +200,22 @@ async def run_agent(
             await configs.wait_synced()
             await instances.wait_synced()
         discovery_nursery: trio.Nursery = await root.start(_child_nursery)
-        queue: ReconcileQueue
+        controller: Controller
         reconciler = ConfigurationReconciler(
-            api, view, registry, configs, discovery_nursery, lambda key: queue.enqueue(key), metrics
+            api,
+            view,
+            registry,
+            configs,
+            discovery_nursery,
+            lambda key: controller.queue.enqueue(key),
+            metrics,
         )
-        queue = ReconcileQueue(reconciler.reconcile, workers=4)
-        await root.start(queue.run)
-        root.start_soon(_feed_view, instances, view, queue.enqueue)
-        root.start_soon(_feed_queue, configs, queue.enqueue)
+        # No drain: the reconcile is cancel-safe (a restarted agent redoes every write), and
+        # what it would go on doing needs the discovery nursery, which closes at shutdown.
+        controller = Controller(reconciler.reconcile, configs, workers=4, drain=0).watches(
+            instances, _instance_changed(view)
+        )
+        await root.start(controller.run)
         await root.start(watch.run)
         await root.start(plugins.run)
         root.start_soon(reclaimer.run)

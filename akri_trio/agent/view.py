@@ -16,9 +16,11 @@ from typing import Any
 
 import trio
 
+from akri_trio.address import ObjectKey
+from akri_trio.kube.store import drop_managed_fields
 from akri_trio.model.convert import structure
 from akri_trio.model.device import Device
-from akri_trio.model.resources import Instance
+from akri_trio.model.resources import JSON, Instance
 
 
 class Changes:
@@ -39,8 +41,9 @@ class Changes:
         return self.version
 
 
-def instance_key(namespace: str, name: str) -> str:
-    return f"{namespace}/{name}"
+def config_key(inst: Instance) -> ObjectKey:
+    """The key of the Configuration an Instance belongs to."""
+    return ObjectKey(inst.metadata.namespace, inst.spec.configuration_name)
 
 
 def _resource_version(obj: Mapping[str, Any]) -> int:
@@ -59,35 +62,35 @@ class NodeView:
     """`membership` ticks when an Instance appears, goes, or changes its nodes, deletion or
     Configuration, and when a device appears or goes; `changes_of(key)` on every change that
     concerns `key`:
-    an Instance key (`ns/instance`) or a Configuration key (`ns/config`, ticked when any of its
-    Instances or its devices change). A plugin waits on its own key, so a write to one Instance
+    an Instance's key or a Configuration's key (ticked when any of its Instances or its devices
+    change). A plugin waits on its own key, so a write to one Instance
     wakes the plugins of that Instance and its Configuration, not every plugin on the node."""
 
     def __init__(self, node: str) -> None:
         self.node = node
         self.membership = Changes()
-        self._keyed: dict[str, Changes] = {}
-        self._instances: dict[str, Instance] = {}
-        self._gone: dict[str, int] = {}  # key -> resourceVersion at which it was deleted
-        self._devices: dict[str, Device] = {}  # instance key -> device this node discovered
-        self._devices_by_config: dict[str, dict[str, Device]] = {}
+        self._keyed: dict[ObjectKey, Changes] = {}
+        self._instances: dict[ObjectKey, Instance] = {}
+        self._gone: dict[ObjectKey, int] = {}  # key -> resourceVersion at which it was deleted
+        self._devices: dict[ObjectKey, Device] = {}  # instance key -> device this node discovered
+        self._devices_by_config: dict[ObjectKey, dict[ObjectKey, Device]] = {}
 
-    def changes_of(self, key: str) -> Changes:
+    def changes_of(self, key: ObjectKey) -> Changes:
         changes = self._keyed.get(key)
         if changes is None:
             changes = self._keyed[key] = Changes()
         return changes
 
-    def forget(self, key: str) -> None:
+    def forget(self, key: ObjectKey) -> None:
         """Drop the keyed counter of a key nobody waits on any more (a stopped plugin)."""
         self._keyed.pop(key, None)
 
-    def touch(self, *keys: str) -> None:
+    def touch(self, *keys: ObjectKey) -> None:
         """Tell the waiters on `keys` to look again (something they read besides the view
         changed, e.g. which Instances a configuration plugin serves)."""
         self._notify(*keys, membership=False)
 
-    def _notify(self, *keys: str, membership: bool = True) -> None:
+    def _notify(self, *keys: ObjectKey, membership: bool = True) -> None:
         if membership:
             self.membership.notify()
         for key in keys:
@@ -95,23 +98,20 @@ class NodeView:
             if changes is not None:
                 changes.notify()
 
-    @staticmethod
-    def _config_key(inst: Instance) -> str:
-        return instance_key(inst.metadata.namespace, inst.spec.configuration_name)
-
     # --- Instances (from the watch, and from our own writes) ---------------------------------
 
-    def instance(self, key: str) -> Instance | None:
+    def instance(self, key: ObjectKey) -> Instance | None:
         return self._instances.get(key)
 
     def instances(self) -> Iterator[Instance]:
         return iter(self._instances.values())
 
-    def put_instance(self, obj: Mapping[str, Any]) -> Instance:
+    def put_instance(self, obj: JSON) -> Instance:
         """Fold in an Instance as the API server returned it. An older resourceVersion than
         the one held (a watch event racing our own write's answer) is ignored."""
+        obj = drop_managed_fields(obj)
         meta = obj.get("metadata") or {}
-        key = instance_key(meta.get("namespace") or "default", meta.get("name") or "")
+        key = ObjectKey(meta.get("namespace") or "default", meta.get("name") or "")
         version = _resource_version(obj)
         held = self._instances.get(key)
         if held is not None:
@@ -132,31 +132,23 @@ class NodeView:
         inst = structure(obj, Instance)
         if held != inst:
             self._instances[key] = inst
-            configs = {self._config_key(inst)} | ({self._config_key(held)} if held else set())
+            configs = {config_key(inst)} | ({config_key(held)} if held else set())
             self._notify(
                 key, *configs, membership=held is None or _membership(held) != _membership(inst)
             )
         return inst
 
-    def drop_instance(self, key: str) -> None:
+    def drop_instance(self, key: ObjectKey) -> None:
         held = self._instances.pop(key, None)
         if held is not None:
-            self._notify(key, self._config_key(held))
-
-    def replace_instances(self, objs: Mapping[str, Mapping[str, Any]]) -> None:
-        """A relist: the whole set at once."""
-        self._instances = {}
-        for obj in objs.values():
-            inst = structure(obj, Instance)
-            self._instances[instance_key(inst.metadata.namespace, inst.metadata.name)] = inst
-        self._notify(*self._keyed)
+            self._notify(key, config_key(held))
 
     # --- devices this node discovered --------------------------------------------------------
 
-    def device(self, key: str) -> Device | None:
+    def device(self, key: ObjectKey) -> Device | None:
         return self._devices.get(key)
 
-    def set_devices(self, config_key: str, devices: Mapping[str, Device]) -> None:
+    def set_devices(self, config_key: ObjectKey, devices: Mapping[ObjectKey, Device]) -> None:
         """Replace what discovery found for one Configuration (instance key -> device)."""
         old = self._devices_by_config.get(config_key, {})
         if old == devices:

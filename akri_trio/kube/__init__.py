@@ -1,26 +1,37 @@
 """Our own Kubernetes client on httpx + trio: config, verbs, typed errors, watch, cache, queue.
 
 The agent and the controller import from here; the submodules hold the pieces:
-`config` (kubeconfig / in-cluster -> httpx client), `client` (`Client`, `Resource`),
-`errors` (`ApiError` and subclasses), `watch` (state machine + driver), `store` (reflector
-cache), `queue` (per-key reconcile queue), `backoff` (retry delays).
+`config` (kubeconfig / in-cluster -> httpx client), `client` (`Client`; `Resource` and
+`ObjectKey` come from akri_trio.address), `errors` (`ApiError` and subclasses), `watch` (state
+machine + driver), `store` (reflector cache with a transform and indexes), `queue` (per-key
+reconcile queue), `controller` (stores + mappers + queue: the one controller loop), `backoff`
+(retry delays).
 
-The shape of a controller loop built from them:
+The shape of a controller built from them:
 
     INSTANCES = Resource("akri.sh", "v0", "instances", "Instance")
-    store = Store()
-    queue = ReconcileQueue(reconcile_instance, workers=4)   # async (key) -> Requeue | None
+    instances = Store(transform=drop_managed_fields)
+    pods = Store(transform=drop_managed_fields, indexes={"owner": by_owner("Instance")})
+    controller = Controller(reconcile_instance, instances).watches(pods, owners("Instance"))
     async with Client.open() as client, trio.open_nursery() as nursery:
-        with store.subscribe() as changes:      # before the first sync: it reports every key
-            nursery.start_soon(reflect, client, INSTANCES, store)
-            await nursery.start(queue.run)
-            async for key in changes:           # "namespace/name"
-                queue.enqueue(key)
+        nursery.start_soon(reflect, client, INSTANCES, instances)
+        nursery.start_soon(reflect, client, PODS, pods)
+        await nursery.start(controller.run)   # async reconcile_instance(key) -> Requeue | None
 """
 
+from akri_trio.address import ObjectKey
 from akri_trio.kube.backoff import Backoff
 from akri_trio.kube.client import JSON, Client, ListPage, ObjectList, Resource
 from akri_trio.kube.config import ConfigError, KubeConfig, http_client, load_config
+from akri_trio.kube.controller import (
+    Controller,
+    Mapper,
+    Watched,
+    each,
+    itself,
+    labelled,
+    owners,
+)
 from akri_trio.kube.errors import (
     AlreadyExists,
     ApiError,
@@ -36,7 +47,16 @@ from akri_trio.kube.errors import (
     Unauthorized,
 )
 from akri_trio.kube.queue import ReconcileQueue, Requeue
-from akri_trio.kube.store import Store, object_key, reflect
+from akri_trio.kube.store import (
+    Change,
+    KeyChanges,
+    Store,
+    by_field,
+    by_label,
+    by_owner,
+    drop_managed_fields,
+    reflect,
+)
 from akri_trio.kube.watch import (
     Apply,
     Delete,
@@ -55,9 +75,11 @@ __all__ = [
     "Apply",
     "Backoff",
     "BadRequest",
+    "Change",
     "Client",
     "ConfigError",
     "Conflict",
+    "Controller",
     "Delete",
     "Forbidden",
     "Gone",
@@ -65,10 +87,13 @@ __all__ = [
     "InitApply",
     "InitDone",
     "Invalid",
+    "KeyChanges",
     "KubeConfig",
     "ListPage",
+    "Mapper",
     "MethodNotAllowed",
     "NotFound",
+    "ObjectKey",
     "ObjectList",
     "ReconcileQueue",
     "Requeue",
@@ -78,10 +103,18 @@ __all__ = [
     "TooManyRequests",
     "Unauthorized",
     "WatchEvent",
+    "Watched",
+    "by_field",
+    "by_label",
+    "by_owner",
+    "drop_managed_fields",
+    "each",
     "http_client",
+    "itself",
+    "labelled",
     "load_config",
-    "object_key",
     "open_watch",
+    "owners",
     "reflect",
     "run_watch",
 ]

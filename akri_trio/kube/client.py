@@ -4,9 +4,9 @@ Why our own client: the official SDK is synchronous and generated, and the async
 their own event loop assumptions; we need trio-native cancellation (a cancelled watch must drop
 its connection at once), typed errors, and only the dozen verbs the agent and controller use.
 
-A resource type is a small frozen `Resource` descriptor rather than a class per kind, so CRDs
-and core types are addressed the same way. Objects stay `dict[str, Any]`; typed models are
-built on top (akri_trio/model).
+A resource type is a small frozen `Resource` descriptor (akri_trio.address) rather than a class
+per kind, so CRDs and core types are addressed the same way. Objects stay `dict[str, Any]`;
+typed models are built on top (akri_trio/model).
 
 Namespaces: single-object verbs take `namespace=`, else the object's own
 `metadata.namespace`, else the config's default namespace. `list` and `watch` with
@@ -24,6 +24,7 @@ from typing import Any
 import attrs
 import httpx
 
+from akri_trio.address import Resource as Resource  # re-exported: callers address types here
 from akri_trio.kube.config import KubeConfig, http_client, load_config
 from akri_trio.kube.errors import error_from_response
 
@@ -36,50 +37,6 @@ PATCH_STRATEGIC = "application/strategic-merge-patch+json"
 PATCH_APPLY = "application/apply-patch+yaml"
 
 DEFAULT_PAGE_SIZE = 500
-
-
-@attrs.frozen
-class Resource:
-    """Addresses one resource type.
-
-    `Resource("akri.sh", "v0", "configurations", "Configuration")`, `Resource.core("pods", "Pod")`.
-    """
-
-    group: str
-    version: str
-    plural: str
-    kind: str
-    namespaced: bool = True
-
-    @classmethod
-    def core(cls, plural: str, kind: str, *, namespaced: bool = True) -> Resource:
-        """A type of the legacy core group, served under /api/v1."""
-        return cls("", "v1", plural, kind, namespaced)
-
-    @property
-    def api_version(self) -> str:
-        return f"{self.group}/{self.version}" if self.group else self.version
-
-    def path(
-        self, namespace: str | None = None, name: str | None = None, subresource: str | None = None
-    ) -> str:
-        """The URL path; `namespace=None` on a namespaced type means all namespaces."""
-        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
-        parts = [base]
-        if self.namespaced and namespace is not None:
-            parts.append(f"namespaces/{namespace}")
-        elif not self.namespaced and namespace is not None:
-            raise ValueError(f"{self.plural} is cluster-scoped; no namespace {namespace!r}")
-        parts.append(self.plural)
-        if name is not None:
-            if not name:
-                raise ValueError("empty object name")
-            parts.append(name)
-        if subresource is not None:
-            if name is None:
-                raise ValueError("a subresource needs an object name")
-            parts.append(subresource)
-        return "/".join(parts)
 
 
 @attrs.frozen

@@ -11,8 +11,11 @@ A reconcile returns `None` (done), `Requeue(after=s)` (look again later, e.g. a 
 waits out), or raises (logged, retried with per-key capped exponential backoff; a success
 resets it). A fresh `enqueue` of a key waiting out a delay runs it now: news beats a timer.
 
-Shutdown: cancel the scope around `run`; reconciles in flight are cancelled with it, so they
-must be cancel-safe (every write they make is idempotent and re-done by the next reconcile).
+Shutdown: cancel the scope around `run`. No new reconcile starts; those in flight get `drain`
+seconds to finish and are cancelled after that, so shutdown is bounded even when a reconcile
+hangs on an API server that is down. A reconcile must still be cancel-safe (every write it makes
+is idempotent and re-done by the next reconcile): the drain is a courtesy, not a promise.
+Keys may be any hashable value (e.g. `ObjectKey`).
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from __future__ import annotations
 import logging
 import math
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Generic, TypeVar
 
 import attrs
 import trio
@@ -37,40 +41,47 @@ class Requeue:
     after: float
 
 
-Reconcile = Callable[[str], Awaitable[Requeue | None]]
+K = TypeVar("K", bound=Hashable)
+
+Reconcile = Callable[[K], Awaitable[Requeue | None]]
 
 QUEUE_BACKOFF = Backoff(base=0.5, cap=300.0)
+DRAIN_S = 5.0  # well inside a Pod's default 30 s termination grace period
 
 
-class ReconcileQueue:
+class ReconcileQueue(Generic[K]):
     """`queue = ReconcileQueue(reconcile, workers=4)`; `nursery.start_soon(queue.run)`;
     then `queue.enqueue(key)` from anywhere in the same trio run (it never blocks)."""
 
     def __init__(
         self,
-        reconcile: Reconcile,
+        reconcile: Reconcile[K],
         *,
         workers: int = 4,
         backoff: Backoff = QUEUE_BACKOFF,
+        drain: float = DRAIN_S,
         rand: Callable[[], float] = random.random,
     ) -> None:
         if workers < 1:
             raise ValueError("workers must be >= 1")
+        if not drain >= 0:
+            raise ValueError(f"drain must be a non-negative number of seconds, got {drain!r}")
         self._reconcile = reconcile
         self._backoff = backoff
         self._rand = rand
         self._workers = workers
-        self._pending: dict[str, None] = {}  # ready to run, FIFO; never holds a running key
-        self._running: set[str] = set()
-        self._dirty: set[str] = set()  # enqueued while running: run again when done
-        self._delayed: dict[str, float] = {}  # key -> trio deadline
-        self._failures: dict[str, int] = {}
+        self._drain = drain
+        self._pending: dict[K, None] = {}  # ready to run, FIFO; never holds a running key
+        self._running: set[K] = set()
+        self._dirty: set[K] = set()  # enqueued while running: run again when done
+        self._delayed: dict[K, float] = {}  # key -> trio deadline
+        self._failures: dict[K, int] = {}
         self._ready = trio.Event()
         self._timer_changed = trio.Event()
 
     # --- feeding -----------------------------------------------------------------------------
 
-    def enqueue(self, key: str) -> None:
+    def enqueue(self, key: K) -> None:
         """Reconcile `key` as soon as a worker is free (and its previous reconcile is done)."""
         self._delayed.pop(key, None)
         if key in self._running:
@@ -79,7 +90,7 @@ class ReconcileQueue:
             self._pending[key] = None
             self._ready.set()
 
-    def enqueue_after(self, key: str, delay: float) -> None:
+    def enqueue_after(self, key: K, delay: float) -> None:
         """Reconcile `key` in `delay` seconds; an earlier schedule or a pending run wins."""
         if key in self._pending:
             return
@@ -91,10 +102,10 @@ class ReconcileQueue:
     # --- introspection (metrics, tests) -------------------------------------------------------
 
     @property
-    def running(self) -> frozenset[str]:
+    def running(self) -> frozenset[K]:
         return frozenset(self._running)
 
-    def failures(self, key: str) -> int:
+    def failures(self, key: K) -> int:
         """Consecutive failed reconciles of `key` (0 after a success)."""
         return self._failures.get(key, 0)
 
@@ -105,22 +116,42 @@ class ReconcileQueue:
     # --- running -----------------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Dispatch forever; cancel to stop (in-flight reconciles are cancelled too)."""
-        slots = trio.Semaphore(self._workers)
+        """Dispatch forever; cancel to stop (in-flight reconciles get `drain` seconds)."""
+        stopping = trio.Event()
         async with trio.open_nursery() as nursery:
+            workers: trio.Nursery = await nursery.start(self._hold_workers, stopping)
             nursery.start_soon(self._timer)
             task_status.started()
-            while True:
-                while not self._pending:
-                    await self._ready.wait()
-                    self._ready = trio.Event()
-                await slots.acquire()
-                key = next(iter(self._pending))
-                del self._pending[key]
-                self._running.add(key)
-                nursery.start_soon(self._work, key, slots)
+            try:
+                await self._dispatch(workers)
+            finally:
+                stopping.set()
 
-    async def _work(self, key: str, slots: trio.Semaphore) -> None:
+    async def _hold_workers(
+        self, stopping: trio.Event, *, task_status: trio.TaskStatus[trio.Nursery]
+    ) -> None:
+        """The nursery reconciles run in: shielded from the cancellation that stops `run`, so
+        they can finish, but only until `drain` seconds after `stopping`. With no drain it is
+        not shielded at all: reconciles are cancelled together with `run`."""
+        with trio.CancelScope(shield=self._drain > 0) as drain:
+            async with trio.open_nursery() as workers:
+                task_status.started(workers)
+                await stopping.wait()
+                drain.deadline = trio.current_time() + self._drain
+
+    async def _dispatch(self, workers: trio.Nursery) -> None:
+        slots = trio.Semaphore(self._workers)
+        while True:
+            while not self._pending:
+                await self._ready.wait()
+                self._ready = trio.Event()
+            await slots.acquire()
+            key = next(iter(self._pending))
+            del self._pending[key]
+            self._running.add(key)
+            workers.start_soon(self._work, key, slots)
+
+    async def _work(self, key: K, slots: trio.Semaphore) -> None:
         try:
             result = await self._reconcile(key)
         except Exception:
@@ -141,7 +172,7 @@ class ReconcileQueue:
             slots.release()
             self._running.discard(key)
 
-    def _finish(self, key: str) -> None:
+    def _finish(self, key: K) -> None:
         self._running.discard(key)
         if key in self._dirty:
             self._dirty.discard(key)

@@ -111,16 +111,7 @@ def structure(data: Any, cls: type[T], *, strict_keys: bool = False) -> T:
     what the API server returns."""
     if strict_keys:
         return strict.structure(data, cls)
-    return lenient.structure(drop_nulls(_without_managed_fields(data)), cls)
-
-
-def _without_managed_fields(data: Any) -> Any:
-    """`metadata.managedFields` is skipped before the walk: no model reads it, and it mirrors
-    every field of the object (an Instance holding 300 slots carries 300 more entries there)."""
-    meta = data.get("metadata") if isinstance(data, dict) else None
-    if isinstance(meta, dict) and "managedFields" in meta:
-        return {**data, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
-    return data
+    return lenient.structure(drop_nulls(data), cls)
 
 
 def unstructure(obj: Any) -> Any:

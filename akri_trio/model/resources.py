@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import attrs
 
-from akri_trio.kube.client import Resource
+from akri_trio.address import ObjectKey, Resource
 
 JSON = dict[str, Any]
 
@@ -34,6 +34,10 @@ class ObjectMeta:
     finalizers: tuple[str, ...] = ()
     deletion_timestamp: str | None = None
     creation_timestamp: str | None = None
+
+    @property
+    def key(self) -> ObjectKey:
+        return ObjectKey(self.namespace, self.name)
 
 
 # --- Configuration -------------------------------------------------------------------------------

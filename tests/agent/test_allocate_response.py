@@ -3,8 +3,9 @@ handler's mounts and device nodes — for one Instance or several (configuration
 
 from __future__ import annotations
 
+from akri_trio.address import ObjectKey
 from akri_trio.agent.plugins.service import container_response
-from akri_trio.agent.view import NodeView, instance_key
+from akri_trio.agent.view import NodeView
 from akri_trio.model.device import Device, DeviceSpec, Mount
 
 
@@ -30,8 +31,8 @@ def test_env_mounts_and_device_nodes_of_one_instance() -> None:
         mounts=(Mount("/data", "/srv/data", read_only=True),),
         device_specs=(DeviceSpec("/dev/video0", "", "rw"),),
     )
-    view.set_devices("ns/cam", {instance_key("ns", "cam-abc123"): device})
-    inst = view.instance("ns/cam-abc123")
+    view.set_devices(ObjectKey("ns", "cam"), {ObjectKey("ns", "cam-abc123"): device})
+    inst = view.instance(ObjectKey("ns", "cam-abc123"))
     assert inst is not None
     response = container_response([inst], view)
     assert dict(response.envs) == {
@@ -55,7 +56,10 @@ def test_two_instances_keep_their_hashed_names_apart() -> None:
     view = NodeView("n")
     _instance(view, "cam-aaaaaa", "aaaaaa", {"D": "zero"})
     _instance(view, "cam-bbbbbb", "bbbbbb", {"D": "one"})
-    insts = [view.instance("ns/cam-aaaaaa"), view.instance("ns/cam-bbbbbb")]
+    insts = [
+        view.instance(ObjectKey("ns", "cam-aaaaaa")),
+        view.instance(ObjectKey("ns", "cam-bbbbbb")),
+    ]
     response = container_response([i for i in insts if i is not None], view)
     assert response.envs["D_AAAAAA"] == "zero" and response.envs["D_BBBBBB"] == "one"
     assert response.envs["D"] in ("zero", "one")  # the plain name is ambiguous: use the hashed

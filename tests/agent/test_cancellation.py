@@ -32,6 +32,7 @@ import httpx
 import pytest
 import trio
 
+from akri_trio.address import ObjectKey
 from akri_trio.agent.instances import instance_name_for
 from akri_trio.agent.plugins.manager import InstancePlugin, Plugin
 from akri_trio.agent.plugins.service import DevicePluginService
@@ -78,7 +79,7 @@ def instance(config: str, device: str, shared: bool = True) -> str:
 def plugin_name(plugin: Plugin) -> str:
     """namespace/instance for an instance plugin, namespace/configuration for the other."""
     if isinstance(plugin, InstancePlugin):
-        return plugin.key
+        return str(plugin.key)
     return f"{plugin.namespace}/{plugin.config}"
 
 
@@ -226,7 +227,7 @@ async def usage_of(api: Client, name: str) -> dict[str, str]:
 
 
 def view_usage(agent: Agent, name: str) -> dict[str, str] | None:
-    inst = agent.view.instance(f"{NS}/{name}")
+    inst = agent.view.instance(ObjectKey(NS, name))
     return None if inst is None else dict(inst.spec.device_usage)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from akri_trio.address import ObjectKey
 from akri_trio.agent.view import NodeView
 
 
@@ -17,25 +18,25 @@ def _obj(rv: int, **meta: Any) -> dict[str, Any]:
 def test_answer_that_released_the_last_finalizer_after_the_watch_delete() -> None:
     view = NodeView("n")
     view.put_instance(_obj(10, finalizers=["n"], deletionTimestamp="t"))
-    view.drop_instance("ns/i")  # the watch's DELETE came first...
+    view.drop_instance(ObjectKey("ns", "i"))  # the watch's DELETE came first...
     view.put_instance(_obj(11, deletionTimestamp="t"))  # ...then our write's answer
-    assert view.instance("ns/i") is None
+    assert view.instance(ObjectKey("ns", "i")) is None
 
 
 def test_answer_that_released_the_last_finalizer_before_the_watch_delete() -> None:
     view = NodeView("n")
     view.put_instance(_obj(10, finalizers=["n"], deletionTimestamp="t"))
     view.put_instance(_obj(11, deletionTimestamp="t"))
-    assert view.instance("ns/i") is None
+    assert view.instance(ObjectKey("ns", "i")) is None
     view.put_instance(_obj(11, deletionTimestamp="t"))  # the watch's late echo
-    assert view.instance("ns/i") is None
+    assert view.instance(ObjectKey("ns", "i")) is None
 
 
 def test_a_recreated_instance_is_seen_again() -> None:
     view = NodeView("n")
     view.put_instance(_obj(11, deletionTimestamp="t"))
     view.put_instance(_obj(15, finalizers=["n"]))
-    inst = view.instance("ns/i")
+    inst = view.instance(ObjectKey("ns", "i"))
     assert inst is not None and inst.metadata.resource_version == "15"
 
 
@@ -43,5 +44,5 @@ def test_an_older_version_never_replaces_a_newer_one() -> None:
     view = NodeView("n")
     view.put_instance(_obj(20))
     view.put_instance(_obj(19, finalizers=["x"]))
-    inst = view.instance("ns/i")
+    inst = view.instance(ObjectKey("ns", "i"))
     assert inst is not None and inst.metadata.resource_version == "20"

@@ -7,21 +7,25 @@ from __future__ import annotations
 
 import secrets
 import socket
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
 
 import trio
+from trio.testing import MockClock
 from zeroconf import IPVersion, ServiceInfo
 from zeroconf import Zeroconf as ZeroconfLib
 
 from akri_trio.discovery.handlers.zeroconf_handler import (
     ADDRESSES,
+    CLOSE_BOUND_S,
     HOST,
     KIND,
     PORT,
     PREFIX,
     Zeroconf,
+    _close_in_thread,
     parse_details,
 )
 from akri_trio.discovery.interface import discover_changes
@@ -262,3 +266,15 @@ async def test_cancellation_closes_zeroconf_promptly() -> None:
     assert trio.current_time() - start < 2.0
     # Zeroconf's loop thread and the browser thread are gone (trio's idle workers may stay)
     assert await threads_started_since(before) == []
+
+
+async def test_a_stuck_close_is_left_behind_at_the_bound(autojump_clock: MockClock) -> None:
+    """Closing runs shielded in a thread; one that hangs (a zeroconf thread that never joins)
+    costs CLOSE_BOUND_S, not the shutdown of the agent that embeds the handler."""
+    release = threading.Event()
+    cancelled = trio.CancelScope()
+    with cancelled:
+        cancelled.cancel()  # as in a shutdown: the close runs under a cancelled scope
+        await _close_in_thread(release.wait, "a stuck close")
+    assert trio.current_time() == CLOSE_BOUND_S
+    release.set()

@@ -30,6 +30,7 @@ from akri_trio.kube import (
     InitDone,
     Invalid,
     NotFound,
+    ObjectKey,
     Resource,
     Store,
     WatchEvent,
@@ -455,13 +456,14 @@ async def test_reflector_store_syncs_and_follows(client: Client, namespace: str)
         )
         with trio.fail_after(15):
             await store.wait_synced()
-            assert set(store.snapshot()) == {f"{namespace}/one-{label}"}
+            key = ObjectKey(namespace, "one-" + label)
+            assert set(store.snapshot()) == {key}
             with store.subscribe() as changes:
                 await client.merge_patch(
                     CONFIGMAPS, "one-" + label, {"data": {"k": "v"}}, namespace=namespace
                 )
-                assert await changes.__anext__() == f"{namespace}/one-{label}"
-                obj = store.get(f"{namespace}/one-{label}")
+                assert await changes.__anext__() == key
+                obj = store.get(key)
                 assert obj is not None and obj["data"] == {"k": "v"}
         nursery.cancel_scope.cancel()
 

@@ -1,5 +1,6 @@
 """The reconcile queue: per-key order and exclusion, cross-key parallelism, backoff, requeue,
-cancellation. Time is trio's MockClock (autojump), so minutes of backoff take no wall time."""
+cancellation and the bounded drain on shutdown. Time is trio's MockClock (autojump), so minutes
+of backoff take no wall time."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ class Recorder:
         return [k for _, k in self.started]
 
 
-async def running(queue: ReconcileQueue, body: Callable[[], Awaitable[None]]) -> None:
+async def running(queue: ReconcileQueue[str], body: Callable[[], Awaitable[None]]) -> None:
     async with trio.open_nursery() as nursery:
         await nursery.start(queue.run)
         await body()
@@ -218,7 +219,7 @@ async def test_cancel_stops_in_flight_reconciles_promptly(autojump_clock: MockCl
             cleaned.set()
         return None
 
-    queue = ReconcileQueue(slow)
+    queue = ReconcileQueue(slow, drain=0)
     with trio.move_on_after(5) as scope:
         async with trio.open_nursery() as nursery:
             await nursery.start(queue.run)
@@ -231,9 +232,72 @@ async def test_cancel_stops_in_flight_reconciles_promptly(autojump_clock: MockCl
     assert trio.current_time() - t0 == 1
 
 
-def test_workers_must_be_positive() -> None:
+async def stop_after(queue: ReconcileQueue[str], keys: str, seconds: float) -> float:
+    """Run `queue` with `keys` enqueued, cancel it after `seconds`; how long it took to end."""
+    async with trio.open_nursery() as nursery:
+        await nursery.start(queue.run)
+        for key in keys:
+            queue.enqueue(key)
+        await trio.sleep(seconds)
+        nursery.cancel_scope.cancel()
+        cancelled_at = trio.current_time()
+    return trio.current_time() - cancelled_at
+
+
+async def test_shutdown_lets_in_flight_reconciles_finish_within_the_drain(
+    autojump_clock: MockClock,
+) -> None:
+    rec = Recorder(work=3)
+    finished: list[str] = []
+
+    async def reconcile(key: str) -> Requeue | None:
+        await rec(key)
+        finished.append(key)
+        return None
+
+    queue = ReconcileQueue(reconcile, workers=1, drain=5)
+    took = await stop_after(queue, "ab", 1)
+    assert finished == ["a"]  # "a" ran to its end
+    assert rec.keys() == ["a"]  # "b" was waiting: it never started
+    assert took == 2
+
+
+async def test_shutdown_cancels_what_outlives_the_drain(autojump_clock: MockClock) -> None:
+    cancelled = trio.Event()
+
+    async def hangs(key: str) -> Requeue | None:
+        try:
+            await trio.sleep_forever()
+        except trio.Cancelled:
+            cancelled.set()
+            raise
+        return None
+
+    queue = ReconcileQueue(hangs, drain=5)
+    took = await stop_after(queue, "a", 1)
+    assert cancelled.is_set()
+    assert took == 5
+
+
+async def test_a_failure_during_the_drain_is_not_retried(autojump_clock: MockClock) -> None:
+    attempts: list[float] = []
+
+    async def fails(key: str) -> Requeue | None:
+        attempts.append(trio.current_time())
+        await trio.sleep(2)
+        raise RuntimeError("the API server is down")
+
+    queue = ReconcileQueue(fails, backoff=Backoff(base=0.1, cap=0.1), drain=10)
+    took = await stop_after(queue, "a", 1)
+    assert len(attempts) == 1
+    assert took == 1
+
+
+def test_workers_must_be_positive_and_drain_non_negative() -> None:
     async def nop(key: str) -> None:
         return None
 
     with pytest.raises(ValueError):
         ReconcileQueue(nop, workers=0)
+    with pytest.raises(ValueError):
+        ReconcileQueue(nop, drain=-1)

@@ -1,4 +1,5 @@
-"""The reflector cache: atomic relists, per-key notifications, sync waits, stable snapshots."""
+"""The reflector cache: atomic relists, per-key notifications, sync waits, stable snapshots,
+the transform on the way in, and indexes that always equal the ones recomputed from scratch."""
 
 from __future__ import annotations
 
@@ -7,8 +8,18 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from akri_trio.kube.store import KeyChanges, Store, object_key
+from akri_trio.address import ObjectKey
+from akri_trio.kube.store import (
+    KeyChanges,
+    Store,
+    by_field,
+    by_label,
+    by_owner,
+    drop_managed_fields,
+)
 from akri_trio.kube.watch import (
     Apply,
     Delete,
@@ -35,26 +46,23 @@ def listed(*objs: dict[str, Any]) -> Store:
     return store
 
 
-def drain(changes: KeyChanges) -> list[str]:
+def k(name: str, namespace: str = "ns") -> ObjectKey:
+    return ObjectKey(namespace, name)
+
+
+def drain(changes: KeyChanges) -> list[ObjectKey]:
     keys = list(changes._pending)
     changes._pending.clear()
     return keys
-
-
-def test_object_key() -> None:
-    assert object_key(obj("a")) == "ns/a"
-    assert object_key(obj("node1", namespace=None)) == "node1"
-    with pytest.raises(ValueError):
-        object_key({"metadata": {}})
 
 
 def test_relist_is_invisible_until_init_done() -> None:
     store = listed(obj("a"), obj("b"))
     store.apply(Init())
     store.apply(InitApply(obj("c")))
-    assert set(store.snapshot()) == {"ns/a", "ns/b"}  # readers still see the old world
+    assert set(store.snapshot()) == {k("a"), k("b")}  # readers still see the old world
     store.apply(InitDone())
-    assert set(store.snapshot()) == {"ns/c"}  # a and b were deleted while we were away
+    assert set(store.snapshot()) == {k("c")}  # a and b were deleted while we were away
 
 
 def test_relist_notifies_exactly_the_keys_that_differ() -> None:
@@ -69,7 +77,7 @@ def test_relist_notifies_exactly_the_keys_that_differ() -> None:
         ]
         for event in relist:
             store.apply(event)
-        assert sorted(drain(changes)) == ["ns/changed", "ns/gone", "ns/new"]
+        assert sorted(drain(changes)) == [k("changed"), k("gone"), k("new")]
 
 
 def test_a_second_init_drops_the_partial_relist() -> None:
@@ -83,7 +91,7 @@ def test_a_second_init_drops_the_partial_relist() -> None:
     ]
     for event in events:
         store.apply(event)
-    assert set(store.snapshot()) == {"ns/fresh"}
+    assert set(store.snapshot()) == {k("fresh")}
 
 
 def test_init_apply_or_done_without_init_is_an_error() -> None:
@@ -97,11 +105,11 @@ def test_apply_and_delete() -> None:
     store = listed()
     with store.subscribe() as changes:
         store.apply(Apply(obj("a", 2)))
-        assert store.get("ns/a") == obj("a", 2)
+        assert store.get(k("a")) == obj("a", 2)
         store.apply(Delete(obj("a", 3)))
-        assert store.get("ns/a") is None
+        assert store.get(k("a")) is None
         store.apply(Delete(obj("never-seen", 4)))  # harmless
-        assert drain(changes) == ["ns/a", "ns/never-seen"]
+        assert drain(changes) == [k("a"), k("never-seen")]
     assert len(store) == 0
 
 
@@ -110,7 +118,7 @@ def test_snapshot_is_a_point_in_time_copy() -> None:
     snap = store.snapshot()
     store.apply(Apply(obj("b")))
     store.apply(Delete(obj("a")))
-    assert set(snap) == {"ns/a"}
+    assert set(snap) == {k("a")}
 
 
 async def test_wait_synced_waits_for_the_first_init_done() -> None:
@@ -139,7 +147,7 @@ async def test_wait_for_a_predicate_on_a_key() -> None:
     async def waiter() -> None:
         result.append(
             await store.wait_for(
-                "ns/a", lambda o: o is not None and o["metadata"]["resourceVersion"] == "3"
+                k("a"), lambda o: o is not None and o["metadata"]["resourceVersion"] == "3"
             )
         )
 
@@ -155,7 +163,7 @@ async def test_wait_for_a_predicate_on_a_key() -> None:
 
 async def test_key_changes_coalesce_and_keep_first_seen_order() -> None:
     store = listed()
-    got: list[str] = []
+    got: list[ObjectKey] = []
     with store.subscribe() as changes:
         for rv in range(5):
             store.apply(Apply(obj("x", rv)))
@@ -168,10 +176,10 @@ async def test_key_changes_coalesce_and_keep_first_seen_order() -> None:
 
             nursery.start_soon(reader)
             await trio.testing.wait_all_tasks_blocked()
-            assert got == ["ns/x", "ns/y"]  # ten events, two keys
+            assert got == [k("x"), k("y")]  # ten events, two keys
             store.apply(Apply(obj("x", 9)))
             await trio.testing.wait_all_tasks_blocked()
-            assert got == ["ns/x", "ns/y", "ns/x"]
+            assert got == [k("x"), k("y"), k("x")]
             nursery.cancel_scope.cancel()
     store.apply(Apply(obj("z")))  # unsubscribed: nobody is told, nothing piles up
     assert drain(changes) == []
@@ -188,4 +196,168 @@ def test_a_subscriber_from_before_the_first_sync_hears_every_key() -> None:
     with store.subscribe() as changes:
         for event in events:
             store.apply(event)
-        assert drain(changes) == ["b", "ns/a"]
+        assert drain(changes) == [k("b", ""), k("a")]
+
+
+# --- transform and indexes ----------------------------------------------------------------------
+
+MANAGED = [{"manager": "kubectl", "fieldsV1": {"f:data": {}}}]
+
+
+def pod(
+    name: str,
+    *,
+    app: str | None = None,
+    owners: tuple[tuple[str, str], ...] = (),
+    config: str | None = None,
+    namespace: str = "ns",
+    rv: int = 1,
+) -> dict[str, Any]:
+    """An object with what the indexes below look at: a label, owners (kind, uid), a field."""
+    meta: dict[str, Any] = {"name": name, "namespace": namespace, "resourceVersion": str(rv)}
+    if app is not None:
+        meta["labels"] = {"app": app}
+    if owners:
+        meta["ownerReferences"] = [{"kind": kind, "uid": uid} for kind, uid in owners]
+    meta["managedFields"] = MANAGED
+    return {"metadata": meta, "spec": {} if config is None else {"configurationName": config}}
+
+
+def config_of(o: dict[str, Any]) -> ObjectKey | None:
+    name = o["spec"].get("configurationName")
+    return None if name is None else ObjectKey(o["metadata"]["namespace"], name)
+
+
+INDEXES = {
+    "app": by_label("app"),
+    "owner": by_owner(),
+    "instance-owner": by_owner("Instance"),
+    "config": by_field(config_of),
+}
+
+
+def indexed_store() -> Store:
+    return Store(transform=drop_managed_fields, indexes=INDEXES)
+
+
+def test_drop_managed_fields_keeps_everything_else() -> None:
+    o = pod("a", app="x")
+    out = drop_managed_fields(o)
+    assert "managedFields" not in out["metadata"]
+    assert {**out["metadata"], "managedFields": MANAGED} == o["metadata"]
+    assert out["spec"] is o["spec"]
+    assert o["metadata"]["managedFields"] == MANAGED  # the input is not mutated
+    plain = {"metadata": {"name": "b"}}
+    assert drop_managed_fields(plain) is plain
+
+
+def test_the_transform_applies_to_listed_and_watched_objects() -> None:
+    store = indexed_store()
+    events: list[WatchEvent] = [Init(), InitApply(pod("a")), InitDone(), Apply(pod("b"))]
+    for event in events:
+        store.apply(event)
+    for key in (k("a"), k("b")):
+        stored = store.get(key)
+        assert stored is not None and "managedFields" not in stored["metadata"]
+
+
+def test_indexes_answer_by_label_owner_and_field() -> None:
+    store = indexed_store()
+    store.apply(Init())
+    store.apply(InitApply(pod("a", app="x", owners=(("Instance", "u1"),), config="c1")))
+    store.apply(InitApply(pod("b", app="x", owners=(("Instance", "u1"), ("Job", "u2")))))
+    store.apply(InitApply(pod("c", app="y", owners=(("Job", "u2"),), config="c1")))
+    store.apply(InitDone())
+    assert store.keys_for("app", "x") == {k("a"), k("b")}
+    assert store.keys_for("owner", "u2") == {k("b"), k("c")}
+    assert store.keys_for("instance-owner", "u2") == frozenset()
+    assert store.keys_for("instance-owner", "u1") == {k("a"), k("b")}
+    assert set(store.select("config", ObjectKey("ns", "c1"))) == {k("a"), k("c")}
+    assert store.keys_for("app", "nobody") == frozenset()
+
+    store.apply(Apply(pod("a", app="y", config="c2", rv=2)))  # relabelled, orphaned, moved
+    assert store.keys_for("app", "x") == {k("b")}
+    assert store.keys_for("app", "y") == {k("a"), k("c")}
+    assert store.keys_for("instance-owner", "u1") == {k("b")}
+    assert store.keys_for("config", ObjectKey("ns", "c2")) == {k("a")}
+    store.apply(Delete(pod("b")))
+    assert store.keys_for("owner", "u1") == frozenset()
+    assert store.select("app", "x") == {}
+
+
+async def test_next_change_gives_the_object_before_the_first_unread_change() -> None:
+    store = indexed_store()
+    store.apply(Init())
+    store.apply(InitApply(pod("a", app="x")))
+    store.apply(InitDone())
+    before = store.get(k("a"))
+    with store.subscribe() as changes:
+        store.apply(Apply(pod("a", app="y", rv=2)))
+        store.apply(Apply(pod("a", app="z", rv=3)))
+        store.apply(Delete(pod("a", rv=4)))
+        store.apply(Apply(pod("b", rv=5)))
+        first = await changes.next_change()
+        assert (first.key, first.old, first.new) == (k("a"), before, None)
+        second = await changes.next_change()
+        assert (second.key, second.old, second.new) == (k("b"), None, store.get(k("b")))
+
+
+# A random history: watched changes, deletions, and relists (some abandoned half-way).
+names = st.sampled_from(["a", "b", "c", "d"])
+random_pods = st.builds(
+    pod,
+    names,
+    app=st.sampled_from([None, "x", "y"]),
+    owners=st.lists(
+        st.tuples(st.sampled_from(["Instance", "Job"]), st.sampled_from(["u1", "u2", "u3"])),
+        max_size=2,
+    ).map(tuple),
+    config=st.sampled_from([None, "c1", "c2"]),
+    namespace=st.sampled_from(["ns", "other"]),
+)
+steps = st.one_of(
+    st.builds(Apply, random_pods),
+    st.builds(Delete, random_pods),
+    st.lists(random_pods, max_size=5).map(lambda objs: ("relist", objs)),
+    st.lists(random_pods, max_size=3).map(lambda objs: ("abandoned relist", objs)),
+)
+
+
+def recomputed(store: Store, name: str) -> dict[Any, set[ObjectKey]]:
+    out: dict[Any, set[ObjectKey]] = {}
+    for key, o in store.snapshot().items():
+        for value in INDEXES[name](o):
+            out.setdefault(value, set()).add(key)
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(steps, max_size=30))
+def test_indexes_always_equal_the_ones_recomputed_from_scratch(
+    history: list[Apply | Delete | tuple[str, list[dict[str, Any]]]],
+) -> None:
+    store = indexed_store()
+    store.apply(Init())
+    store.apply(InitDone())
+    for step in history:
+        if isinstance(step, tuple):
+            kind, objs = step
+            events: list[WatchEvent] = [Init(), *(InitApply(o) for o in objs)]
+            if kind == "relist":
+                events.append(InitDone())
+            for event in events:
+                store.apply(event)
+        else:
+            store.apply(step)
+        for name in INDEXES:
+            expected = recomputed(store, name)
+            assert store._indexes[name].keys == expected  # no stale values, no empty sets
+            for value, keys in expected.items():
+                assert store.keys_for(name, value) == keys
+                assert store.select(name, value) == {key: store.get(key) for key in keys}
+
+
+def test_an_update_keeps_the_key_in_its_place() -> None:
+    store = listed(obj("a"), obj("b"))
+    store.apply(Apply(obj("a", 2)))
+    assert list(store.snapshot()) == [k("a"), k("b")]

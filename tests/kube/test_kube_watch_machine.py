@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from akri_trio.address import ObjectKey
 from akri_trio.kube.errors import ApiError, Gone, ServerError
 from akri_trio.kube.store import Store
 from akri_trio.kube.watch import (
@@ -168,14 +169,14 @@ class ServerModel:
 
     def __init__(self) -> None:
         self.rv = 1
-        self.objects: dict[str, dict[str, Any]] = {}
-        self.history: list[tuple[int, dict[str, dict[str, Any]]]] = [(1, {})]
+        self.objects: dict[ObjectKey, dict[str, Any]] = {}
+        self.history: list[tuple[int, dict[ObjectKey, dict[str, Any]]]] = [(1, {})]
         self.log: list[tuple[int, dict[str, Any]]] = []
         self.compacted = 0
 
     def mutate(self, name: str, value: int) -> None:
         self.rv += 1
-        key = f"ns/{name}"
+        key = ObjectKey("ns", name)
         if key in self.objects and value < 0:
             event = ev("DELETED", obj(name, self.rv, self.objects.pop(key)["data"]["v"]))
         else:
@@ -185,7 +186,7 @@ class ServerModel:
         self.log.append((self.rv, event))
         self.history.append((self.rv, dict(self.objects)))
 
-    def state_at(self, rv: int) -> dict[str, dict[str, Any]]:
+    def state_at(self, rv: int) -> dict[ObjectKey, dict[str, Any]]:
         return [state for at, state in self.history if at <= rv][-1]
 
 

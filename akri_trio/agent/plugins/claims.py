@@ -26,9 +26,10 @@ import attrs
 import httpx
 import trio
 
+from akri_trio.address import ObjectKey
 from akri_trio.agent.plugins import slots, vdevs
 from akri_trio.agent.plugins.slots import InstanceSlots
-from akri_trio.agent.view import NodeView, instance_key
+from akri_trio.agent.view import NodeView
 from akri_trio.kube.client import Client
 from akri_trio.kube.errors import ApiError, Conflict, NotFound
 from akri_trio.model import naming
@@ -37,6 +38,11 @@ from akri_trio.model.resources import INSTANCES, JSON, Instance
 log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 5
+# How long a failed or cancelled configuration-level Allocate may spend giving back the claims
+# it made: shielded, so it survives the cancellation, but bounded, so an API server that is
+# down cannot hold up the agent's shutdown past a Pod's grace period (the reclaimer frees
+# whatever is left).
+RELEASE_BOUND_S = 5.0
 
 
 class ClaimFailed(Exception):
@@ -104,13 +110,12 @@ class Claims:
         self.api = api
         self.view = view
         self.node = view.node
-        self._locks: defaultdict[str, trio.Lock] = defaultdict(trio.Lock)
-        self._queues: defaultdict[str, list[_Request]] = defaultdict(list)
+        self._locks: defaultdict[ObjectKey, trio.Lock] = defaultdict(trio.Lock)
+        self._queues: defaultdict[ObjectKey, list[_Request]] = defaultdict(list)
 
-    async def _fresh(self, key: str) -> Instance:
-        namespace, name = key.split("/", 1)
+    async def _fresh(self, key: ObjectKey) -> Instance:
         try:
-            obj = await self.api.get(INSTANCES, name, namespace=namespace)
+            obj = await self.api.get(INSTANCES, key.name, namespace=key.namespace)
         except NotFound:
             self.view.drop_instance(key)
             raise InstanceGone(key) from None
@@ -118,7 +123,7 @@ class Claims:
             raise ClaimFailed(f"reading Instance {key}: {exc}") from exc
         return self.view.put_instance(obj)
 
-    def _cached(self, key: str) -> Instance | None:
+    def _cached(self, key: ObjectKey) -> Instance | None:
         return self.view.instance(key)
 
     async def _write(self, inst: Instance, usage: Mapping[str, str]) -> Instance:
@@ -138,13 +143,13 @@ class Claims:
         except Conflict:
             raise
         except NotFound:
-            raise InstanceGone(instance_key(inst.metadata.namespace, inst.metadata.name)) from None
+            raise InstanceGone(inst.metadata.key) from None
         except (ApiError, httpx.HTTPError) as exc:
             raise ClaimFailed(f"writing deviceUsage of {inst.metadata.name}: {exc}") from exc
         return self.view.put_instance(obj)
 
     async def update_instance(
-        self, key: str, decide: Callable[[Instance], Mapping[str, str]]
+        self, key: ObjectKey, decide: Callable[[Instance], Mapping[str, str]]
     ) -> Instance:
         """Apply `decide(instance) -> new deviceUsage` to one Instance, with retries on 409.
 
@@ -170,7 +175,7 @@ class Claims:
         assert request.result is not None
         return request.result
 
-    async def _commit(self, key: str) -> None:
+    async def _commit(self, key: ObjectKey) -> None:
         """Decide and write every queued request on `key` (the caller holds its lock)."""
         batch, self._queues[key] = self._queues[key], []
         try:
@@ -205,20 +210,19 @@ class Claims:
 
     # --- instance level ------------------------------------------------------------------------
 
-    async def claim_slots(self, key: str, slot_ids: Sequence[str]) -> Instance:
-        name = key.split("/", 1)[1]
+    async def claim_slots(self, key: ObjectKey, slot_ids: Sequence[str]) -> Instance:
         return await self.update_instance(
             key,
             lambda inst: slots.claim(
                 inst.spec.device_usage,
                 slot_ids,
                 self.node,
-                instance=name,
+                instance=key.name,
                 capacity=inst.spec.capacity,
             ),
         )
 
-    async def free_slots(self, key: str, slot_ids: Iterable[str]) -> Instance:
+    async def free_slots(self, key: ObjectKey, slot_ids: Iterable[str]) -> Instance:
         ids = list(slot_ids)
         return await self.update_instance(
             key, lambda inst: slots.free(inst.spec.device_usage, ids, self.node)
@@ -227,18 +231,21 @@ class Claims:
     # --- configuration level -------------------------------------------------------------------
 
     async def claim_vdevs(
-        self, config: str, keys: Sequence[str], container_requests: Sequence[Sequence[str]]
+        self,
+        config: str,
+        keys: Sequence[ObjectKey],
+        container_requests: Sequence[Sequence[str]],
     ) -> vdevs.AllocationPlan:
         """Map and claim the vdevs of one Allocate over the Instances `keys` (this node's
         Instances of `config`). All touched Instances are written; if one write fails for good,
         the claims this call made on the others are released again."""
-        namespace = keys[0].split("/", 1)[0] if keys else "default"
+        namespace = keys[0].namespace if keys else "default"
         async with AsyncExitStack() as stack:
             for key in sorted(keys):  # a fixed order: no deadlock between concurrent Allocates
                 await stack.enter_async_context(self._locks[key])
             instances = {k: self._cached(k) or await self._fresh(k) for k in keys}
             before = {k: dict(v.spec.device_usage) for k, v in instances.items()}
-            written: list[str] = []
+            written: list[ObjectKey] = []
             try:
                 for attempt in range(MAX_ATTEMPTS):
                     slots_by_name = {
@@ -250,7 +257,7 @@ class Claims:
                     plan = vdevs.allocate(slots_by_name, container_requests, self.node, config)
                     try:
                         for name, usage in sorted(plan.usage.items()):
-                            key = instance_key(namespace, name)
+                            key = ObjectKey(namespace, name)
                             instances[key] = await self._write(instances[key], usage)
                             written.append(key)
                         return plan
@@ -259,15 +266,17 @@ class Claims:
                         instances = {k: await self._fresh(k) for k in keys}
                 raise ClaimFailed(f"deviceUsage of {config}'s Instances kept changing")
             except BaseException:
-                with trio.CancelScope(shield=True):
+                with trio.move_on_after(RELEASE_BOUND_S, shield=True) as bounded:
                     await self._release(instances, before, written)
+                if bounded.cancelled_caught:
+                    log.warning("gave up releasing the claims of a failed Allocate on %s", config)
                 raise
 
     async def _release(
         self,
-        instances: dict[str, Instance],
-        before: Mapping[str, Mapping[str, str]],
-        keys: list[str],
+        instances: dict[ObjectKey, Instance],
+        before: Mapping[ObjectKey, Mapping[str, str]],
+        keys: list[ObjectKey],
     ) -> None:
         """Undo claims of a failed configuration-level Allocate: restore our part of each
         written Instance's map to what it was before the call (best effort, logged)."""
@@ -282,10 +291,12 @@ class Claims:
             except Exception as exc:  # the reclaimer frees what is left
                 log.warning("could not release claims on %s after a failed Allocate: %s", key, exc)
 
-    async def free_vdevs(self, config: str, keys: Sequence[str], vdev_ids: Iterable[str]) -> None:
+    async def free_vdevs(
+        self, config: str, keys: Sequence[ObjectKey], vdev_ids: Iterable[str]
+    ) -> None:
         ids = list(vdev_ids)
         for key in keys:
-            name = key.split("/", 1)[1]
+            name = key.name
             await self.update_instance(
                 key,
                 lambda inst, name=name: vdevs.free_vdevs(  # type: ignore[misc]

@@ -18,6 +18,7 @@ from pathlib import Path
 import attrs
 import trio
 
+from akri_trio.address import ObjectKey
 from akri_trio.agent.plugins.claims import Claims
 from akri_trio.agent.plugins.kubelet import KubeletWatch, serve_registered
 from akri_trio.agent.plugins.service import (
@@ -27,7 +28,7 @@ from akri_trio.agent.plugins.service import (
     DevicePluginService,
     InstanceBehaviour,
 )
-from akri_trio.agent.view import NodeView, instance_key
+from akri_trio.agent.view import NodeView
 from akri_trio.model.resources import Instance
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,7 @@ log = logging.getLogger(__name__)
 
 @attrs.frozen
 class InstancePlugin:
-    key: str  # namespace/instance
+    key: ObjectKey  # the Instance's
     config: str  # its Configuration's name
 
 
@@ -49,11 +50,11 @@ Plugin = InstancePlugin | ConfigPlugin
 
 
 def desired_plugins(
-    node: str, instances: Iterable[Instance], has_device: Callable[[str], bool]
+    node: str, instances: Iterable[Instance], has_device: Callable[[ObjectKey], bool]
 ) -> set[Plugin]:
     out: set[Plugin] = set()
     for inst in instances:
-        key = instance_key(inst.metadata.namespace, inst.metadata.name)
+        key = inst.metadata.key
         if node in inst.spec.nodes and inst.metadata.deletion_timestamp is None and has_device(key):
             out.add(InstancePlugin(key, inst.spec.configuration_name))
             out.add(ConfigPlugin(inst.metadata.namespace, inst.spec.configuration_name))
@@ -82,14 +83,14 @@ class PluginManager:
             self.view.node, self.view.instances(), lambda k: self.view.device(k) is not None
         )
 
-    def _members(self, plugin: ConfigPlugin) -> Callable[[], list[str]]:
-        def members() -> list[str]:
+    def _members(self, plugin: ConfigPlugin) -> Callable[[], list[ObjectKey]]:
+        def members() -> list[ObjectKey]:
             return sorted(
                 p.key
                 for p in self.running
                 if isinstance(p, InstancePlugin)
                 and p.config == plugin.config
-                and p.key.split("/", 1)[0] == plugin.namespace
+                and p.key.namespace == plugin.namespace
             )
 
         return members
@@ -129,10 +130,10 @@ class PluginManager:
             self.on_registered()
 
     @staticmethod
-    def _config_key(plugin: Plugin) -> str:
+    def _config_key(plugin: Plugin) -> ObjectKey:
         if isinstance(plugin, ConfigPlugin):
-            return instance_key(plugin.namespace, plugin.config)
-        return instance_key(plugin.key.split("/", 1)[0], plugin.config)
+            return ObjectKey(plugin.namespace, plugin.config)
+        return ObjectKey(plugin.key.namespace, plugin.config)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -141,7 +142,7 @@ class PluginManager:
             while True:
                 version = self.view.membership.version
                 desired = self._desired()
-                touched: set[str] = set()
+                touched: set[ObjectKey] = set()
                 for plugin in list(self.running):
                     if plugin not in desired:
                         log.info("stopping plugin %s", plugin)
@@ -162,7 +163,7 @@ class PluginManager:
                 await self.view.membership.wait_past(version)
 
 
-def _start_order(plugin: Plugin) -> tuple[int, str]:
+def _start_order(plugin: Plugin) -> tuple[int, ObjectKey]:
     if isinstance(plugin, InstancePlugin):
         return 0, plugin.key
-    return 1, f"{plugin.namespace}/{plugin.config}"
+    return 1, ObjectKey(plugin.namespace, plugin.config)

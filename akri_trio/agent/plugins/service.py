@@ -21,10 +21,11 @@ from typing import Protocol
 import purerpc
 import trio
 
+from akri_trio.address import ObjectKey
 from akri_trio.agent.plugins import slots, vdevs
 from akri_trio.agent.plugins.claims import ClaimFailed, Claims, InstanceGone
 from akri_trio.agent.plugins.slots import DeviceView, InstanceSlots
-from akri_trio.agent.view import NodeView, instance_key
+from akri_trio.agent.view import NodeView
 from akri_trio.model import naming
 from akri_trio.model.resources import Instance
 from akri_trio.rpc.gen import deviceplugin_v1beta1_grpc as dp_grpc
@@ -44,7 +45,7 @@ class Behaviour(Protocol):
     kind: str  # "instance" | "configuration"
     resource: str  # akri.sh/<name>
     preferred_allocation: bool
-    key: str  # the view key whose changes can change `devices()`
+    key: ObjectKey  # the view key whose changes can change `devices()`
 
     def devices(self) -> list[DeviceView]: ...
 
@@ -66,7 +67,7 @@ def container_response(
         for key, value in inst.spec.broker_properties.items():
             for env in naming.env_var_names(key, digest):
                 response.envs[env] = value
-        device = view.device(instance_key(inst.metadata.namespace, inst.metadata.name))
+        device = view.device(inst.metadata.key)
         if device is None:
             continue
         for m in device.mounts:
@@ -92,9 +93,9 @@ class InstanceBehaviour:
     kind = "instance"
     preferred_allocation = False
 
-    def __init__(self, key: str, view: NodeView, claims: Claims) -> None:
+    def __init__(self, key: ObjectKey, view: NodeView, claims: Claims) -> None:
         self.key = key
-        self.name = key.split("/", 1)[1]
+        self.name = key.name
         self.resource = naming.resource_name(self.name)
         self.view = view
         self.claims = claims
@@ -130,11 +131,11 @@ class ConfigurationBehaviour:
         config: str,
         view: NodeView,
         claims: Claims,
-        members: Callable[[], Sequence[str]],
+        members: Callable[[], Sequence[ObjectKey]],
     ) -> None:
         self.namespace = namespace
         self.config = config
-        self.key = instance_key(namespace, config)
+        self.key = ObjectKey(namespace, config)
         self.resource = naming.resource_name(config)
         self.view = view
         self.claims = claims
@@ -157,9 +158,7 @@ class ConfigurationBehaviour:
         plan = await self.claims.claim_vdevs(self.config, list(self.members()), requests)
         responses = []
         for placements in plan.containers:
-            chosen = [
-                self.view.instance(instance_key(self.namespace, p.instance)) for p in placements
-            ]
+            chosen = [self.view.instance(ObjectKey(self.namespace, p.instance)) for p in placements]
             responses.append(container_response([i for i in chosen if i is not None], self.view))
         return responses
 

@@ -61,6 +61,8 @@ from akri_trio.model.device import Device
 
 log = logging.getLogger(__name__)
 
+CLOSE_BOUND_S: Final = 5.0
+
 NAME: Final = "zeroconf"
 PREFIX: Final = "AKRI_ZEROCONF_DEVICE"
 KIND: Final = f"{PREFIX}_KIND"
@@ -331,8 +333,7 @@ class Zeroconf:
             finally:
                 events_in.close()
                 if browser is not None:
-                    with trio.CancelScope(shield=True):
-                        await trio.to_thread.run_sync(browser.cancel)
+                    await _close_in_thread(browser.cancel, "zeroconf browser")
 
     async def _track(
         self,
@@ -436,6 +437,18 @@ def _offer(channel: trio.MemorySendChannel[Event], event: Event) -> None:
         channel.send_nowait(event)
 
 
+async def _close_in_thread(close: Callable[[], object], what: str) -> None:
+    """Run a blocking close in a thread, shielded from cancellation (it must happen) but bounded:
+    past CLOSE_BOUND_S the thread is left to finish on its own, so a stuck close cannot hold up
+    the shutdown of the process that embeds the handler."""
+    with trio.move_on_after(CLOSE_BOUND_S, shield=True) as bounded:
+        await trio.to_thread.run_sync(close, abandon_on_cancel=True)
+    if bounded.cancelled_caught:
+        log.warning(
+            "%s did not close within %.0f s; its thread finishes on its own", what, CLOSE_BOUND_S
+        )
+
+
 class _SharedInstance:
     """One python-zeroconf `Zeroconf` for all of a handler's `discover` calls: opened by the
     first user, closed (in a thread, shielded) when the last one leaves; a user arriving while
@@ -459,5 +472,4 @@ class _SharedInstance:
             self._users -= 1
             if self._users == 0 and self._zc is zc:
                 self._zc = None
-                with trio.CancelScope(shield=True):
-                    await trio.to_thread.run_sync(zc.close)
+                await _close_in_thread(zc.close, "zeroconf instance")
