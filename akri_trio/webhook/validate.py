@@ -63,11 +63,11 @@ def review(
     if not isinstance(request, Mapping) or not isinstance(request.get("uid"), str):
         raise BadReview("AdmissionReview without request.uid")
     response: dict[str, Any] = {"uid": request["uid"], "allowed": True}
-    kind = request.get("kind") or {}
     operation = request.get("operation")
-    ours = kind.get("group") == "akri.sh" and kind.get("kind") == "Configuration"
+    kind = _dig(request, "kind", "kind"), _dig(request, "kind", "group")
+    ours = kind == ("Configuration", "akri.sh")
     if ours and operation in ("CREATE", "UPDATE"):
-        obj = request.get("object") or {}
+        obj = request.get("object")
         problems = validate_configuration(
             obj,
             schemas,
@@ -76,7 +76,7 @@ def review(
             parser_for=parser_for,
         )
         if problems:
-            name = (obj.get("metadata") or {}).get("name") or request.get("name") or ""
+            name = _dig(obj, "metadata", "name") or request.get("name") or ""
             response["allowed"] = False
             response["status"] = {
                 "status": "Failure",
@@ -88,7 +88,7 @@ def review(
 
 
 def validate_configuration(
-    obj: Mapping[str, Any],
+    obj: Any,
     schemas: Schemas,
     *,
     namespace: str | None = None,
@@ -96,16 +96,15 @@ def validate_configuration(
     parser_for: ParserFor = builtin_parser,
 ) -> list[str]:
     """Every problem with `obj` (a Configuration as JSON), as `field.path: problem` lines."""
-    metadata = obj.get("metadata") or {}
-    namespace = namespace or metadata.get("namespace") or "default"
+    namespace = namespace or _dig(obj, "metadata", "namespace") or "default"
     problems: list[str] = []
-    name = metadata.get("name")
+    name = _dig(obj, "metadata", "name")
     if isinstance(name, str) and len(name) > MAX_NAME:
         problems.append(
             f"metadata.name: at most {MAX_NAME} characters, so that its Instances' names "
             "(<name>-<6 hex>) are valid"
         )
-    spec = obj.get("spec")
+    spec = _dig(obj, "spec")
     if not isinstance(spec, Mapping):
         return [*problems, f"spec: required, got {openapi.describe(spec)}"]
     spec = dict(spec)
@@ -161,14 +160,23 @@ def _broker_spec(broker: Any, schemas: Schemas) -> list[str]:
 def _handler_renamed(spec: Mapping[str, Any], old: Mapping[str, Any] | None) -> list[str]:
     if old is None:
         return []
-    before = ((old.get("spec") or {}).get("discoveryHandler") or {}).get("name")
-    after = (spec.get("discoveryHandler") or {}).get("name")
+    before = _dig(old, "spec", "discoveryHandler", "name")
+    after = _dig(spec, "discoveryHandler", "name")
     if isinstance(before, str) and isinstance(after, str) and before != after:
         return [
             f"{_HANDLER}.name: cannot change ({before!r} -> {after!r}); "
             "create a new Configuration instead"
         ]
     return []
+
+
+def _dig(obj: Any, *keys: str) -> Any:
+    """obj[k1][k2]..., or None where a level is missing or not an object."""
+    for key in keys:
+        if not isinstance(obj, Mapping):
+            return None
+        obj = obj.get(key)
+    return obj
 
 
 def _capacity(capacity: int) -> list[str]:

@@ -326,3 +326,30 @@ def test_any_unknown_container_field_is_refused_by_path(extra: dict[str, int]) -
     container.update(unknown)
     where = "spec.brokerSpec.brokerPodSpec.containers[0]"
     assert sorted(problems(config)) == sorted(f"{where}.{k}: unknown field" for k in unknown)
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=2) | st.dictionaries(st.text(max_size=4), inner, max_size=2)
+    ),
+    max_leaves=6,
+)
+_spec_keys = st.sampled_from([*VALID["spec"], "other"])
+_handler_keys = st.sampled_from([*VALID["spec"]["discoveryHandler"], "other"])
+
+
+@given(
+    st.dictionaries(_spec_keys, _json, max_size=4),
+    st.dictionaries(_handler_keys, _json, max_size=3),
+    st.one_of(st.none(), _json),
+)
+def test_any_json_gets_an_answer_never_an_exception(
+    spec: dict[str, Any], discovery_handler: dict[str, Any], old_spec: Any
+) -> None:
+    if "discoveryHandler" not in spec:
+        spec["discoveryHandler"] = handler(**discovery_handler)
+    config = with_spec(**spec)
+    old = {"spec": old_spec}
+    found = problems(config, old=old)
+    assert all(isinstance(p, str) and ": " in p for p in found)
