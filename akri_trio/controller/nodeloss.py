@@ -9,7 +9,7 @@ per loss (`node_transition` says when).
 The plan is a set of removals, rendered as RFC 6902 JSON patches that `test` each entry just
 before removing it. Upstream blanks the slots to "" with a merge patch, which makes the
 controller the owner of those keys under server-side apply, so the agent's next claim of the
-slot conflicts (upstream issue #801); a removal leaves no owner behind. A merge patch cannot
+slot conflicts with that owner; a removal leaves no owner behind. A merge patch cannot
 remove one entry of a list without rewriting the list, which would overwrite an entry another
 agent adds meanwhile; an index-based removal guarded by a `test` fails instead (422), and the
 edge recomputes from a fresh read. An Instance whose last node was this one is deleted after

@@ -143,7 +143,7 @@ _never_running = st.sampled_from(["Pending", "Failed", "Succeeded", "Unknown", "
 def test_never_recreates_faster_than_backoff_allows(
     steps: list[tuple[float, str]], seed: int
 ) -> None:
-    """A broker that never runs (upstream #801's hot loop) is created at ever longer intervals,
+    """A broker that never runs (rejected at admission, say) is created at ever longer intervals,
     whatever the Pod does in between and however often the controller is woken."""
     delay = jittered(seed)
     now, retries = T0, dict[str, Retry]()
