@@ -27,7 +27,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 VALIDITY: Final = dt.timedelta(days=365)
 PATH: Final = "/validate"
-REVIEW_VERSIONS: Final = ["v1", "v1beta1"]
+REVIEW_VERSIONS: Final = ("v1", "v1beta1")
 
 
 @attrs.frozen
