@@ -1,1 +1,92 @@
-"""akri-trio."""
+"""The controller: broker Pods, Jobs and Services for Instances, and cleanup after lost nodes.
+
+This package holds the pure decisions (no I/O): what to make (brokers, services), when
+(lifecycle) and what to undo when a node is lost (nodeloss). The edges that watch and write
+import these names from here.
+"""
+
+from akri_trio.controller.brokers import (
+    PLACEHOLDER,
+    akri_labels,
+    broker_job,
+    broker_pod,
+    broker_pods,
+    configuration_selector,
+    instance_selector,
+    owner_reference,
+    pin_to_node,
+    rename_placeholder,
+)
+from akri_trio.controller.lifecycle import (
+    PENDING_TIMEOUT_S,
+    STABLE_AFTER_S,
+    Delay,
+    JobPlan,
+    PodPlan,
+    Retry,
+    plan_job,
+    plan_pods,
+)
+from akri_trio.controller.names import (
+    broker_job_name,
+    broker_pod_name,
+    configuration_service_name,
+    instance_service_name,
+    label_value,
+)
+from akri_trio.controller.nodeloss import (
+    InstanceRelease,
+    NodeLossPlan,
+    NodeState,
+    StatusRelease,
+    node_ready,
+    node_transition,
+    plan_node_loss,
+)
+from akri_trio.controller.observed import Delete, ObservedPod, timestamp
+from akri_trio.controller.services import (
+    ServicePlan,
+    configuration_service,
+    instance_service,
+    plan_services,
+)
+
+__all__ = [
+    "PENDING_TIMEOUT_S",
+    "PLACEHOLDER",
+    "STABLE_AFTER_S",
+    "Delay",
+    "Delete",
+    "InstanceRelease",
+    "JobPlan",
+    "NodeLossPlan",
+    "NodeState",
+    "ObservedPod",
+    "PodPlan",
+    "Retry",
+    "ServicePlan",
+    "StatusRelease",
+    "akri_labels",
+    "broker_job",
+    "broker_job_name",
+    "broker_pod",
+    "broker_pod_name",
+    "broker_pods",
+    "configuration_selector",
+    "configuration_service",
+    "configuration_service_name",
+    "instance_selector",
+    "instance_service",
+    "instance_service_name",
+    "label_value",
+    "node_ready",
+    "node_transition",
+    "owner_reference",
+    "pin_to_node",
+    "plan_job",
+    "plan_node_loss",
+    "plan_pods",
+    "plan_services",
+    "rename_placeholder",
+    "timestamp",
+]

@@ -1,0 +1,176 @@
+"""What to undo when a node is lost: a pure plan of field removals, no writes.
+
+A node that stops being Ready (after having been Ready) or is deleted leaves behind what its
+agent owned: its entry in `Instance.spec.nodes`, its finalizer on those Instances, the
+deviceUsage slots it held (`<node>` and `C:<vdev>:<node>`) and its entry in each
+Configuration's `status.nodes`. Nobody else may remove them, so the controller does it, once
+per loss (`node_transition` says when).
+
+The plan is a set of removals, rendered as RFC 6902 JSON patches that `test` each entry just
+before removing it. Upstream blanks the slots to "" with a merge patch, which makes the
+controller the owner of those keys under server-side apply, so the agent's next claim of the
+slot conflicts with that owner; a removal leaves no owner behind. A merge patch cannot
+remove one entry of a list without rewriting the list, which would overwrite an entry another
+agent adds meanwhile; an index-based removal guarded by a `test` fails instead (422), and the
+edge recomputes from a fresh read. An Instance whose last node was this one is deleted after
+the patch, with its uid as precondition, so a recreated namesake is never touched.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import attrs
+
+from akri_trio.controller.observed import Delete
+from akri_trio.model import naming
+from akri_trio.model.resources import JSON, Configuration, Instance
+
+
+class NodeState(enum.Enum):
+    KNOWN = "Known"  # seen, never Ready while watched
+    READY = "Ready"
+    CLEANED = "Cleaned"  # lost after Ready; its entries were removed
+
+
+def node_ready(node: Mapping[str, Any]) -> bool:
+    conditions = (node.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def node_transition(
+    previous: NodeState | None, ready: bool | None
+) -> tuple[NodeState | None, bool]:
+    """(next state, clean up now?) for a Node event; `ready` is None when it was deleted.
+
+    A node seen NotReady before ever being Ready is not cleaned (it may be starting); a deleted
+    node is, unless that was already done."""
+    if ready is None:
+        return None, previous is not NodeState.CLEANED
+    if ready:
+        return NodeState.READY, False
+    if previous is NodeState.READY:
+        return NodeState.CLEANED, True
+    return previous or NodeState.KNOWN, False
+
+
+def pointer(*parts: str | int) -> str:
+    """A JSON pointer (RFC 6901) from path segments."""
+    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts)
+
+
+def _remove(path: str, value: Any) -> list[JSON]:
+    return [{"op": "test", "path": path, "value": value}, {"op": "remove", "path": path}]
+
+
+def held_slots(usage: Mapping[str, str], node: str) -> dict[str, str]:
+    """The deviceUsage entries held by `node`, at instance or configuration level."""
+    held = {}
+    for slot, value in usage.items():
+        match naming.parse_usage(value):
+            case naming.NodeClaim(holder) | naming.ConfigClaim(_, holder) if holder == node:
+                held[slot] = value
+    return held
+
+
+@attrs.frozen
+class InstanceRelease:
+    """The entries of one Instance that belong to the lost node. Index tuples are descending,
+    so removing them in order never shifts one not yet removed."""
+
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    node_indexes: tuple[int, ...]
+    finalizer_indexes: tuple[int, ...]
+    slots: Mapping[str, str]
+
+    def json_patch(self) -> list[JSON]:
+        ops: list[JSON] = [{"op": "test", "path": "/metadata/uid", "value": self.uid}]
+        for slot, value in sorted(self.slots.items()):
+            ops += _remove(pointer("spec", "deviceUsage", slot), value)
+        for i in self.node_indexes:
+            ops += _remove(pointer("spec", "nodes", i), self.node)
+        for i in self.finalizer_indexes:
+            ops += _remove(pointer("metadata", "finalizers", i), self.node)
+        return ops
+
+
+@attrs.frozen
+class StatusRelease:
+    """The lost node's entries in a Configuration's `status.nodes` (status subresource)."""
+
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    indexes: tuple[int, ...]
+
+    def json_patch(self) -> list[JSON]:
+        ops: list[JSON] = [{"op": "test", "path": "/metadata/uid", "value": self.uid}]
+        for i in self.indexes:
+            ops.append(
+                {"op": "test", "path": pointer("status", "nodes", i, "node"), "value": self.node}
+            )
+            ops.append({"op": "remove", "path": pointer("status", "nodes", i)})
+        return ops
+
+
+@attrs.frozen
+class NodeLossPlan:
+    instances: tuple[InstanceRelease, ...] = ()
+    # Instances whose last node was the lost one: delete after their patch has been applied.
+    delete: tuple[Delete, ...] = ()
+    statuses: tuple[StatusRelease, ...] = ()
+
+
+def _indexes(items: Iterable[Any], wanted: Any) -> tuple[int, ...]:
+    return tuple(sorted((i for i, item in enumerate(items) if item == wanted), reverse=True))
+
+
+def release_instance(instance: Instance, node: str) -> InstanceRelease | None:
+    """The removals for `node` in `instance`, or None when it holds nothing there."""
+    meta, spec = instance.metadata, instance.spec
+    release = InstanceRelease(
+        namespace=meta.namespace,
+        name=meta.name,
+        uid=meta.uid,
+        node=node,
+        node_indexes=_indexes(spec.nodes, node),
+        finalizer_indexes=_indexes(meta.finalizers, node),
+        slots=held_slots(spec.device_usage, node),
+    )
+    if release.node_indexes or release.finalizer_indexes or release.slots:
+        return release
+    return None
+
+
+def release_status(configuration: Configuration, node: str) -> StatusRelease | None:
+    entries = configuration.status.get("nodes") or []
+    keys = [e.get("node") if isinstance(e, dict) else None for e in entries]
+    indexes = _indexes(keys, node)
+    if not indexes:
+        return None
+    meta = configuration.metadata
+    return StatusRelease(meta.namespace, meta.name, meta.uid, node, indexes)
+
+
+def plan_node_loss(
+    node: str, instances: Iterable[Instance], configurations: Iterable[Configuration]
+) -> NodeLossPlan:
+    releases: list[InstanceRelease] = []
+    deletes: list[Delete] = []
+    for instance in instances:
+        release = release_instance(instance, node)
+        if release is None:
+            continue
+        releases.append(release)
+        others = set(instance.spec.nodes) - {node}
+        if release.node_indexes and not others and instance.metadata.deletion_timestamp is None:
+            meta = instance.metadata
+            deletes.append(Delete(meta.namespace, meta.name, meta.uid, f"last node {node} lost"))
+    statuses = (release_status(c, node) for c in configurations)
+    return NodeLossPlan(tuple(releases), tuple(deletes), tuple(s for s in statuses if s))

@@ -1,0 +1,127 @@
+"""Which broker Services should exist, given the broker Pods observed: a pure decision.
+
+Two kinds, as upstream: `<instance>-svc` in front of one Instance's brokers (owned by the
+Instance) and `<configuration>-svc` in front of all brokers of a Configuration (owned by the
+Configuration). A Service is wanted once one of its brokers is Running, and kept while one is
+Running or Pending, so recreating a broker (Failed -> deleted -> Pending -> Running) does not
+delete and re-create the Service in between; it goes when every broker it selects has ended or
+is being deleted. Job brokers count too: their Pods carry the same labels (brokers.py).
+
+The edge applies `ServicePlan.apply` (server-side apply, so a changed instanceServiceSpec
+reaches an existing Service) and deletes `ServicePlan.delete`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import attrs
+
+from akri_trio.controller import brokers, names
+from akri_trio.controller.observed import Delete, ObservedPod
+from akri_trio.model import naming
+from akri_trio.model.resources import JSON, Configuration, Instance
+
+_KEEPS_SERVICE = frozenset({"Running", "Pending"})
+
+
+@attrs.frozen
+class ServicePlan:
+    apply: tuple[JSON, ...] = ()
+    delete: tuple[Delete, ...] = ()
+
+
+def _service(
+    name: str,
+    user_spec: Mapping[str, Any],
+    selector: Mapping[str, str],
+    owner: Configuration | Instance,
+) -> JSON:
+    labels = {
+        brokers.APP_LABEL: name,
+        naming.LABEL_CONTROLLER: naming.CONTROLLER_VALUE,
+        **selector,
+    }
+    spec = dict(user_spec)
+    spec["selector"] = {
+        **(spec.get("selector") or {}),
+        naming.LABEL_CONTROLLER: naming.CONTROLLER_VALUE,
+        **selector,
+    }
+    return brokers.owned_object("v1", "Service", name, labels, owner, spec)
+
+
+def instance_service(configuration: Configuration, instance: Instance) -> JSON | None:
+    """The Instance's Service body, or None when the Configuration has no instanceServiceSpec."""
+    user = configuration.spec.instance_service_spec
+    if user is None:
+        return None
+    name = names.instance_service_name(instance.metadata.name)
+    selector = brokers.instance_selector(instance.metadata.name)
+    return _service(name, user, selector, instance)
+
+
+def configuration_service(configuration: Configuration) -> JSON | None:
+    user = configuration.spec.configuration_service_spec
+    if user is None:
+        return None
+    name = names.configuration_service_name(configuration.metadata.name)
+    selector = brokers.configuration_selector(configuration.metadata.name)
+    return _service(name, user, selector, configuration)
+
+
+def _selects_labels(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def _wanted(selector: Mapping[str, str], pods: Iterable[ObservedPod], exists: bool) -> bool:
+    phases = {p.phase for p in pods if not p.deleting and _selects_labels(selector, p.labels)}
+    return "Running" in phases or (exists and bool(phases & _KEEPS_SERVICE))
+
+
+def plan_services(
+    configuration: Configuration,
+    instances: Iterable[Instance],
+    pods: Iterable[ObservedPod],
+    services: Iterable[Mapping[str, Any]],
+) -> ServicePlan:
+    """The Services of one Configuration. `instances` are its Instances, `pods` the broker Pods
+    in its namespace and `services` the Services there labelled `controller=akri.sh`; Services
+    of other Configurations among them are left alone."""
+    pods = list(pods)
+    instances = list(instances)
+    existing = {s["metadata"]["name"]: s for s in services}
+    deleting = configuration.metadata.deletion_timestamp is not None
+    ours = [
+        (instance_service(configuration, i), brokers.instance_selector(i.metadata.name))
+        for i in instances
+        if not deleting and i.metadata.deletion_timestamp is None
+    ]
+    if not deleting:
+        config_selector = brokers.configuration_selector(configuration.metadata.name)
+        ours.append((configuration_service(configuration), config_selector))
+    apply = [
+        body
+        for body, selector in ours
+        if body is not None and _wanted(selector, pods, body["metadata"]["name"] in existing)
+    ]
+    keep = {body["metadata"]["name"] for body in apply}
+    delete = [
+        Delete.of(svc)
+        for name, svc in existing.items()
+        if name not in keep and _belongs(svc, configuration, instances)
+    ]
+    return ServicePlan(tuple(apply), tuple(delete))
+
+
+def _belongs(
+    service: Mapping[str, Any], configuration: Configuration, instances: Iterable[Instance]
+) -> bool:
+    """Ours to delete: labelled with this Configuration or with one of its Instances."""
+    labels = service.get("metadata", {}).get("labels") or {}
+    if _selects_labels(brokers.configuration_selector(configuration.metadata.name), labels):
+        return True
+    return any(
+        _selects_labels(brokers.instance_selector(i.metadata.name), labels) for i in instances
+    )
