@@ -4,7 +4,8 @@ Tests that need Kubernetes take `cluster` (control plane) or `node_cluster` (plu
 containerd). Both run `akri-trio cluster up` (which builds the binaries on a new machine) and
 never skip: a cluster that cannot start fails the tests that need it. A cluster that was already
 running (a developer's) is left running; one this session started is stopped at its end, so a CI
-run leaves no processes, mounts or bridges behind.
+run leaves no processes, mounts or bridges behind — unless AKRI_TRIO_KEEP_CLUSTER is set, for
+machines where several test sessions share one cluster.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def cluster() -> Iterator[dict[str, str]]:
     env = _env()
     os.environ.setdefault("KUBECONFIG", env["KUBECONFIG"])
     yield env
-    if not was_running:
+    if not was_running and not os.environ.get("AKRI_TRIO_KEEP_CLUSTER"):
         _cli("down")
 
 

@@ -77,8 +77,9 @@ def parse_args(argv: list[str], env: Mapping[str, str]) -> AgentSettings:
     p.add_argument(
         "--debug-echo-availability",
         type=Path,
-        default=None,
-        help="debugEcho availability file (default /tmp/debug-echo-availability.txt)",
+        default=env.get("DEBUG_ECHO_AVAILABILITY_PATH") or None,
+        help="debugEcho availability file (env DEBUG_ECHO_AVAILABILITY_PATH, as the standalone "
+        "handler; default /tmp/debug-echo-availability.txt)",
     )
     p.add_argument("--reclaim-period", type=float, default=10.0)
     p.add_argument("--reclaim-grace", type=float, default=None)

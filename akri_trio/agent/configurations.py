@@ -57,7 +57,7 @@ WRITE_CONCURRENCY = 8  # parallel Instance writes per reconcile: a big discovery
 
 def _departs(op: plan_.Operation) -> bool:
     """Would `op` take this node off a live Instance (or delete it)?"""
-    return isinstance(op, plan_.Leave) or (isinstance(op, plan_.Remove) and op.delete)
+    return isinstance(op, plan_.Leave) or (isinstance(op, plan_.Guarded) and op.delete)
 
 
 def _iso(wall: float) -> str:
@@ -255,45 +255,75 @@ class ConfigurationReconciler:
             case plan_.Apply(name, body):
                 await self._apply(namespace, body)
                 log.info("applied Instance %s/%s", namespace, name)
-            case plan_.Leave() | plan_.Remove():
+            case plan_.Leave() | plan_.Guarded():
                 await self._depart(namespace, op)
 
-    async def _depart(self, namespace: str, op: plan_.Leave | plan_.Remove) -> None:
-        """Leave or remove an Instance; the bodies carry the read resourceVersion, so when
-        someone wrote meanwhile (409) — or the other nodes left at the same moment, which
-        would empty the schema-required `nodes` (422) — re-read and decide again."""
-        for _ in range(MAX_DEPART_ATTEMPTS):
+    async def _depart(self, namespace: str, op: plan_.Leave | plan_.Guarded) -> None:
+        """Leave an Instance with one unguarded apply (see instances.Leave); decide again from a
+        fresh read when that is refused, and as the last node remove it."""
+        if isinstance(op, plan_.Leave):
             try:
                 inst = await self._apply(namespace, op.body)
-            except NotFound:
-                self.view.drop_instance(ObjectKey(namespace, op.name))
-                return
-            except (Conflict, Invalid):
+            except Invalid:
+                pass  # this node held the last copy of a required field, or it is gone
+            else:
+                if self.node not in inst.spec.nodes and self.node not in inst.metadata.finalizers:
+                    log.info("left Instance %s/%s", namespace, op.name)
+                    if not inst.spec.nodes and inst.metadata.deletion_timestamp is None:
+                        await self._delete_unchanged(inst)
+                    return
+            await self._depart_guarded(namespace, op.name)
+            return
+        await self._depart_guarded(namespace, op.name, op)
+
+    async def _depart_guarded(
+        self, namespace: str, name: str, op: plan_.Guarded | None = None
+    ) -> None:
+        """The rare path (the last node, or a refused Leave): every write carries the read
+        resourceVersion; on 409 or 422, re-read and decide again."""
+        key = ObjectKey(namespace, name)
+        for _ in range(MAX_DEPART_ATTEMPTS):
+            if op is None:
                 try:
-                    obj = await self.api.get(INSTANCES, op.name, namespace=namespace)
+                    obj = await self.api.get(INSTANCES, name, namespace=namespace)
                 except NotFound:
-                    self.view.drop_instance(ObjectKey(namespace, op.name))
+                    self.view.drop_instance(key)
                     return
                 fresh = self.view.put_instance(obj)
                 if self.node not in fresh.spec.nodes and self.node not in fresh.metadata.finalizers:
                     return
-                op = plan_.departure(fresh, self.node)
+                op = plan_.guarded_departure(fresh, self.node)
+            try:
+                inst = await self._apply(namespace, op.body)
+            except NotFound:
+                self.view.drop_instance(key)
+                return
+            except (Conflict, Invalid):
+                op = None
                 continue
-            if isinstance(op, plan_.Leave):
-                log.info("left Instance %s/%s", namespace, op.name)
-            elif op.delete:
-                try:
-                    await self.api.delete(
-                        INSTANCES,
-                        op.name,
-                        namespace=namespace,
-                        resource_version=inst.metadata.resource_version,
-                    )
-                    log.info("deleted Instance %s/%s (no node left)", namespace, op.name)
-                except (NotFound, Conflict):
-                    pass  # gone already, or a node joined meanwhile: both fine
+            if op.delete:
+                await self._delete_unchanged(inst)
+            else:
+                log.info("left Instance %s/%s", namespace, name)
             return
-        raise RuntimeError(f"Instance {namespace}/{op.name} kept changing while leaving it")
+        raise RuntimeError(f"Instance {namespace}/{name} kept changing while leaving it")
+
+    async def _delete_unchanged(self, inst: Instance) -> None:
+        """Delete an Instance no node serves any more, unless it changed since `inst` (a node
+        joined meanwhile) or is gone already: uid and resourceVersion are preconditions, so of
+        all the nodes that might try, one deletes it, once."""
+        meta = inst.metadata
+        try:
+            await self.api.delete(
+                INSTANCES,
+                meta.name,
+                namespace=meta.namespace,
+                uid=meta.uid,
+                resource_version=meta.resource_version,
+            )
+            log.info("deleted Instance %s/%s (no node left)", meta.namespace, meta.name)
+        except (NotFound, Conflict):
+            pass
 
     async def _leave_all(self, namespace: str, config: str) -> None:
         for inst in self._instances_of(namespace, config).values():

@@ -9,8 +9,13 @@ upstream re-applies every Instance on every reconcile, which at fleet scale is t
 load.
 
 Writes use server-side apply under the field manager `<node>` (deviceUsage has its own manager,
-see plugins), so leaving an Instance is "apply without my entry": the server removes what only
-this node owned and keeps what other nodes own.
+see plugins). `nodes` is a set and `metadata.finalizers` too, so each node owns exactly its own
+element of each, and leaving is "apply a body that states nothing but an empty `nodes`": the
+server removes what only this node owned and keeps what other nodes own. That needs no
+resourceVersion, so any number of nodes join and leave one Instance at once, each with one
+request and no conflict; and since the body lacks the required fields, it can never create an
+Instance that is gone. Only the last node's departure is guarded by a resourceVersion (see
+`Guarded`): it deletes the Instance, once.
 """
 
 from __future__ import annotations
@@ -45,24 +50,28 @@ class Apply:
 
 @attrs.frozen
 class Leave:
-    """Other nodes still use the Instance: apply `body`, which drops only this node's entry and
-    finalizer (every spec field stays co-owned, so server-side apply removes nothing else)."""
+    """Drop this node's `nodes` entry and finalizer: apply `body`, which states nothing else.
+
+    It fails (422) only where this node was the last to own a required field (it was the last
+    node, or an earlier force-apply took those fields over) or the Instance is gone; the caller
+    then decides again from a fresh read (`guarded_departure`)."""
 
     name: str
     body: JSON
 
 
 @attrs.frozen
-class Remove:
-    """This node is the last one (or the Instance is being deleted): apply `body`, which drops
-    only this node's finalizer, then delete the Instance unless it is already being deleted."""
+class Guarded:
+    """A departure decided from a fresh read and guarded by its resourceVersion (the API server
+    refuses it with 409 if anyone wrote since): apply `body`, then, when `delete` (this node was
+    the last one), delete the Instance with the uid and resourceVersion the apply returned."""
 
     name: str
     body: JSON
     delete: bool
 
 
-Operation = Apply | Leave | Remove
+Operation = Apply | Leave | Guarded
 
 
 def instance_name_for(config_name: str, device_id: str, shared: bool, node: str) -> str:
@@ -154,7 +163,7 @@ def plan(
         current = existing.get(name)
         if current is not None and current.metadata.deletion_timestamp is not None:
             if node in current.metadata.finalizers:
-                ops.append(Remove(name, unfinalize_body(current, node), delete=False))
+                ops.append(Leave(name, leave_body(current)))
             continue
         if current is None or not _up_to_date(current, config, found, node):
             ops.append(Apply(name, desired_body(config, found, node)))
@@ -166,13 +175,35 @@ def plan(
     return ops
 
 
-def departure(current: Instance, node: str) -> Leave | Remove:
-    """How this node stops serving `current`: leave it to the others, or remove it."""
+def departure(current: Instance, node: str) -> Leave | Guarded:
+    """How this node stops serving `current`: leave it to the others (or to the garbage
+    collector deleting it), or, as the last node, remove it."""
+    others = set(current.spec.nodes) - {node}
+    if current.metadata.deletion_timestamp is not None or others:
+        return Leave(current.metadata.name, leave_body(current))
+    return Guarded(current.metadata.name, unfinalize_body(current, node), delete=True)
+
+
+def guarded_departure(current: Instance, node: str) -> Guarded:
+    """The same decision from a fresh read, every write guarded by its resourceVersion."""
+    others = set(current.spec.nodes) - {node}
     if current.metadata.deletion_timestamp is not None:
-        return Remove(current.metadata.name, unfinalize_body(current, node), delete=False)
-    if set(current.spec.nodes) - {node}:
-        return Leave(current.metadata.name, leave_body(current, node))
-    return Remove(current.metadata.name, unfinalize_body(current, node), delete=True)
+        return Guarded(current.metadata.name, unfinalize_body(current, node), delete=False)
+    if others:
+        return Guarded(current.metadata.name, _copy(current, []), delete=False)
+    return Guarded(current.metadata.name, unfinalize_body(current, node), delete=True)
+
+
+def leave_body(current: Instance) -> JSON:
+    """Names the Instance and states an empty `nodes`: this node's entry and finalizer go,
+    every field other nodes own stays."""
+    meta = current.metadata
+    return {
+        "apiVersion": naming.API_VERSION,
+        "kind": "Instance",
+        "metadata": {"name": meta.name, "namespace": meta.namespace},
+        "spec": {"nodes": []},
+    }
 
 
 def _copy(current: Instance, nodes: list[str]) -> JSON:
@@ -200,12 +231,6 @@ def _copy(current: Instance, nodes: list[str]) -> JSON:
     }
 
 
-def leave_body(current: Instance, node: str) -> JSON:
-    """Drops this node's `nodes` entry and finalizer; keeps everything else."""
-    return _copy(current, [])
-
-
 def unfinalize_body(current: Instance, node: str) -> JSON:
-    """Drops only this node's finalizer (its `nodes` entry stays until the Instance is gone:
-    removing the last entry would leave the schema-required list null)."""
+    """Drops only this node's finalizer; its `nodes` entry stays until the Instance is gone."""
     return _copy(current, [node] if node in current.spec.nodes else [])

@@ -414,3 +414,107 @@ async def test_api_server_outage_serves_from_cache_and_recovers(
         node.kubelet.wait_for, lambda k: len(k.healthy("akri.sh/later")) == 1, 60.0
     )
     assert all(node.kubelet.streams_opened[r] == n for r, n in streams.items())
+
+
+# --- fleet: many nodes on one shared Instance -------------------------------------------------
+
+
+async def _instance_requests(api: Client) -> dict[tuple[str, str], float]:
+    """The apiserver's own count of requests on Instances, by (verb, code)."""
+    text = (await api.http.get("/metrics")).text
+    counts: dict[tuple[str, str], float] = {}
+    for line in text.splitlines():
+        if not line.startswith("apiserver_request_total{") or 'resource="instances"' not in line:
+            continue
+        labels = dict(
+            part.split("=", 1) for part in line[line.index("{") + 1 : line.index("}")].split(",")
+        )
+        key = (labels["verb"].strip('"'), labels["code"].strip('"'))
+        counts[key] = counts.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    return counts
+
+
+def _delta(
+    after: dict[tuple[str, str], float], before: dict[tuple[str, str], float]
+) -> dict[tuple[str, str], float]:
+    return {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)}
+
+
+FLEET = 8
+
+
+async def test_many_nodes_join_and_leave_shared_instances_at_once_one_write_each(
+    akri: Client, nodes: Any
+) -> None:
+    """Every node joins each shared Instance with one apply and no conflict, and when the
+    device goes away from all of them at once each leaves with one apply; the last one's
+    departure deletes the Instance once, and nothing re-creates it."""
+    for i in range(FLEET):
+        await nodes(f"fleet-{i}")
+    before = await _instance_requests(akri)
+    await akri.create(CONFIGURATIONS, debug_echo_config("fleet", NS, ["f0", "f1"], capacity=FLEET))
+
+    async def all_joined() -> bool:
+        found = await _instances(akri)
+        return len(found) == 2 and all(len(o["spec"]["nodes"]) == FLEET for o in found.values())
+
+    await _until(all_joined)
+    joined = _delta(await _instance_requests(akri), before)
+    assert joined.get(("APPLY", "409"), 0) == 0
+    assert joined.get(("APPLY", "201"), 0) + joined.get(("APPLY", "200"), 0) == 2 * FLEET
+
+    before = await _instance_requests(akri)
+    nodes.availability.write_text("OFFLINE")
+
+    async def all_gone() -> bool:
+        return not await _instances(akri)
+
+    await _until(all_gone)
+    left = _delta(await _instance_requests(akri), before)
+    assert left.get(("APPLY", "409"), 0) == 0 and left.get(("PATCH", "409"), 0) == 0
+    assert sum(v for (verb, _), v in left.items() if verb == "DELETE") == 2
+    writes = sum(v for (verb, _), v in left.items() if verb in ("APPLY", "PATCH", "DELETE"))
+    # one leave per node and Instance; the last node's leave is refused (it owned the last
+    # copy of the required fields) and becomes a guarded apply plus the delete
+    assert writes <= 2 * FLEET + 2 * 2, left
+    await trio.sleep(2)
+    assert not await _instances(akri)  # nobody re-created them
+
+
+async def test_claim_storm_on_one_shared_instance_grants_every_node(
+    akri: Client, nodes: Any
+) -> None:
+    """As many nodes as the capacity each ask their kubelet for one slot of the same Instance
+    at the same moment: preferred allocation steers them to different slots, the per-slot
+    writes never conflict, and every claim is granted."""
+    fleet = [await nodes(f"storm-{i}") for i in range(FLEET)]
+    await akri.create(CONFIGURATIONS, debug_echo_config("storm", NS, ["s0"], capacity=FLEET))
+
+    async def joined() -> list[Any]:
+        found = list((await _instances(akri)).values())
+        return found if found and len(found[0]["spec"]["nodes"]) == FLEET else []
+
+    (inst,) = await _until(joined)
+    resource = f"akri.sh/{inst['metadata']['name']}"
+    for node in fleet:
+        await node.wait(lambda k: len(k.healthy(resource)) == FLEET)
+        await node.wait(lambda k: resource in k.registrations)
+    before = await _instance_requests(akri)
+    granted: dict[str, str] = {}
+
+    async def claim(node: Node) -> None:
+        free = node.kubelet.healthy(resource)
+        (slot,) = await trio.to_thread.run_sync(node.kubelet.preferred, resource, free, 1)
+        await node.allocate(resource, [[slot]])
+        granted[node.name] = slot
+
+    async with trio.open_nursery() as storm:
+        for node in fleet:
+            storm.start_soon(claim, node)
+    assert len(set(granted.values())) == FLEET  # every node, each its own slot
+    usage = (await akri.get(INSTANCES, inst["metadata"]["name"], namespace=NS))["spec"][
+        "deviceUsage"
+    ]
+    assert usage == {slot: node for node, slot in granted.items()}
+    storm_requests = _delta(await _instance_requests(akri), before)
+    assert storm_requests.get(("APPLY", "409"), 0) == 0, storm_requests

@@ -8,7 +8,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from akri_trio.agent.discovery import DiscoveredDevice
-from akri_trio.agent.instances import Apply, Leave, Remove, desired_body, plan
+from akri_trio.agent.instances import (
+    Apply,
+    Guarded,
+    Leave,
+    desired_body,
+    guarded_departure,
+    plan,
+)
 from akri_trio.model.convert import structure
 from akri_trio.model.device import Device
 from akri_trio.model.resources import Configuration, Instance
@@ -87,13 +94,24 @@ def test_capacity_and_property_changes_propagate() -> None:
     assert isinstance(op, Apply) and op.body["spec"]["brokerProperties"]["X"] == "1"
 
 
-def test_vanished_device_is_left_keeping_required_fields() -> None:
+def test_vanished_device_is_left_with_a_body_that_states_only_an_empty_nodes() -> None:
     cfg = config()
     body = desired_body(cfg, found("a"), NODE)
     current = as_cluster(body, nodes=[NODE, "node-b"])
     (op,) = plan(NODE, cfg, [], {current.metadata.name: current})
     assert isinstance(op, Leave)
-    assert op.body["spec"] == {**body["spec"], "nodes": []}  # co-owns all but its own entry
+    assert op.body["spec"] == {"nodes": []}  # no required field: it can never create
+    assert op.body["metadata"] == {"name": current.metadata.name, "namespace": "ns"}
+    # no resourceVersion: any number of nodes leave at once without a conflict
+
+
+def test_guarded_leave_co_owns_all_but_its_entry_and_carries_the_read_version() -> None:
+    cfg = config()
+    body = desired_body(cfg, found("a"), NODE)
+    current = as_cluster(body, nodes=[NODE, "node-b"])
+    op = guarded_departure(current, NODE)
+    assert not op.delete
+    assert op.body["spec"] == {**body["spec"], "nodes": []}
     assert "finalizers" not in op.body["metadata"]
     assert op.body["metadata"]["resourceVersion"] == current.metadata.resource_version
 
@@ -102,9 +120,10 @@ def test_last_node_drops_its_finalizer_then_deletes() -> None:
     cfg = config()
     current = as_cluster(desired_body(cfg, found("a"), NODE))
     (op,) = plan(NODE, cfg, [], {current.metadata.name: current})
-    assert isinstance(op, Remove) and op.delete
-    assert op.body["spec"]["nodes"] == [NODE]  # emptying the list would null it
+    assert isinstance(op, Guarded) and op.delete
+    assert op.body["spec"]["nodes"] == [NODE]
     assert "finalizers" not in op.body["metadata"]
+    assert op.body["metadata"]["resourceVersion"] == current.metadata.resource_version
 
 
 def test_instances_of_other_nodes_are_not_touched() -> None:
@@ -119,7 +138,7 @@ def test_instance_being_deleted_is_left_not_rejoined() -> None:
     body["metadata"]["deletionTimestamp"] = "2026-11-22T00:00:00Z"
     current = as_cluster(body)
     (op,) = plan(NODE, cfg, [dev], {current.metadata.name: current})
-    assert isinstance(op, Remove) and not op.delete  # the garbage collector is deleting it
+    assert isinstance(op, Leave)  # the garbage collector is deleting it: just drop out
     assert "finalizers" not in op.body["metadata"]
     body["metadata"]["finalizers"] = []
     gone_soon = as_cluster(body, nodes=[])
@@ -140,7 +159,7 @@ def test_plan_converges_in_one_step(before: list[str], after: list[str]) -> None
             if isinstance(op, Apply):
                 cluster[op.name] = as_cluster(op.body)
             else:
-                assert isinstance(op, Remove) and op.delete  # the only node: it deletes
+                assert isinstance(op, Guarded) and op.delete  # the only node: it deletes
                 del cluster[op.name]
 
     run(before)

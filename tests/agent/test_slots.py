@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from akri_trio.agent.plugins.claims import release_ops
 from akri_trio.agent.plugins.slots import (
     BadSlot,
     DeviceView,
@@ -18,8 +19,8 @@ from akri_trio.agent.plugins.slots import (
     free,
     held_slots,
     instance_devices,
-    merge_patch,
     node_slots,
+    preferred_slots,
 )
 from akri_trio.model.naming import FREE, NodeClaim, parse_usage, slot_id
 
@@ -254,11 +255,16 @@ def test_node_slots_lists_only_this_nodes_instance_claims_in_index_order() -> No
     assert node_slots(INST, usage, "node-a") == [S2, s10]
 
 
-def test_merge_patch_adds_changes_and_deletes() -> None:
-    old = {S0: "node-a", S1: "node-b"}
-    new = {S1: "node-c", S2: "node-a"}
-    assert merge_patch(old, new) == {S0: None, S1: "node-c", S2: "node-a"}
-    assert merge_patch(old, old) == {}
+def test_release_tests_each_key_still_holds_our_value_before_removing_it() -> None:
+    old = {S0: "node-a", "a/b~c": "C:x-0:node-a", S1: "node-a"}
+    new = {S1: "node-a", S2: "node-a"}
+    assert release_ops(old, new) == [
+        {"op": "test", "path": "/spec/deviceUsage/a~1b~0c", "value": "C:x-0:node-a"},
+        {"op": "remove", "path": "/spec/deviceUsage/a~1b~0c"},
+        {"op": "test", "path": f"/spec/deviceUsage/{S0}", "value": "node-a"},
+        {"op": "remove", "path": f"/spec/deviceUsage/{S0}"},
+    ]
+    assert release_ops(old, old) == []
 
 
 # --- properties: random multi-node histories on one shared usage map -----------------------------
@@ -395,3 +401,37 @@ def test_sparse_walk_equals_the_slot_by_slot_definition(
     assert claimable_slots(INST, capacity, usage) == expected
     assert claimable_count(INST, capacity, usage) == len(expected)
     assert instance_devices(INST, capacity, usage, node) == _devices_by_scan(capacity, usage, node)
+
+
+# ---- preferred slots: nodes choosing at the same moment do not collide ---------------------
+
+
+@given(
+    capacity=st.integers(min_value=1, max_value=64),
+    data=st.data(),
+)
+def test_nodes_up_to_capacity_prefer_distinct_slots_from_the_same_free_set(
+    capacity: int, data: st.DataObject
+) -> None:
+    n = data.draw(st.integers(min_value=1, max_value=capacity))
+    nodes = data.draw(
+        st.lists(st.text("abcdefgh-", min_size=1), min_size=n, max_size=n, unique=True)
+    )
+    free = [slot_id("inst", i) for i in range(capacity)]
+    picks = [preferred_slots("inst", capacity, nodes, node, free, [], 1) for node in nodes]
+    assert all(len(p) == 1 for p in picks)
+    assert len({p[0] for p in picks}) == n
+
+
+def test_preferred_slots_put_must_first_then_go_round_from_the_nodes_offset() -> None:
+    free = [slot_id("inst", i) for i in range(4)]
+    # node "b" is second of two: it starts at 4 // 2 = 2 and wraps round
+    assert preferred_slots("inst", 4, ["a", "b"], "b", free, [], 4) == [
+        "inst-2",
+        "inst-3",
+        "inst-0",
+        "inst-1",
+    ]
+    assert preferred_slots("inst", 4, ["a", "b"], "b", free, ["inst-1"], 2) == ["inst-1", "inst-2"]
+    # a node not (yet) listed starts at 0; only available slots are offered
+    assert preferred_slots("inst", 4, ["a"], "z", ["inst-3", "inst-1"], [], 1) == ["inst-1"]

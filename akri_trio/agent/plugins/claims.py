@@ -2,17 +2,20 @@
 
 The decision is pure (slots.py, vdevs.py); this shell does the I/O around it, in the only order
 that cannot leave a phantom claim: read the Instance (from the node's view, i.e. the watch cache
-plus our own latest writes), compute the new map, write it with server-side apply carrying the
-read `resourceVersion` as a precondition, and only when the write holds fold the server's answer
-into the view. A 409 (someone wrote in between, or another node's field manager owns the key)
-re-reads from the API server and decides again — the slot may still be free — up to a bound; a
-slot that is really taken ends in SlotTaken, which the plugin turns into a clear gRPC error.
+plus our own latest writes), compute the new map, write it, and only when the write holds fold
+the server's answer into the view.
 
-Field manager `dp-<node>` (as upstream) owns exactly the keys this node holds. A write is a JSON
-merge patch of only the keys that change (null frees one) plus the read resourceVersion as the
-precondition.
-Claims on one Instance are serialized inside the agent (a lock per Instance) so that two
-Allocates on this node never race each other into 409s; different Instances go in parallel.
+Every key is its own compare-and-swap, so claims on different slots of one Instance (many nodes
+sharing a camera) never contend, and two claims on one slot end with exactly one winner:
+- claiming is a server-side apply, field manager `dp-<node>` (as upstream), of every key this
+  node holds, without `force`: a key another node's manager owns with its own value is a 409
+  conflict, so the slot is taken; keys nobody owns are simply written;
+- freeing is a JSON patch that `test`s each key still holds this node's value and removes it.
+Neither carries a resourceVersion. A refused write (409, or 422 for a failed `test`) means the
+slot changed hands: re-read it and decide again, up to a bound; a slot that is really taken ends
+in SlotTaken, which the plugin turns into a clear gRPC error.
+Claims on one Instance are serialized inside the agent (a lock per Instance, with group commit),
+so two Allocates on this node never race each other; different Instances go in parallel.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack
+from typing import Any
 
 import attrs
 import httpx
@@ -31,7 +35,7 @@ from akri_trio.agent.plugins import slots, vdevs
 from akri_trio.agent.plugins.slots import InstanceSlots
 from akri_trio.agent.view import NodeView
 from akri_trio.kube.client import Client
-from akri_trio.kube.errors import ApiError, Conflict, NotFound
+from akri_trio.kube.errors import ApiError, Conflict, Invalid, NotFound
 from akri_trio.model import naming
 from akri_trio.model.resources import INSTANCES, JSON, Instance
 
@@ -69,15 +73,30 @@ def held_by(usage: Mapping[str, str], node: str) -> dict[str, str]:
     return out
 
 
-def usage_patch(inst: Instance, usage: Mapping[str, str], node: str) -> JSON:
-    """A JSON merge patch of just the keys this node's claims change, carrying the
-    resourceVersion that was read: the API server refuses it (409) if anyone wrote since, so
-    the claim is a compare-and-swap. Sending only the changed keys keeps every write the same
-    size however many slots the node holds (an apply would have to restate all of them)."""
-    old, new = held_by(inst.spec.device_usage, node), held_by(usage, node)
+def _pointer(key: str) -> str:
+    return "/spec/deviceUsage/" + key.replace("~", "~0").replace("/", "~1")
+
+
+def release_ops(old: Mapping[str, str], new: Mapping[str, str]) -> list[Mapping[str, Any]]:
+    """JSON patch freeing the keys this node holds in `old` but not (or no more so) in `new`,
+    each guarded by a `test` that it still holds it."""
+    ops: list[Mapping[str, Any]] = []
+    for key, value in sorted(old.items()):
+        if new.get(key) != value:
+            ops += [
+                {"op": "test", "path": _pointer(key), "value": value},
+                {"op": "remove", "path": _pointer(key)},
+            ]
+    return ops
+
+
+def claim_body(inst: Instance, held: Mapping[str, str]) -> JSON:
+    """Server-side apply of every key this node holds: its field manager's whole intent."""
     return {
-        "metadata": {"resourceVersion": inst.metadata.resource_version},
-        "spec": {"deviceUsage": slots.merge_patch(old, new)},
+        "apiVersion": naming.API_VERSION,
+        "kind": "Instance",
+        "metadata": {"name": inst.metadata.name, "namespace": inst.metadata.namespace},
+        "spec": {"deviceUsage": dict(held)},
     }
 
 
@@ -127,26 +146,35 @@ class Claims:
         return self.view.instance(key)
 
     async def _write(self, inst: Instance, usage: Mapping[str, str]) -> Instance:
-        """One compare-and-swap write, none when this node's claims do not change; Conflict
-        propagates to the caller's retry loop."""
-        body = usage_patch(inst, usage, self.node)
-        if not body["spec"]["deviceUsage"]:
+        """Write this node's part of `usage` (nothing when it does not change): release what it
+        gives up, then claim what it takes. A slot that changed hands raises Conflict or
+        Invalid to the caller's retry loop."""
+        old, new = held_by(inst.spec.device_usage, self.node), held_by(usage, self.node)
+        if old == new:
             return inst
+        manager = usage_field_manager(self.node)
+        key = inst.metadata.key
         try:
-            obj = await self.api.merge_patch(
-                INSTANCES,
-                inst.metadata.name,
-                body,
-                field_manager=usage_field_manager(self.node),
-                namespace=inst.metadata.namespace,
-            )
-        except Conflict:
-            raise
+            if ops := release_ops(old, new):
+                obj = await self.api.json_patch(
+                    INSTANCES, key.name, ops, field_manager=manager, namespace=key.namespace
+                )
+                inst = self.view.put_instance(obj)
+            if any(old.get(k) != v for k, v in new.items()):
+                obj = await self.api.apply(
+                    INSTANCES, claim_body(inst, new), field_manager=manager, force=False
+                )
+                inst = self.view.put_instance(obj)
         except NotFound:
-            raise InstanceGone(inst.metadata.key) from None
+            raise InstanceGone(key) from None
+        except (Conflict, Invalid):
+            # 409: another node's manager owns a key we claim. 422: a failed `test` (the key is
+            # no longer ours), or a claim on an Instance that is gone (the body lacks its
+            # required fields, so it cannot create one). The caller re-reads and decides again.
+            raise
         except (ApiError, httpx.HTTPError) as exc:
-            raise ClaimFailed(f"writing deviceUsage of {inst.metadata.name}: {exc}") from exc
-        return self.view.put_instance(obj)
+            raise ClaimFailed(f"writing deviceUsage of {key.name}: {exc}") from exc
+        return inst
 
     async def update_instance(
         self, key: ObjectKey, decide: Callable[[Instance], Mapping[str, str]]
@@ -184,7 +212,7 @@ class Claims:
                 usage, accepted = _decide_all(inst, batch)
                 try:
                     inst = await self._write(inst, usage)
-                except Conflict:
+                except (Conflict, Invalid):
                     log.debug("deviceUsage of %s changed under us (try %d)", key, attempt + 1)
                     inst = await self._fresh(key)
                     continue
@@ -261,7 +289,7 @@ class Claims:
                             instances[key] = await self._write(instances[key], usage)
                             written.append(key)
                         return plan
-                    except Conflict:
+                    except (Conflict, Invalid):
                         log.debug("vdev claim on %s raced (attempt %d)", config, attempt + 1)
                         instances = {k: await self._fresh(k) for k in keys}
                 raise ClaimFailed(f"deviceUsage of {config}'s Instances kept changing")

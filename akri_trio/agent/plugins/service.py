@@ -91,7 +91,7 @@ class InstanceBehaviour:
     """`akri.sh/<instance>`: slots `<instance>-<i>`, claimed as `<node>`."""
 
     kind = "instance"
-    preferred_allocation = False
+    preferred_allocation = True
 
     def __init__(self, key: ObjectKey, view: NodeView, claims: Claims) -> None:
         self.key = key
@@ -116,7 +116,12 @@ class InstanceBehaviour:
         return [container_response([inst], self.view) for _ in requests]
 
     def preferred(self, available: Sequence[str], must: Sequence[str], size: int) -> list[str]:
-        return []
+        inst = self.view.instance(self.key)
+        if inst is None:
+            return []
+        return slots.preferred_slots(
+            self.name, inst.spec.capacity, inst.spec.nodes, self.view.node, available, must, size
+        )
 
 
 class ConfigurationBehaviour:

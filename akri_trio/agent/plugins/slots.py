@@ -226,8 +226,31 @@ def instance_devices(
     return devices
 
 
-def merge_patch(old: Mapping[str, str], new: Mapping[str, str]) -> dict[str, str | None]:
-    """The JSON merge patch of deviceUsage turning `old` into `new` (None deletes a key)."""
-    patch: dict[str, str | None] = {k: None for k in old if k not in new}
-    patch.update({k: v for k, v in new.items() if old.get(k) != v})
-    return patch
+def preferred_slots(
+    instance: str,
+    capacity: int,
+    nodes: Collection[str],
+    node: str,
+    available: Iterable[str],
+    must: Iterable[str],
+    size: int,
+) -> list[str]:
+    """The kubelet's choice among `available` slots: `must` first, then this node's own order.
+
+    Kubelets on different nodes choose at the same moment from the same free slots; if all of
+    them took the lowest ids, all but one would lose the claim. So each node starts at its own
+    offset, `i * capacity // n` for its place `i` among the Instance's `n` sorted nodes, and
+    goes round from there: n <= capacity nodes claiming one slot each never pick the same one.
+    """
+    ordered = sorted(nodes)
+    place = ordered.index(node) if node in ordered else 0
+    start = place * capacity // max(len(ordered), 1)
+    chosen = list(dict.fromkeys(must))
+    rest = [s for s in dict.fromkeys(available) if s not in chosen]
+
+    def rank(slot: str) -> tuple[int, str]:
+        index = slot_index(instance, slot)
+        return ((index - start) % capacity if index is not None else capacity, slot)
+
+    chosen += sorted(rest, key=rank)
+    return chosen[: max(size, len(set(must)))]
