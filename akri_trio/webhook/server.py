@@ -50,7 +50,7 @@ MAX_BODY_BYTES: Final = 4 * 1024 * 1024
 # Each connection may hold a body of MAX_BODY_BYTES while it is read: 32 bound that to 128 MiB,
 # and the API server needs only a few at once.
 MAX_CONNECTIONS: Final = 32
-# The first fetch is retried from 1 s up to once a minute while the API server is unreachable.
+# A failed fetch is retried after 1 s, then less often, up to once a minute.
 OPENAPI_BACKOFF: Final = Backoff(base=1.0, cap=60.0)
 # Covers one whole exchange, including the TLS handshake and, on a kept-alive connection, the
 # wait for the next request. The API server gives up on its side after the configuration's
