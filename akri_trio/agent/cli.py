@@ -6,9 +6,9 @@ sockets are removed and no write is left half-done."""
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
-import signal
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -16,6 +16,7 @@ import trio
 
 from akri_trio.agent.run import AgentSettings, run_agent
 from akri_trio.discovery.handlers import BUILTIN
+from akri_trio.shutdown import run_until_signalled
 
 log = logging.getLogger("akri_trio.agent")
 
@@ -112,17 +113,7 @@ def parse_args(argv: list[str], env: Mapping[str, str]) -> AgentSettings:
 
 
 async def _main(settings: AgentSettings) -> None:
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(run_agent, settings)
-
-            async def stop_on_signal() -> None:
-                async for signum in signals:
-                    log.info("%s: shutting down", signal.Signals(signum).name)
-                    nursery.cancel_scope.cancel()
-                    return
-
-            nursery.start_soon(stop_on_signal)
+    await run_until_signalled(functools.partial(run_agent, settings), log)
 
 
 def main(argv: list[str]) -> int:

@@ -4,7 +4,8 @@ Kubelet probes and Prometheus scrapes need a tiny HTTP server in every agent and
 pod; pulling in a web framework for three GET routes is not worth it. h11 (already here as an
 httpx dependency) does the protocol, so a malformed request is h11's to reject and ours only
 to answer with 400. Routing is a pure function of (method, target) so it is tested without
-sockets; the shell only moves bytes.
+sockets; the shell only moves bytes. The same shell (`serve_http`), with TLS, a bounded request
+body and a cap on open connections, serves the admission webhook (akri_trio.webhook.server).
 
 The one timeout this module owns is protocol-level: each request/response exchange (including
 the wait for a keep-alive connection's next request) must finish within `request_timeout`, so a
@@ -16,8 +17,9 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Mapping, Sequence
-from typing import TypeAlias
+import ssl
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeAlias
 
 import attrs
 import h11
@@ -29,9 +31,14 @@ __all__ = [
     "NamedChecks",
     "Readiness",
     "Reply",
+    "Respond",
     "evaluate_readiness",
     "handle_connection",
+    "linger",
     "route",
+    "send_reply",
+    "serve_connection",
+    "serve_http",
     "serve_observe",
 ]
 
@@ -68,6 +75,10 @@ class Reply:
     body: bytes
     content_type: str = TEXT
     headers: tuple[tuple[str, str], ...] = ()
+
+
+# (method, target, body) -> the response; a pure function, called once per request.
+Respond: TypeAlias = Callable[[str, str, bytes], Reply]
 
 
 # --------------------------------------------------------------------------------------------
@@ -135,7 +146,33 @@ async def serve_observe(
     request_timeout: float = 10.0,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve until cancelled; `task_status.started(bound_port)` once accepting (port 0 = any).
+    """Serve /healthz, /readyz and /metrics until cancelled (see `serve_http`)."""
+    await serve_http(
+        host,
+        port,
+        _observe(registry, ready),
+        name="observe endpoint",
+        request_timeout=request_timeout,
+        task_status=task_status,
+    )
+
+
+async def serve_http(
+    host: str | None,
+    port: int,
+    respond: Respond,
+    *,
+    name: str,
+    request_timeout: float,
+    max_body: int = 0,
+    max_connections: int | None = None,
+    ssl_context: ssl.SSLContext | None = None,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Answer requests with `respond` until cancelled; `task_status.started(bound_port)` once
+    accepting (port 0 = any). With `ssl_context` it is HTTPS: the handshake happens inside the
+    first request's deadline. `max_body` and `max_connections` are as in `serve_connection` and
+    `_limited`.
 
     `host` None listens on every local address (IPv4 and IPv6), which needs a fixed port: with
     port 0 each address family would get a different one, and that is refused.
@@ -150,17 +187,45 @@ async def serve_observe(
             # port 0 on a name resolving to several addresses binds each to a different port.
             raise OSError(f"{host!r} port {port} bound several ports {sorted(ports)}")
         bound = ports.pop()
-        handler = functools.partial(
-            handle_connection, registry=registry, ready=ready, request_timeout=request_timeout
+        served: list[trio.abc.Listener[Any]] = list(listeners)
+        if ssl_context is not None:
+            served = [trio.SSLListener(t, ssl_context, https_compatible=True) for t in listeners]
+        handler: Callable[[trio.abc.Stream], Awaitable[None]] = functools.partial(
+            serve_connection, respond=respond, request_timeout=request_timeout, max_body=max_body
         )
+        if max_connections is not None:
+            handler = _limited(handler, max_connections)
         async with trio.open_nursery() as nursery:
-            await nursery.start(trio.serve_listeners, handler, listeners)
-            log.info("observe endpoint listening on %s:%d", host, bound)
+            await nursery.start(trio.serve_listeners, handler, served)
+            log.info("%s listening on %s:%d", name, host, bound)
             task_status.started(bound)
     finally:
         # serve_listeners closes them when it ran; this covers failing before it started.
         for listener in listeners:
             await trio.aclose_forcefully(listener)
+
+
+def _limited(
+    handler: Callable[[trio.abc.Stream], Awaitable[None]], limit: int
+) -> Callable[[trio.abc.Stream], Awaitable[None]]:
+    """`handler` for at most `limit` connections at once; any more are closed unanswered. That
+    bounds what a flood of connections can take: file descriptors, and the memory of request
+    bodies being read (`limit` x `max_body`)."""
+    slots = trio.Semaphore(limit)
+
+    async def handle(stream: trio.abc.Stream) -> None:
+        try:
+            slots.acquire_nowait()
+        except trio.WouldBlock:
+            log.warning("refusing a connection: %d already open", limit)
+            await trio.aclose_forcefully(stream)
+            return
+        try:
+            await handler(stream)
+        finally:
+            slots.release()
+
+    return handle
 
 
 async def handle_connection(
@@ -170,15 +235,32 @@ async def handle_connection(
     ready: Readiness,
     request_timeout: float,
 ) -> None:
+    """The observe endpoint on one connection (see `serve_connection`)."""
+    await serve_connection(stream, _observe(registry, ready), request_timeout=request_timeout)
+
+
+def _observe(registry: Registry, ready: Readiness) -> Respond:
+    return lambda method, target, _body: route(method, target, registry=registry, ready=ready)
+
+
+async def serve_connection(
+    stream: trio.abc.Stream,
+    respond: Respond,
+    *,
+    request_timeout: float,
+    max_body: int = 0,
+) -> None:
     """Answer requests on one connection until it closes, errs or misses a deadline.
 
+    `max_body` 0 answers as soon as a request's head is here and never reads a body; above 0
+    the body is read first, and one longer than `max_body` bytes is answered with 413.
     Never raises an Exception: one bad client must not take the server's nursery down.
     """
     conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
     try:
         while True:
             with trio.move_on_after(request_timeout) as scope:
-                keep_alive = await _exchange(conn, stream, registry, ready)
+                keep_alive = await _exchange(conn, stream, respond, max_body)
             if scope.cancelled_caught:
                 log.debug("dropping connection: no complete exchange in %ss", request_timeout)
                 return
@@ -186,65 +268,85 @@ async def handle_connection(
                 return
             conn.start_next_cycle()
     except (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError):
-        pass  # the peer went away mid-exchange; nothing to answer
+        pass  # the peer went away mid-exchange (or failed its TLS handshake); nothing to answer
     except Exception:
-        log.exception("observe connection failed")
+        log.exception("HTTP connection failed")
     finally:
         await trio.aclose_forcefully(stream)
 
 
+class _TooLarge(Exception):
+    pass
+
+
 async def _exchange(
-    conn: h11.Connection,
-    stream: trio.abc.HalfCloseableStream,
-    registry: Registry,
-    ready: Readiness,
+    conn: h11.Connection, stream: trio.abc.Stream, respond: Respond, max_body: int
 ) -> bool:
     """One request and its response; True if the connection may carry another."""
     try:
-        request = await _receive_request(conn, stream)
-    except h11.RemoteProtocolError as exc:
+        received = await _receive_request(conn, stream, max_body)
+    except (h11.RemoteProtocolError, _TooLarge) as exc:
         if conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
             return False
-        await _send(conn, stream, Reply(exc.error_status_hint, b"bad request\n"), head=False)
-        await _linger(stream)
+        if isinstance(exc, _TooLarge):
+            error = Reply(413, f"request body over {max_body} bytes\n".encode())
+        else:
+            error = Reply(exc.error_status_hint, b"bad request\n")
+        await send_reply(conn, stream, error, head=False)
+        await linger(stream)
         return False
-    if request is None:
+    if received is None:
         return False
+    request, body = received
     method = request.method.decode("ascii", "replace")
-    reply = route(method, request.target.decode("ascii", "replace"), registry=registry, ready=ready)
-    await _send(conn, stream, reply, head=method == "HEAD")
+    reply = respond(method, request.target.decode("ascii", "replace"), body)
+    await send_reply(conn, stream, reply, head=method == "HEAD")
     # A client still sending a body (we read none) cannot be followed by a next request.
     if conn.our_state is h11.DONE and conn.their_state is h11.DONE:
         return True
-    await _linger(stream)
+    await linger(stream)
     return False
 
 
 async def _receive_request(
-    conn: h11.Connection, stream: trio.abc.HalfCloseableStream
-) -> h11.Request | None:
-    """The next request head, its (bodiless) end consumed if already here; None on EOF."""
+    conn: h11.Connection, stream: trio.abc.Stream, max_body: int
+) -> tuple[h11.Request, bytes] | None:
+    """The next request and its body (b"" unless `max_body`); None on EOF."""
     request: h11.Request | None = None
+    body = bytearray()
     while True:
         event = conn.next_event()
         if event is h11.NEED_DATA:
-            if request is not None:
+            if request is not None and not max_body:
                 # The head is complete but a body is still coming: answer without it.
-                return request
+                return request, b""
             conn.receive_data(bytes(await stream.receive_some(RECEIVE_BYTES)))
         elif isinstance(event, h11.Request):
             request = event
+            if max_body:
+                length = dict(event.headers).get(b"content-length", b"0")
+                if int(length) > max_body:
+                    raise _TooLarge
+                if conn.they_are_waiting_for_100_continue:
+                    go_on = conn.send(h11.InformationalResponse(status_code=100, headers=[]))
+                    assert go_on is not None
+                    await stream.send_all(go_on)
+        elif isinstance(event, h11.Data):
+            if max_body:
+                body += event.data
+                if len(body) > max_body:  # a chunked body declares no length up front
+                    raise _TooLarge
+            # otherwise a body we do not need; keep draining what is buffered.
         elif isinstance(event, h11.EndOfMessage):
-            return request
-        elif not isinstance(event, h11.Data):
+            return None if request is None else (request, bytes(body))
+        else:
             # ConnectionClosed (clean EOF between requests), or PAUSED, which cannot happen
             # before start_next_cycle but would spin here forever if it did.
-            return request
-        # h11.Data: a body we do not need; keep draining what is buffered.
+            return None if request is None else (request, bytes(body))
 
 
-async def _send(
-    conn: h11.Connection, stream: trio.abc.HalfCloseableStream, reply: Reply, *, head: bool
+async def send_reply(
+    conn: h11.Connection, stream: trio.abc.Stream, reply: Reply, *, head: bool
 ) -> None:
     headers = [
         ("content-type", reply.content_type),
@@ -267,12 +369,14 @@ async def _send(
     await stream.send_all(data + end)
 
 
-async def _linger(stream: trio.abc.HalfCloseableStream) -> None:
+async def linger(stream: trio.abc.Stream) -> None:
     """Half-close, then discard input until the peer closes (bounded by the caller's deadline).
 
     Closing a socket with unread input makes the kernel send RST, which can destroy the
     response we just sent before the client reads it; a 400 the client never sees is useless.
     """
-    await stream.send_eof()
+    if isinstance(stream, trio.abc.HalfCloseableStream):
+        await stream.send_eof()
+    # TLS cannot half-close; a client told `connection: close` closes after reading anyway.
     while await stream.receive_some(RECEIVE_BYTES):
         pass

@@ -1,8 +1,9 @@
 """The validating admission webhook for Configurations.
 
-This package holds the pure parts: the AdmissionReview answer (validate), the OpenAPI schema
+The pure parts are exported here: the AdmissionReview answer (validate), the OpenAPI schema
 walk it uses (openapi), the handlers' details parsers (parsers) and the TLS material and
-ValidatingWebhookConfiguration (certs). The HTTPS edge imports these names from here.
+ValidatingWebhookConfiguration (certs). The edges, the HTTPS server (server) and the command
+(cli), are not imported here, so using the cores never pulls in trio or the kube client.
 """
 
 from akri_trio.webhook.certs import (

@@ -1,0 +1,117 @@
+"""`akri-trio webhook`: the admission webhook's HTTPS server; `akri-trio webhook certs`: its TLS
+material and its registration.
+
+The API server only calls webhooks over HTTPS it can verify, so the webhook cannot start
+without a serving certificate and the API server cannot use it without the matching CA in the
+ValidatingWebhookConfiguration. `certs` makes both at once from the Service's name (a fresh CA,
+a certificate for the Service's DNS names, the configuration with that CA as its caBundle),
+so installing needs no cert-manager and no openssl. The TLS files and the kube config are read
+before the server starts: a wrong path fails the command at once instead of a probe later.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import functools
+import logging
+import sys
+from pathlib import Path
+
+import trio
+import yaml
+
+from akri_trio.kube import ConfigError, load_config
+from akri_trio.shutdown import run_until_signalled
+from akri_trio.webhook.certs import serving_certs, webhook_configuration
+from akri_trio.webhook.server import REQUEST_TIMEOUT, run_webhook, server_ssl_context
+
+log = logging.getLogger("akri_trio.webhook")
+
+CONFIGURATION_NAME = "akri-webhook-configuration.akri.sh"
+CERTS_FILES = ("ca.crt", "tls.crt", "tls.key", "validatingwebhookconfiguration.yaml")
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["certs"]:
+        return certs(argv[1:])
+    return serve(argv)
+
+
+def parse_serve_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="akri-trio webhook",
+        description="Validate Configurations for the API server over HTTPS "
+        "(`akri-trio webhook certs --help` makes the TLS files).",
+    )
+    p.add_argument("--tls-cert-file", type=Path, required=True, help="serving certificate (PEM)")
+    p.add_argument("--tls-key-file", type=Path, required=True, help="its private key (PEM)")
+    p.add_argument("--port", type=int, default=8443, help="0 picks a free port (logged)")
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--kubeconfig", type=Path, default=None, help="default: kubectl's search")
+    p.add_argument("--request-timeout", type=float, default=REQUEST_TIMEOUT)
+    p.add_argument("--log-level", default="INFO")
+    return p.parse_args(argv)
+
+
+def serve(argv: list[str]) -> int:
+    args = parse_serve_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    try:
+        context = server_ssl_context(args.tls_cert_file, args.tls_key_file)
+        kube = load_config(args.kubeconfig)
+    except (OSError, ConfigError) as exc:  # ssl.SSLError is an OSError
+        print(f"akri-trio webhook: {exc}", file=sys.stderr)
+        return 1
+    main_task = functools.partial(
+        run_webhook, kube, context, args.host, args.port, request_timeout=args.request_timeout
+    )
+    trio.run(run_until_signalled, main_task, log)
+    log.info("webhook stopped")
+    return 0
+
+
+def certs(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="akri-trio webhook certs",
+        description="Write a fresh CA, a serving certificate for the webhook's Service and the "
+        f"ValidatingWebhookConfiguration into DIR ({', '.join(CERTS_FILES)}); print the "
+        "configuration.",
+    )
+    p.add_argument("--service", required=True, help="the webhook's Service name")
+    p.add_argument("--namespace", required=True, help="the Service's namespace")
+    p.add_argument("--out", type=Path, required=True, metavar="DIR")
+    p.add_argument("--port", type=int, default=443, help="the Service's port")
+    p.add_argument("--name", default=CONFIGURATION_NAME, help="the configuration's name")
+    p.add_argument(
+        "--url",
+        default=None,
+        help="register the webhook at this URL instead of through the Service",
+    )
+    p.add_argument("--ip", action="append", default=[], help="an extra IP the cert is valid for")
+    p.add_argument("--dns", action="append", default=[], help="an extra DNS name for the cert")
+    args = p.parse_args(argv)
+    made = serving_certs(
+        args.service, args.namespace, dt.datetime.now(dt.UTC), dns=args.dns, ips=args.ip
+    )
+    if args.url:
+        configuration = webhook_configuration(args.name, made.ca_pem, url=args.url)
+    else:
+        service = (args.service, args.namespace)
+        configuration = webhook_configuration(
+            args.name, made.ca_pem, service=service, port=args.port
+        )
+    text = yaml.safe_dump(configuration, sort_keys=False)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "ca.crt").write_bytes(made.ca_pem)
+    (args.out / "tls.crt").write_bytes(made.cert_pem)
+    key = args.out / "tls.key"
+    key.touch(mode=0o600)
+    key.chmod(0o600)  # an existing file keeps its mode through touch
+    key.write_bytes(made.key_pem)
+    (args.out / "validatingwebhookconfiguration.yaml").write_text(text)
+    print(text, end="")
+    return 0

@@ -1,0 +1,120 @@
+"""A real `akri-trio webhook` process for the tests against the cluster, and its registration.
+
+The process listens on 127.0.0.1 with a port the OS picks (the API server reaches loopback), so
+parallel runs never collide; the port is read from its log. The ValidatingWebhookConfiguration
+made here selects only namespaces carrying the test's own label, so other tests' Configurations
+never reach this webhook (and never fail while it is down).
+"""
+
+from __future__ import annotations
+
+import re
+import ssl
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import trio
+import yaml
+
+from akri_trio.kube import Client, Invalid, Resource
+
+REPO = Path(__file__).resolve().parents[2]
+WEBHOOK_CONFIGURATIONS = Resource(
+    "admissionregistration.k8s.io",
+    "v1",
+    "validatingwebhookconfigurations",
+    "ValidatingWebhookConfiguration",
+    namespaced=False,
+)
+_LISTENING = re.compile(rb"webhook listening on 127\.0\.0\.1:(\d+)")
+
+
+def make_certs(out: Path, name: str) -> dict[str, Any]:
+    """`akri-trio webhook certs` into `out` (valid for 127.0.0.1 too); the configuration."""
+    args = ["--service", "akri-webhook", "--namespace", "akri", "--ip", "127.0.0.1"]
+    args += ["--out", str(out), "--name", name]
+    done = subprocess.run(
+        [sys.executable, "-m", "akri_trio", "webhook", "certs", *args],
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+    )
+    configuration: dict[str, Any] = yaml.safe_load(done.stdout)
+    return configuration
+
+
+def start_webhook(certs: Path, kubeconfig: Path, log: Path) -> subprocess.Popen[bytes]:
+    args = ["--tls-cert-file", str(certs / "tls.crt"), "--tls-key-file", str(certs / "tls.key")]
+    args += ["--host", "127.0.0.1", "--port", "0", "--kubeconfig", str(kubeconfig)]
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "akri_trio", "webhook", *args],
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def stop_webhook(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()  # SIGTERM: the command's nursery is cancelled and it exits 0
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+async def listening_port(process: subprocess.Popen[bytes], log: Path) -> int:
+    """The port from the process's log, once it listens."""
+    with trio.fail_after(30):
+        while not (found := _LISTENING.search(await trio.Path(log).read_bytes())):
+            if process.poll() is not None:
+                output = await trio.Path(log).read_text()
+                raise AssertionError(f"the webhook exited early:\n{output}")
+            await trio.sleep(0.05)
+    return int(found[1])
+
+
+def trusting(ca_pem: bytes) -> ssl.SSLContext:
+    return ssl.create_default_context(cadata=ca_pem.decode())
+
+
+async def wait_ready(port: int, ca_pem: bytes, log: Path) -> None:
+    """Until /readyz answers 200: the process has fetched the cluster's OpenAPI document."""
+    async with httpx.AsyncClient(verify=trusting(ca_pem)) as http:
+        with trio.move_on_after(30) as waited:
+            while (await http.get(f"https://127.0.0.1:{port}/readyz")).status_code != 200:  # noqa: ASYNC110  (polling another process)
+                await trio.sleep(0.1)
+        if waited.cancelled_caught:
+            output = await trio.Path(log).read_text()
+            raise AssertionError(f"the webhook never became ready:\n{output}")
+
+
+def by_url(configuration: dict[str, Any], port: int, label: tuple[str, str]) -> dict[str, Any]:
+    """The `certs` configuration pointed at the loopback URL (keeping its caBundle), for
+    namespaces labelled `label` only."""
+    hook = configuration["webhooks"][0]
+    hook["clientConfig"] = {
+        "url": f"https://127.0.0.1:{port}/validate",
+        "caBundle": hook["clientConfig"]["caBundle"],
+    }
+    hook["namespaceSelector"] = {"matchLabels": dict([label])}
+    return configuration
+
+
+async def wait_enforced(api: Client, probe: dict[str, Any]) -> None:
+    """Until the API server sends Configurations to the webhook: a dry-run create of `probe`
+    (one the webhook refuses) is denied. Registration reaches the API server asynchronously."""
+    path = f"/apis/akri.sh/v0/namespaces/{probe['metadata']['namespace']}/configurations"
+    with trio.fail_after(30):
+        while True:
+            try:
+                await api.request("POST", path, params={"dryRun": "All"}, body=probe)
+            except Invalid as exc:
+                if "denied the request" in str(exc):
+                    return
+                raise
+            await trio.sleep(0.1)
