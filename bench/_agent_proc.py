@@ -66,7 +66,8 @@ async def _main(settings: AgentSettings) -> None:
 def main(argv: list[str]) -> int:
     settings = parse_args(argv, os.environ)
     availability = settings.debug_echo_availability or Path("/tmp/debug-echo-availability.txt")
-    echo = bench_echo(availability, float(os.environ.get("BENCH_ECHO_POLL", "0.2")))
+    poll = float(os.environ.get("BENCH_ECHO_POLL", "0.2"))
+    echo = bench_echo(availability, poll, shared=settings.debug_echo_shared)
     settings = attrs.evolve(settings, namespace=BENCH_NS, enable_debug_echo=False, handlers=(echo,))
     trio.run(_main, settings)
     return 0

@@ -56,9 +56,11 @@ async def bench_api(kubeconfig: str) -> AsyncIterator[Client]:
         yield api
 
 
-def bench_echo(availability: Path, poll_interval: float = 0.2) -> DebugEcho:
+def bench_echo(availability: Path, poll_interval: float = 0.2, shared: bool = False) -> DebugEcho:
     """The debugEcho handler, registered as `benchEcho` (see the module docstring)."""
-    return DebugEcho(name=HANDLER, availability_path=availability, poll_interval=poll_interval)
+    return DebugEcho(
+        name=HANDLER, availability_path=availability, poll_interval=poll_interval, shared=shared
+    )
 
 
 def echo_config(name: str, descriptions: Sequence[str], capacity: int) -> JSON:
