@@ -196,3 +196,12 @@ def test_failed_build_shows_the_log_tail(tmp_path: Path) -> None:
     assert "building kubernetes failed (exit 3)" in proc.stderr
     assert "FATAL: no Go today" in proc.stderr and "line-40" in proc.stderr
     assert "line-1\n" not in proc.stderr  # a tail, not the whole log
+
+
+def test_dynamic_resource_allocation_v1_is_served(cluster: dict[str, str]) -> None:
+    """What a DRA mode stands on: the GA resource.k8s.io/v1 API."""
+    with _client_from(cluster["KUBECONFIG"]) as c:
+        r = c.get("/apis/resource.k8s.io/v1")
+    assert r.status_code == 200, r.text
+    served = {res["name"] for res in r.json()["resources"]}
+    assert {"resourceslices", "deviceclasses", "resourceclaims", "resourceclaimtemplates"} <= served
