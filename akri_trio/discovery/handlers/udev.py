@@ -36,6 +36,7 @@ import trio
 
 from akri_trio.discovery.handlers.udev_devices import PERMISSIONS, build_devices
 from akri_trio.discovery.handlers.udev_rules import (
+    MAX_RULE_LENGTH,
     DeviceSnapshot,
     RuleError,
     UdevRule,
@@ -59,6 +60,7 @@ RESCAN_INTERVAL_S: Final = 30.0
 DEBOUNCE_S: Final = 0.5
 MONITOR_SOURCE_ENV: Final = "UDEV_MONITOR_SOURCE"
 RESCAN_INTERVAL_ENV: Final = "UDEV_RESCAN_INTERVAL_SECONDS"
+MAX_RULE_LENGTH_ENV: Final = "UDEV_MAX_RULE_LENGTH"
 # udevd's control socket: libudev itself only delivers "udev" events when this exists.
 UDEVD_CONTROL: Final = Path("/run/udev/control")
 
@@ -76,14 +78,15 @@ class UdevDetails:
     permissions: str = "rwm"
 
 
-def parse_details(text: str) -> UdevDetails:
-    """`udevRules: [..]` (required), `groupRecursive: bool = false`, `permissions` (one of
-    r, w, m, rw, rm, rwm, wm; default rwm). Other keys are ignored, as upstream's serde."""
+def parse_details(text: str, *, max_rule_length: int = MAX_RULE_LENGTH) -> UdevDetails:
+    """`udevRules: [..]` (required; each at most `max_rule_length` characters),
+    `groupRecursive: bool = false`, `permissions` (one of r, w, m, rw, rm, rwm, wm; default
+    rwm). Other keys are ignored, as upstream's serde."""
     doc = load_mapping(text)
     rules = []
     for i, text_rule in enumerate(required_str_list(doc, "udevRules")):
         try:
-            rules.append(parse_rule(text_rule))
+            rules.append(parse_rule(text_rule, max_length=max_rule_length))
         except RuleError as exc:
             raise InvalidDetails(f"udevRules[{i}]", str(exc)) from exc
     group_recursive = doc.get("groupRecursive", False)
@@ -262,14 +265,16 @@ class UdevHandler:
     source: MonitorSource = "auto"
     rescan_interval: float = RESCAN_INTERVAL_S
     debounce: float = DEBOUNCE_S
+    max_rule_length: int = MAX_RULE_LENGTH
     name: str = NAME
     shared: bool = False
     stats: Stats = attrs.field(factory=Stats)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> UdevHandler:
-        """`UDEV_MONITOR_SOURCE` (auto|kernel|udev|none, default auto) and
-        `UDEV_RESCAN_INTERVAL_SECONDS` (default 30)."""
+        """`UDEV_MONITOR_SOURCE` (auto|kernel|udev|none, default auto),
+        `UDEV_RESCAN_INTERVAL_SECONDS` (default 30) and `UDEV_MAX_RULE_LENGTH` (default
+        4096 characters)."""
         env = os.environ if env is None else env
         chosen = env.get(MONITOR_SOURCE_ENV) or "auto"
         source = next((s for s in MONITOR_SOURCES if s == chosen), None)
@@ -284,10 +289,15 @@ class UdevHandler:
             interval = -1.0
         if not interval > 0:
             raise ValueError(f"{RESCAN_INTERVAL_ENV} must be a positive number, got {text!r}")
-        return cls(source=source, rescan_interval=interval)
+        raw_length = env.get(MAX_RULE_LENGTH_ENV) or str(MAX_RULE_LENGTH)
+        if not raw_length.isdigit() or int(raw_length) <= 0:
+            raise ValueError(
+                f"{MAX_RULE_LENGTH_ENV} must be a positive integer, got {raw_length!r}"
+            )
+        return cls(source=source, rescan_interval=interval, max_rule_length=int(raw_length))
 
     def parse_details(self, text: str) -> UdevDetails:
-        return parse_details(text)
+        return parse_details(text, max_rule_length=self.max_rule_length)
 
     async def discover(self, details: UdevDetails, properties: Properties, send: Send) -> None:
         """Scan, send the list if it changed, then sleep until a uevent (plus the debounce

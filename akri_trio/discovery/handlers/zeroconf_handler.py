@@ -13,7 +13,8 @@ Configuration keys and property names where it had them and defines the rest:
       secure: null
 
 Regexes rather than globs or exact strings: exact names are valid regexes (escape dots if you
-care), and udev's post-filters upstream are full-match regexes too.
+care), and udev's post-filters upstream are full-match regexes too. They run on RE2
+(`linear_regex`): names come from anyone on the LAN, so matching must be linear in them.
 
 One device per resolved service instance. id = the service's full name
 (`My Printer._ipp._tcp.local.`). Properties (broker env vars):
@@ -57,6 +58,7 @@ import attrs
 import trio
 
 from akri_trio.discovery.interface import InvalidDetails, Properties, Send, load_mapping, str_list
+from akri_trio.discovery.linear_regex import Regex, RegexError
 from akri_trio.model.device import Device
 
 log = logging.getLogger(__name__)
@@ -86,8 +88,8 @@ class ZeroconfDetails:
     """`kinds` are bare service types (`_http._tcp`); patterns are compiled, full-match."""
 
     kinds: tuple[str, ...]
-    name: re.Pattern[str] | None = None
-    host: re.Pattern[str] | None = None
+    name: Regex | None = None
+    host: Regex | None = None
     port: int | None = None
     txt_records: tuple[tuple[str, str | None], ...] = ()  # keys lower-cased
 
@@ -107,15 +109,15 @@ def normalize_kind(kind: str, field: str) -> str:
     return bare
 
 
-def _pattern(doc: Mapping[str, Any], field: str) -> re.Pattern[str] | None:
+def _pattern(doc: Mapping[str, Any], field: str) -> Regex | None:
     value = doc.get(field)
     if value is None:
         return None
     if not isinstance(value, str):
         raise InvalidDetails(field, "must be a string (a regular expression)")
     try:
-        return re.compile(value)
-    except re.error as exc:
+        return Regex(value)
+    except RegexError as exc:
         raise InvalidDetails(field, f"is not a valid regular expression: {exc}") from None
 
 
