@@ -5,7 +5,9 @@ through a private asyncio bridge, which must stop cleanly at the end of every te
 
 from __future__ import annotations
 
+import contextlib
 import socket
+import struct
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -22,8 +24,10 @@ from akri_trio.discovery.aio_bridge import AioBridge
 from akri_trio.discovery.filters import FilterList
 from akri_trio.discovery.handlers.opcua import (
     PROPERTY,
+    AnswerTooLarge,
     Opcua,
     OpcuaDetails,
+    find_servers,
     parse_details,
 )
 from akri_trio.discovery.interface import discover_changes
@@ -238,3 +242,43 @@ def test_parse_details_of_the_upstream_example() -> None:
     assert parse_details(text) == OpcuaDetails(
         ("opc.tcp://127.0.0.1:4855/",), FilterList(("Some application name",))
     )
+
+
+async def test_a_flooding_discovery_server_is_cut_off_at_the_limit(
+    bridge: AioBridge, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Answers the Hello with an Acknowledge whose header claims 400 MB, then sends zeros:
+    # asyncua would buffer all of it (copying the buffer on every read) before a check.
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    sent = 0
+
+    async def flood(stream: trio.SocketStream) -> None:
+        nonlocal sent
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            async with stream:
+                await stream.receive_some(65536)  # the Hello
+                await stream.send_all(b"ACKF" + struct.pack("<I", 400 << 20))
+                chunk = bytes(65536)
+                while sent < 400 << 20:
+                    await stream.send_all(chunk)
+                    sent += len(chunk)
+
+    url = f"opc.tcp://127.0.0.1:{port}/"
+    handler = Opcua(bridge=bridge, request_timeout=20, max_response_bytes=1 << 20)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.serve_listeners, flood, listeners)
+        with trio.fail_after(20):
+            with pytest.raises(AnswerTooLarge, match="sent more than 1048576 bytes"):
+                await bridge.run(find_servers(url, 1 << 20))
+            assert sent < 32 << 20  # socket buffers, not the 400 MB
+            assert await handler.discover_once(details(url)) == []
+        assert "sent more than 1048576 bytes" in caplog.text
+        nursery.cancel_scope.cancel()
+
+
+def test_the_response_limit_is_a_setting() -> None:
+    assert Opcua.from_env({}).max_response_bytes == 1 << 20
+    assert Opcua.from_env({"OPCUA_MAX_RESPONSE_BYTES": "4096"}).max_response_bytes == 4096
+    with pytest.raises(ValueError, match="OPCUA_MAX_RESPONSE_BYTES"):
+        Opcua.from_env({"OPCUA_MAX_RESPONSE_BYTES": "lots"})

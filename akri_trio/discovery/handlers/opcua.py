@@ -34,6 +34,11 @@ Where we differ from upstream, on purpose:
 
 asyncua is asyncio-only: its FindServers runs on the process's one asyncio bridge thread
 (`aio_bridge`), cancellable from trio. The probes and DNS lookups are plain trio.
+
+A discovery server is on the network and may be anyone: asyncua buffers a message whatever
+size its header claims, and lets the server's Acknowledge lift the client's own message limit.
+So every byte a FindServers connection receives is counted at the socket, and the connection
+is aborted past `max_response_bytes` (default 1 MiB, env `OPCUA_MAX_RESPONSE_BYTES`).
 """
 
 from __future__ import annotations
@@ -52,7 +57,17 @@ import trio
 from akri_trio.discovery import aio_bridge
 from akri_trio.discovery.aio_bridge import AioBridge, BridgeStopped
 from akri_trio.discovery.filters import FilterList, admits, parse_filter_list
-from akri_trio.discovery.interface import InvalidDetails, Properties, Send, load_mapping, str_list
+from akri_trio.discovery.interface import (
+    MAX_DETAILS_BYTES,
+    InvalidDetails,
+    Properties,
+    Send,
+    details_parser,
+    load_mapping,
+    max_details_bytes,
+    positive_int_setting,
+    str_list,
+)
 from akri_trio.model.device import Device
 
 log = logging.getLogger(__name__)
@@ -60,6 +75,9 @@ log = logging.getLogger(__name__)
 NAME: Final = "opcua"
 PROPERTY: Final = "OPCUA_DISCOVERY_URL"
 INTERVAL_ENV: Final = "OPCUA_DISCOVERY_INTERVAL_SECS"
+MAX_RESPONSE_BYTES_ENV: Final = "OPCUA_MAX_RESPONSE_BYTES"
+# A FindServers answer lists a few servers in a few kB; an LDS with hundreds stays under this.
+MAX_RESPONSE_BYTES: Final = 1 << 20
 DEFAULT_DISCOVERY_URLS: Final = ("opc.tcp://localhost:4840/",)
 DEFAULT_PORT: Final = 4840
 OPC_TCP: Final = "opc.tcp"
@@ -78,9 +96,10 @@ class OpcuaDetails:
     application_names: FilterList | None = None
 
 
-def parse_details(text: str) -> OpcuaDetails:
+@details_parser
+def parse_details(text: str, *, max_bytes: int = MAX_DETAILS_BYTES) -> OpcuaDetails:
     """Upstream's `OpcuaDiscoveryDetails` (serde, camelCase); unknown keys are ignored."""
-    doc = load_mapping(text)
+    doc = load_mapping(text, max_bytes=max_bytes)
     method = doc.get("opcuaDiscoveryMethod")
     if method is None:
         raise InvalidDetails("opcuaDiscoveryMethod", "is required")
@@ -223,18 +242,57 @@ async def resolves(host: str) -> bool:
     return True
 
 
-async def find_servers(url: str) -> list[Application]:
-    """FindServers on `url` (an asyncio coroutine: run it on the bridge). No session needed."""
+class AnswerTooLarge(Exception):
+    """A server sent more bytes on one FindServers connection than we accept."""
+
+
+def _count_received(uaclient: Any, max_bytes: int, exceeded: list[int]) -> None:
+    """Make `uaclient`'s next connection abort once it has received more than `max_bytes`
+    (appending the count to `exceeded`), before asyncua buffers or parses the excess."""
+    make_protocol = uaclient._make_protocol
+
+    def make_counting_protocol() -> Any:
+        protocol = make_protocol()
+        deliver = protocol.data_received
+        received = 0
+
+        def data_received(data: bytes) -> None:
+            nonlocal received
+            received += len(data)
+            if received > max_bytes:
+                if not exceeded:
+                    exceeded.append(received)
+                    if protocol.transport is not None:
+                        protocol.transport.abort()
+                return
+            deliver(data)
+
+        protocol.data_received = data_received
+        return protocol
+
+    uaclient._make_protocol = make_counting_protocol
+
+
+async def find_servers(url: str, max_bytes: int = MAX_RESPONSE_BYTES) -> list[Application]:
+    """FindServers on `url` (an asyncio coroutine: run it on the bridge). No session needed.
+    Raises AnswerTooLarge when the server sends more than `max_bytes` on the connection."""
     from asyncua.client.client import (
         Client,
     )  # asyncio-only and slow to import: only where it is used
 
     client = Client(url)
-    await client.connect_sessionless()
+    exceeded: list[int] = []
+    _count_received(client.uaclient, max_bytes, exceeded)
     try:
-        descriptions = await client.find_servers()
-    finally:
-        await client.disconnect_sessionless()
+        await client.connect_sessionless()
+        try:
+            descriptions = await client.find_servers()
+        finally:
+            await client.disconnect_sessionless()
+    except Exception:
+        if exceeded:
+            raise AnswerTooLarge(f"{url} sent more than {max_bytes} bytes") from None
+        raise
     return [
         Application(
             name=(d.ApplicationName.Text or "") if d.ApplicationName else "",
@@ -266,6 +324,8 @@ class Opcua:
     probe_timeout: float = 3.0
     request_timeout: float = 10.0
     probe_servers: bool = True
+    max_details_bytes: int = MAX_DETAILS_BYTES
+    max_response_bytes: int = MAX_RESPONSE_BYTES
     bridge: AioBridge = attrs.field(factory=aio_bridge.shared)
     shared: bool = True
     name: str = NAME
@@ -284,10 +344,16 @@ class Opcua:
                 ) from None
             if not interval > 0:
                 raise ValueError(f"{INTERVAL_ENV} must be positive, got {raw!r}")
-        return cls(poll_interval=interval)
+        return cls(
+            poll_interval=interval,
+            max_details_bytes=max_details_bytes(env),
+            max_response_bytes=positive_int_setting(
+                env, MAX_RESPONSE_BYTES_ENV, MAX_RESPONSE_BYTES
+            ),
+        )
 
     def parse_details(self, text: str) -> OpcuaDetails:
-        return parse_details(text)
+        return parse_details(text, max_bytes=self.max_details_bytes)
 
     async def discover(self, details: OpcuaDetails, properties: Properties, send: Send) -> None:
         last: list[Device] | None = None
@@ -321,7 +387,7 @@ class Opcua:
         apps: list[Application] | None = None
         with trio.move_on_after(self.request_timeout):
             try:
-                apps = await self.bridge.run(find_servers(lds_url))
+                apps = await self.bridge.run(find_servers(lds_url, self.max_response_bytes))
             except BridgeStopped:
                 raise
             except Exception as exc:  # a misbehaving server must not end discovery

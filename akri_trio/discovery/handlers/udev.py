@@ -45,10 +45,14 @@ from akri_trio.discovery.handlers.udev_rules import (
     rule_matches,
 )
 from akri_trio.discovery.interface import (
+    MAX_DETAILS_BYTES,
     InvalidDetails,
     Properties,
     Send,
+    details_parser,
     load_mapping,
+    max_details_bytes,
+    positive_int_setting,
     required_str_list,
 )
 from akri_trio.model.device import Device
@@ -78,11 +82,14 @@ class UdevDetails:
     permissions: str = "rwm"
 
 
-def parse_details(text: str, *, max_rule_length: int = MAX_RULE_LENGTH) -> UdevDetails:
+@details_parser
+def parse_details(
+    text: str, *, max_rule_length: int = MAX_RULE_LENGTH, max_bytes: int = MAX_DETAILS_BYTES
+) -> UdevDetails:
     """`udevRules: [..]` (required; each at most `max_rule_length` characters),
     `groupRecursive: bool = false`, `permissions` (one of r, w, m, rw, rm, rwm, wm; default
     rwm). Other keys are ignored, as upstream's serde."""
-    doc = load_mapping(text)
+    doc = load_mapping(text, max_bytes=max_bytes)
     rules = []
     for i, text_rule in enumerate(required_str_list(doc, "udevRules")):
         try:
@@ -266,6 +273,7 @@ class UdevHandler:
     rescan_interval: float = RESCAN_INTERVAL_S
     debounce: float = DEBOUNCE_S
     max_rule_length: int = MAX_RULE_LENGTH
+    max_details_bytes: int = MAX_DETAILS_BYTES
     name: str = NAME
     shared: bool = False
     stats: Stats = attrs.field(factory=Stats)
@@ -289,15 +297,17 @@ class UdevHandler:
             interval = -1.0
         if not interval > 0:
             raise ValueError(f"{RESCAN_INTERVAL_ENV} must be a positive number, got {text!r}")
-        raw_length = env.get(MAX_RULE_LENGTH_ENV) or str(MAX_RULE_LENGTH)
-        if not raw_length.isdigit() or int(raw_length) <= 0:
-            raise ValueError(
-                f"{MAX_RULE_LENGTH_ENV} must be a positive integer, got {raw_length!r}"
-            )
-        return cls(source=source, rescan_interval=interval, max_rule_length=int(raw_length))
+        return cls(
+            source=source,
+            rescan_interval=interval,
+            max_rule_length=positive_int_setting(env, MAX_RULE_LENGTH_ENV, MAX_RULE_LENGTH),
+            max_details_bytes=max_details_bytes(env),
+        )
 
     def parse_details(self, text: str) -> UdevDetails:
-        return parse_details(text, max_rule_length=self.max_rule_length)
+        return parse_details(
+            text, max_rule_length=self.max_rule_length, max_bytes=self.max_details_bytes
+        )
 
     async def discover(self, details: UdevDetails, properties: Properties, send: Send) -> None:
         """Scan, send the list if it changed, then sleep until a uevent (plus the debounce

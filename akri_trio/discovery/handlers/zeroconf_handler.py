@@ -57,7 +57,16 @@ from typing import Any, Final
 import attrs
 import trio
 
-from akri_trio.discovery.interface import InvalidDetails, Properties, Send, load_mapping, str_list
+from akri_trio.discovery.interface import (
+    MAX_DETAILS_BYTES,
+    InvalidDetails,
+    Properties,
+    Send,
+    details_parser,
+    load_mapping,
+    max_details_bytes,
+    str_list,
+)
 from akri_trio.discovery.linear_regex import Regex, RegexError
 from akri_trio.model.device import Device
 
@@ -121,8 +130,9 @@ def _pattern(doc: Mapping[str, Any], field: str) -> Regex | None:
         raise InvalidDetails(field, f"is not a valid regular expression: {exc}") from None
 
 
-def parse_details(text: str) -> ZeroconfDetails:
-    doc = load_mapping(text)
+@details_parser
+def parse_details(text: str, *, max_bytes: int = MAX_DETAILS_BYTES) -> ZeroconfDetails:
+    doc = load_mapping(text, max_bytes=max_bytes)
     has_kind, has_kinds = doc.get("kind") is not None, doc.get("kinds") is not None
     if has_kind == has_kinds:
         raise InvalidDetails("kind", "exactly one of `kind` or `kinds` is required")
@@ -293,6 +303,7 @@ class Zeroconf:
     # wait before an empty first list: silence cannot tell "none" from "not yet").
     settle: float = 1.0
     quiet: float = 0.25
+    max_details_bytes: int = MAX_DETAILS_BYTES
     shared: bool = True
     name: str = NAME
     _instance: _SharedInstance = attrs.field(
@@ -303,10 +314,10 @@ class Zeroconf:
     def from_env(cls, env: Mapping[str, str] | None = None) -> Zeroconf:
         env = os.environ if env is None else env
         raw = [i.strip() for i in env.get(INTERFACES_ENV, "").split(",") if i.strip()]
-        return cls(interfaces=tuple(raw) or None)
+        return cls(interfaces=tuple(raw) or None, max_details_bytes=max_details_bytes(env))
 
     def parse_details(self, text: str) -> ZeroconfDetails:
-        return parse_details(text)
+        return parse_details(text, max_bytes=self.max_details_bytes)
 
     async def discover(self, details: ZeroconfDetails, properties: Properties, send: Send) -> None:
         import zeroconf as zc_lib  # only where it is used
