@@ -17,6 +17,7 @@ import datetime as dt
 import functools
 import hashlib
 import logging
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -35,7 +36,13 @@ from akri_trio.discovery.handlers.onvif_device import (
     open_device_client,
     resolve_credentials,
 )
-from akri_trio.discovery.handlers.onvif_probe import ProbeMatch
+from akri_trio.discovery.handlers.onvif_probe import (
+    ProbeMatch,
+    ProbeReplies,
+    merge_matches,
+    new_message_id,
+    probe_interfaces,
+)
 
 NS = {
     "s": "http://www.w3.org/2003/05/soap-envelope",
@@ -366,3 +373,59 @@ async def test_a_flooding_camera_is_skipped_with_a_warning(
         async with service.serving() as url, open_device_client(1 << 20) as client:
             assert await query_camera(client, _match(url), None) is None
     assert "answered more than 1048576 bytes" in caplog.text
+
+
+# ---- credentials go only to the camera that answered (issue 8, item 1) -------------------------
+
+PROBE_MATCH = (
+    '<?xml version="1.0" encoding="UTF-8"?>'
+    '<s:Envelope xmlns:s="http://www.w3.org/2003/05/soap-envelope"'
+    ' xmlns:a="http://schemas.xmlsoap.org/ws/2004/08/addressing"'
+    ' xmlns:d="http://schemas.xmlsoap.org/ws/2005/04/discovery">'
+    "<s:Body><d:ProbeMatches><d:ProbeMatch>"
+    "<a:EndpointReference><a:Address>urn:uuid:{uuid}</a:Address></a:EndpointReference>"
+    "<d:Types>NetworkVideoTransmitter</d:Types><d:XAddrs>{xaddrs}</d:XAddrs>"
+    "</d:ProbeMatch></d:ProbeMatches></s:Body></s:Envelope>"
+)
+
+
+async def test_credentials_go_only_to_the_address_that_answered_the_probe(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The reply comes from 127.0.0.1 but lists a device service on 127.0.0.2 first: before,
+    # the handler sent the camera's credentials there. Both addresses are loopback.
+    camera = OnvifDeviceService(credential=("admin", "s3cret"))
+    trap = OnvifDeviceService(ip="127.0.0.2", credential=("admin", "s3cret"))
+    uuid = "5f5a69c2-e0ae-504f-829b-00fcdab169cc"
+    responder = trio.socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    await responder.bind(("127.0.0.1", 0))
+
+    async def respond(xaddrs: str) -> None:
+        _, sender = await responder.recvfrom(65535)
+        await responder.sendto(PROBE_MATCH.format(uuid=uuid, xaddrs=xaddrs).encode(), sender)
+
+    with responder, trio.fail_after(20):
+        async with (
+            camera.serving() as url,
+            trap.serving("127.0.0.2") as trap_url,
+            trio.open_nursery() as nursery,
+            open_device_client() as client,
+        ):
+            nursery.start_soon(respond, f"{trap_url} http://camera.example/onvif {url}")
+            replies = ProbeReplies(new_message_id())
+            with trio.move_on_after(0.5):
+                await probe_interfaces(
+                    ["127.0.0.1"], replies, group=("127.0.0.1", responder.getsockname()[1])
+                )
+            matches = merge_matches(replies.matches)
+            assert [m.xaddrs for m in matches.values()] == [(url,)]
+            devices = await Onvif().confirm(
+                parse_details(""),
+                matches.values(),
+                {"default": Credential("admin", "s3cret")},
+                client,
+            )
+    assert [d.properties["ONVIF_DEVICE_SERVICE_URL"] for d in devices] == [url]
+    assert trap.calls == []
+    assert ("GetDeviceInformation", "admin") in camera.calls
+    assert "not using them: " + trap_url in caplog.text

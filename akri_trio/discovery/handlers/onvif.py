@@ -36,8 +36,10 @@ from akri_trio.discovery.handlers.onvif_device import (
     resolve_credentials,
 )
 from akri_trio.discovery.handlers.onvif_probe import (
+    CONTAINER_INTERFACES,
     ProbeMatch,
     ProbeReplies,
+    choose_interfaces,
     local_interfaces,
     merge_matches,
     multicast_addresses,
@@ -69,6 +71,9 @@ MAC_ADDRESS: Final = "ONVIF_DEVICE_MAC_ADDRESS"
 POLL_INTERVAL_ENV: Final = "ONVIF_POLL_INTERVAL_SECONDS"
 DEVICE_TIMEOUT_ENV: Final = "ONVIF_DEVICE_TIMEOUT_SECONDS"
 MAX_RESPONSE_BYTES_ENV: Final = "ONVIF_MAX_RESPONSE_BYTES"
+# Comma-separated interface-name globs: probe only from these / never from these.
+INTERFACES_ENV: Final = "ONVIF_INTERFACES"
+EXCLUDE_INTERFACES_ENV: Final = "ONVIF_EXCLUDE_INTERFACES"
 DEFAULT_POLL_INTERVAL: Final = 10.0
 DEFAULT_DEVICE_TIMEOUT: Final = 5.0
 # A probe window longer than this stalls every round; upstream's examples use 1-10 s.
@@ -191,14 +196,21 @@ async def query_camera(
     return None
 
 
+def _globs(raw: str) -> tuple[str, ...]:
+    return tuple(g.strip() for g in raw.split(",") if g.strip())
+
+
 @attrs.define
 class Onvif:
     """The handler. `interfaces` lists the local IPv4 addresses to probe from (default: every
-    up, running, multicast-capable interface at the start of each round)."""
+    up, running, multicast-capable interface at the start of each round, chosen by name with
+    `include_interfaces` / `exclude_interfaces`, see `choose_interfaces`)."""
 
     poll_interval: float = DEFAULT_POLL_INTERVAL
     device_timeout: float = DEFAULT_DEVICE_TIMEOUT
-    interfaces: Callable[[], Sequence[str]] = lambda: multicast_addresses(local_interfaces())
+    include_interfaces: tuple[str, ...] = ()
+    exclude_interfaces: tuple[str, ...] = CONTAINER_INTERFACES
+    interfaces: Callable[[], Sequence[str]] | None = None
     max_details_bytes: int = MAX_DETAILS_BYTES
     max_response_bytes: int = MAX_RESPONSE_BYTES
     name: str = NAME
@@ -207,7 +219,10 @@ class Onvif:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Onvif:
         env = os.environ if env is None else env
+        exclude = env.get(EXCLUDE_INTERFACES_ENV)
         return cls(
+            include_interfaces=_globs(env.get(INTERFACES_ENV, "")),
+            exclude_interfaces=CONTAINER_INTERFACES if exclude is None else _globs(exclude),
             poll_interval=_positive(env, POLL_INTERVAL_ENV, DEFAULT_POLL_INTERVAL),
             device_timeout=_positive(env, DEVICE_TIMEOUT_ENV, DEFAULT_DEVICE_TIMEOUT),
             max_details_bytes=max_details_bytes(env),
@@ -222,7 +237,15 @@ class Onvif:
     async def probe(self, details: OnvifDetails) -> dict[str, ProbeMatch]:
         """One WS-Discovery round: the deduplicated matches heard within the window."""
         replies = ProbeReplies(new_message_id())
-        addresses = self.interfaces()  # getifaddrs: microseconds, no thread hop needed
+        if self.interfaces is not None:
+            addresses = list(self.interfaces())
+        else:  # getifaddrs: microseconds, no thread hop needed
+            chosen = choose_interfaces(
+                local_interfaces(),
+                include=self.include_interfaces,
+                exclude=self.exclude_interfaces,
+            )
+            addresses = multicast_addresses(chosen)
         with trio.move_on_after(details.discovery_timeout_seconds):
             await probe_interfaces(addresses, replies)
         return merge_matches(replies.matches)
