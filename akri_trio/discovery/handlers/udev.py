@@ -167,7 +167,9 @@ def _snapshot(
 
 def snapshots(keys: frozenset[str] = frozenset()) -> list[DeviceSnapshot]:
     """Every device the libudev enumerator lists (the same set upstream's enumerator scans),
-    with the sysfs attributes in `keys` read for each device and its ancestors."""
+    with the sysfs attributes in `keys` read for each device and its ancestors. A device
+    whose path, name or udev properties are not UTF-8 (a netdev or HID name is any bytes) is
+    skipped with a warning: it must not cost every other device its scan."""
     context = pyudev.Context()
     cache: dict[str, DeviceSnapshot] = {}
     found = []
@@ -177,6 +179,12 @@ def snapshots(keys: frozenset[str] = frozenset()) -> list[DeviceSnapshot]:
         except (pyudev.DeviceNotFoundError, OSError) as exc:
             # Removed while we walked the tree: the next uevent or scan settles it.
             log.debug("skipping a device that vanished mid-scan: %r", exc)
+        except UnicodeDecodeError as exc:
+            log.warning(
+                "udev: skipping a device whose data is not UTF-8: %r (%s)",
+                bytes(exc.object[:120]),
+                exc.reason,
+            )
     return found
 
 
