@@ -10,11 +10,11 @@ import socket
 import struct
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import pytest
@@ -22,9 +22,11 @@ import trio
 
 from akri_trio.discovery.aio_bridge import AioBridge
 from akri_trio.discovery.filters import FilterList
+from akri_trio.discovery.handlers import opcua as opcua_module
 from akri_trio.discovery.handlers.opcua import (
     PROPERTY,
     AnswerTooLarge,
+    Application,
     Opcua,
     OpcuaDetails,
     find_servers,
@@ -282,3 +284,76 @@ def test_the_response_limit_is_a_setting() -> None:
     assert Opcua.from_env({"OPCUA_MAX_RESPONSE_BYTES": "4096"}).max_response_bytes == 4096
     with pytest.raises(ValueError, match="OPCUA_MAX_RESPONSE_BYTES"):
         Opcua.from_env({"OPCUA_MAX_RESPONSE_BYTES": "lots"})
+
+
+T = TypeVar("T")
+
+
+class CannedBridge(AioBridge):
+    """Answers every FindServers with the same applications, so a test decides what a
+    (hostile) discovery server lists; the probes that follow are real."""
+
+    def __init__(self, apps: list[Application]) -> None:
+        super().__init__()
+        self.apps = apps
+
+    async def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        coro.close()
+        return self.apps  # type: ignore[return-value]
+
+
+async def test_servers_on_other_hosts_are_not_probed_unless_allowed() -> None:
+    # Both hosts are loopback addresses; the discovery server is on 127.0.0.1.
+    lds_listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    near_listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    far_listeners = await trio.open_tcp_listeners(0, host="127.0.0.2")
+    connected: list[str] = []
+
+    def counting(name: str) -> Callable[[trio.SocketStream], Awaitable[None]]:
+        async def handle(stream: trio.SocketStream) -> None:
+            connected.append(name)
+            await stream.aclose()
+
+        return handle
+
+    def port(listeners: list[trio.SocketListener]) -> int:
+        return int(listeners[0].socket.getsockname()[1])
+
+    lds = f"opc.tcp://127.0.0.1:{port(lds_listeners)}/"
+    near = f"opc.tcp://127.0.0.1:{port(near_listeners)}/near"
+    far = f"opc.tcp://127.0.0.2:{port(far_listeners)}/far"
+    apps = [Application(n, 0, (u,)) for n, u in [("near", near), ("far", far)]]
+    handler = Opcua(bridge=CannedBridge(apps), probe_timeout=2.0)
+    async with trio.open_nursery() as nursery:
+        for name, listeners in [("lds", lds_listeners), ("near", near_listeners),
+                                ("far", far_listeners)]:  # fmt: skip
+            nursery.start_soon(trio.serve_listeners, counting(name), listeners)
+        with trio.fail_after(10):
+            assert await handler.discover_once(details(lds)) == [near]
+            assert sorted(connected) == ["lds", "near"]  # nothing ever reached 127.0.0.2
+            widened = OpcuaDetails(discovery_urls=(lds,), allowed_hosts=("127.0.0.2",))
+            assert sorted(await handler.discover_once(widened)) == sorted([near, far])
+            assert "far" in connected
+        nursery.cancel_scope.cancel()
+
+
+async def test_probes_of_listed_servers_have_bounded_concurrency(
+    monkeypatch: pytest.MonkeyPatch, autojump_clock: Any
+) -> None:
+    lds = "opc.tcp://127.0.0.1:4840/"
+    apps = [Application(f"s{i}", 0, (f"opc.tcp://127.0.0.1:{10000 + i}/",)) for i in range(40)]
+    in_flight = peak = probed = 0
+
+    async def reachable(host: str, port: int) -> bool:
+        nonlocal in_flight, peak, probed
+        in_flight += 1
+        peak = max(peak, in_flight)
+        await trio.sleep(1)  # a slow host; the clock is mocked
+        in_flight -= 1
+        probed += 1
+        return True
+
+    monkeypatch.setattr(opcua_module, "tcp_reachable", reachable)
+    handler = Opcua(bridge=CannedBridge(apps), probe_concurrency=8)
+    assert len(await handler.discover_once(details(lds))) == 40
+    assert probed == 41 and peak == 8  # the discovery server, then 40 servers 8 at a time

@@ -8,6 +8,7 @@ Upstream's handler, with its Configuration format unchanged:
     applicationNames:                                  # optional FilterList
       items: ["SomeServer"]
       action: Include                                  # or Exclude; default Include
+    allowedHosts: ["10.0.0.7"]                         # optional, ours; "*" = any host
 
 Every `poll_interval` seconds (upstream: 10 s; env `OPCUA_DISCOVERY_INTERVAL_SECS`), for each
 discovery URL (a server's own, or a Local Discovery Server's): a short TCP probe (upstream: 3 s,
@@ -38,7 +39,11 @@ asyncua is asyncio-only: its FindServers runs on the process's one asyncio bridg
 A discovery server is on the network and may be anyone: asyncua buffers a message whatever
 size its header claims, and lets the server's Acknowledge lift the client's own message limit.
 So every byte a FindServers connection receives is counted at the socket, and the connection
-is aborted past `max_response_bytes` (default 1 MiB, env `OPCUA_MAX_RESPONSE_BYTES`).
+is aborted past `max_response_bytes` (default 1 MiB, env `OPCUA_MAX_RESPONSE_BYTES`). Nor may
+its answer turn the handler into a port scanner: the servers it lists are resolved and
+probed at most `probe_concurrency` at a time (default 8, env `OPCUA_PROBE_CONCURRENCY`), and
+only on hosts the Configuration allows: the discovery URL's own host, plus `allowedHosts`.
+A listed server elsewhere is left out, unprobed, with a log line.
 """
 
 from __future__ import annotations
@@ -78,6 +83,9 @@ INTERVAL_ENV: Final = "OPCUA_DISCOVERY_INTERVAL_SECS"
 MAX_RESPONSE_BYTES_ENV: Final = "OPCUA_MAX_RESPONSE_BYTES"
 # A FindServers answer lists a few servers in a few kB; an LDS with hundreds stays under this.
 MAX_RESPONSE_BYTES: Final = 1 << 20
+PROBE_CONCURRENCY_ENV: Final = "OPCUA_PROBE_CONCURRENCY"
+PROBE_CONCURRENCY: Final = 8
+ANY_HOST: Final = "*"
 DEFAULT_DISCOVERY_URLS: Final = ("opc.tcp://localhost:4840/",)
 DEFAULT_PORT: Final = 4840
 OPC_TCP: Final = "opc.tcp"
@@ -94,6 +102,7 @@ T = TypeVar("T")
 class OpcuaDetails:
     discovery_urls: tuple[str, ...] = DEFAULT_DISCOVERY_URLS
     application_names: FilterList | None = None
+    allowed_hosts: tuple[str, ...] = ()  # lower-cased; besides each discovery URL's own host
 
 
 @details_parser
@@ -125,9 +134,15 @@ def parse_details(text: str, *, max_bytes: int = MAX_DETAILS_BYTES) -> OpcuaDeta
         problem = url_problem(url)
         if problem:
             raise InvalidDetails(f"{urls_field}[{i}]", problem)
+    hosts: tuple[str, ...] = ()
+    if doc.get("allowedHosts") is not None:
+        hosts = tuple(
+            h.strip().strip("[]").lower() for h in str_list(doc["allowedHosts"], "allowedHosts")
+        )
     return OpcuaDetails(
         discovery_urls=urls,
         application_names=parse_filter_list(doc, "applicationNames"),
+        allowed_hosts=hosts,
     )
 
 
@@ -210,6 +225,19 @@ def on_lds_host(url: str, lds_url: str) -> str:
     if "@" in parts.netloc:
         netloc = parts.netloc.rsplit("@", 1)[0] + "@" + netloc
     return SplitResult(parts.scheme, netloc, parts.path, parts.query, parts.fragment).geturl()
+
+
+def host_allowed(url: str, lds_url: str, allowed_hosts: Iterable[str]) -> bool:
+    """May a server URL listed by the discovery server at `lds_url` be probed and reported?
+    Its host must be the discovery URL's host or one of `allowed_hosts` (`*`: any)."""
+    host = host_of(url)
+    if not host:
+        return False
+    allowed = {h.lower() for h in allowed_hosts}
+    lds_host = host_of(lds_url)
+    return (
+        ANY_HOST in allowed or host.lower() in allowed or host.lower() == (lds_host or "").lower()
+    )
 
 
 def merged(url_lists: Iterable[Iterable[str]]) -> list[str]:
@@ -326,6 +354,7 @@ class Opcua:
     probe_servers: bool = True
     max_details_bytes: int = MAX_DETAILS_BYTES
     max_response_bytes: int = MAX_RESPONSE_BYTES
+    probe_concurrency: int = PROBE_CONCURRENCY
     bridge: AioBridge = attrs.field(factory=aio_bridge.shared)
     shared: bool = True
     name: str = NAME
@@ -350,6 +379,7 @@ class Opcua:
             max_response_bytes=positive_int_setting(
                 env, MAX_RESPONSE_BYTES_ENV, MAX_RESPONSE_BYTES
             ),
+            probe_concurrency=positive_int_setting(env, PROBE_CONCURRENCY_ENV, PROBE_CONCURRENCY),
         )
 
     def parse_details(self, text: str) -> OpcuaDetails:
@@ -366,9 +396,9 @@ class Opcua:
 
     async def discover_once(self, details: OpcuaDetails) -> list[str]:
         """One round over every discovery URL: the device URLs, in a stable order."""
-        names = details.application_names
+        limiter = trio.CapacityLimiter(self.probe_concurrency)
         per_lds = await _gather(
-            [partial(self._servers_at, url, names) for url in details.discovery_urls]
+            [partial(self._servers_at, url, details, limiter) for url in details.discovery_urls]
         )
         return merged(per_lds)
 
@@ -380,7 +410,9 @@ class Opcua:
             return await tcp_reachable(*target)
         return False
 
-    async def _servers_at(self, lds_url: str, names: FilterList | None) -> list[str]:
+    async def _servers_at(
+        self, lds_url: str, details: OpcuaDetails, limiter: trio.CapacityLimiter
+    ) -> list[str]:
         if not await self._probe(lds_url):
             log.info("opcua: %s does not accept TCP connections; skipped this round", lds_url)
             return []
@@ -396,17 +428,32 @@ class Opcua:
         if apps is None:
             log.warning("opcua: FindServers on %s timed out", lds_url)
             return []
+        selected = selected_urls(apps, details.application_names)
         urls = await _gather(
-            [partial(self._usable, url, lds_url) for url in selected_urls(apps, names)]
+            [partial(self._usable, url, lds_url, details, limiter) for url in selected]
         )
         return [url for url in urls if url is not None]
 
-    async def _usable(self, url: str, lds_url: str) -> str | None:
+    async def _usable(
+        self, url: str, lds_url: str, details: OpcuaDetails, limiter: trio.CapacityLimiter
+    ) -> str | None:
+        async with limiter:
+            return await self._usable_now(url, lds_url, details)
+
+    async def _usable_now(self, url: str, lds_url: str, details: OpcuaDetails) -> str | None:
         host = host_of(url)
         if host and not await resolves(host):
             rebuilt = on_lds_host(url, lds_url)
             log.debug("opcua: %s does not resolve; using %s", url, rebuilt)
             url = rebuilt
+        if not host_allowed(url, lds_url, details.allowed_hosts):
+            log.info(
+                "opcua: %s (listed by %s) is not on an allowed host; left out unprobed "
+                "(allowedHosts widens this)",
+                url[:200],
+                lds_url,
+            )
+            return None
         if self.probe_servers and endpoint_of(url) is not None and not await self._probe(url):
             log.info("opcua: server %s (listed by %s) is unreachable; left out", url, lds_url)
             return None
