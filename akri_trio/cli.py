@@ -2,6 +2,10 @@
 
 Each subcommand lives in the package that owns it and is imported only when chosen, so
 `akri-trio cluster status` never pays for importing purerpc or zeep.
+
+A configuration the process cannot start with (a bad kubeconfig: `ConfigError`) is the user's
+to fix, not a crash: whichever subcommand loaded it, and however deep in a nursery, it ends
+the process with exit code 1 and one line on stderr, like kubectl's, instead of a traceback.
 """
 
 from __future__ import annotations
@@ -34,7 +38,26 @@ def main(argv: list[str] | None = None) -> int:
     target, _ = SUBCOMMANDS[args[0]]
     module_name, func_name = target.split(":")
     func = getattr(importlib.import_module(module_name), func_name)
-    return int(func(args[1:]) or 0)
+    try:
+        return int(func(args[1:]) or 0)
+    except Exception as exc:
+        problem = _config_problem(exc)
+        if problem is None:
+            raise
+        print(f"akri-trio {args[0]}: error: {problem}", file=sys.stderr)
+        return 1
+
+
+def _config_problem(exc: BaseException) -> str | None:
+    """The message of a ConfigError, also one that nurseries wrapped in exception groups
+    (and only when nothing else failed alongside it); None for any other failure."""
+    from akri_trio.kube.config import ConfigError  # imported only on the failure path
+
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    if isinstance(exc, ConfigError):
+        return " ".join(str(exc).split()) or type(exc).__name__
+    return None
 
 
 if __name__ == "__main__":

@@ -12,19 +12,34 @@ path and `standalone.py` drive the very same object. A handler is:
   whenever it may have changed. `discover_changes` wraps it so that only real changes (and
   always the first list) go out, which is upstream's "send only on change" rule in one place.
 
-The small YAML helpers below keep every handler's errors worded the same way.
+The small YAML helpers below keep every handler's errors worded the same way. discoveryDetails
+are written by whoever may create a Configuration, so `load_mapping` bounds what a document
+may cost (size, nesting) and turns everything YAML can throw (tags that fail to construct,
+impossible dates, integers past Python's digit limit) into `InvalidDetails`; `details_parser`
+is the last line: whatever else a handler's parser raises is `InvalidDetails` too, so a bad
+document is a Configuration problem and never a handler failure.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any, Protocol, TypeVar
+from typing import Any, Final, ParamSpec, Protocol, TypeVar
 
 import yaml
 
 from akri_trio.model.device import Device
 
 DetailsT = TypeVar("DetailsT")
+P = ParamSpec("P")
+T = TypeVar("T")
+
+# A handful of upstream examples are under 1 KiB; this leaves room for long udev rule lists.
+MAX_DETAILS_BYTES: Final = 64 * 1024
+MAX_DETAILS_BYTES_ENV: Final = "AKRI_DISCOVERY_DETAILS_MAX_BYTES"
+# No handler's format nests beyond 4 levels; PyYAML's composer recurses once per level.
+MAX_DETAILS_DEPTH: Final = 32
 DetailsT_co = TypeVar("DetailsT_co", covariant=True)
 
 # The handler hands over the full list each time; `send` may wait (back-pressure).
@@ -89,13 +104,81 @@ async def discover_changes(
 # ---- details parsing helpers (pure) -------------------------------------------------------------
 
 
-def load_mapping(text: str) -> dict[str, Any]:
-    """Parse discoveryDetails (YAML; JSON is a subset) into a mapping. Empty text is `{}`."""
+def details_parser(parse: Callable[P, T]) -> Callable[P, T]:
+    """Decorate a `parse_details`: anything it raises other than InvalidDetails (a case its
+    own checks missed) becomes InvalidDetails for the document as a whole."""
+
+    @functools.wraps(parse)
+    def parse_or_refuse(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return parse(*args, **kwargs)
+        except InvalidDetails:
+            raise
+        except Exception as exc:
+            raise InvalidDetails(None, f"cannot be used: {_reason(exc)}") from exc
+
+    return parse_or_refuse
+
+
+def positive_int_setting(env: Mapping[str, str], key: str, default: int) -> int:
+    """A limit from the environment: `env[key]` if set (a positive integer, else ValueError),
+    otherwise `default`."""
+    raw = env.get(key, "").strip() or str(default)
+    if not raw.isdigit() or int(raw) <= 0:
+        raise ValueError(f"{key} must be a positive integer, got {raw!r}")
+    return int(raw)
+
+
+def max_details_bytes(env: Mapping[str, str] | None = None) -> int:
+    """`AKRI_DISCOVERY_DETAILS_MAX_BYTES` (default 64 KiB), for handlers' `from_env`."""
+    env = os.environ if env is None else env
+    return positive_int_setting(env, MAX_DETAILS_BYTES_ENV, MAX_DETAILS_BYTES)
+
+
+def _reason(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    if isinstance(exc, KeyError | IndexError) or not text:
+        text = f"{type(exc).__name__} {text}".strip()
+    return text[:200]
+
+
+def _check_depth(text: str, max_depth: int) -> None:
+    """Refuse documents nested deeper than `max_depth`, from parser events alone (PyYAML's
+    parser is iterative; its composer, which runs next, recurses per level)."""
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > max_depth:
+                raise InvalidDetails(None, f"nests deeper than {max_depth} levels")
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+
+
+def load_mapping(text: str, *, max_bytes: int = MAX_DETAILS_BYTES) -> dict[str, Any]:
+    """Parse discoveryDetails (YAML; JSON is a subset) into a mapping. Empty text is `{}`.
+    Raises InvalidDetails for a document over `max_bytes` (UTF-8) or MAX_DETAILS_DEPTH levels
+    deep, for bad YAML, and for values YAML cannot construct (`!!int x`, `2020-02-30`)."""
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > max_bytes:
+        raise InvalidDetails(None, f"is {size} bytes long; the limit is {max_bytes}")
     try:
-        doc = yaml.safe_load(text) if text.strip() else {}
+        if not text.strip():
+            doc: Any = {}
+        else:
+            _check_depth(text, MAX_DETAILS_DEPTH)
+            doc = yaml.safe_load(text)
+    except InvalidDetails:
+        raise
     except yaml.YAMLError as exc:
         # The first line carries the position; the rest is a code excerpt.
         raise InvalidDetails(None, f"not valid YAML: {str(exc).splitlines()[0]}") from exc
+    except Exception as exc:
+        # A tag whose constructor fails (`!!bool x`, `!!int ""`, `!!timestamp x`), an
+        # impossible date, an integer past Python's digit limit: PyYAML lets these through
+        # as whatever the constructor raised.
+        problem = f"a value does not fit its type: {_reason(exc)}"
+        raise InvalidDetails(None, f"not valid YAML: {problem}") from exc
     if doc is None:
         return {}
     if not isinstance(doc, dict):

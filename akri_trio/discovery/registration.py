@@ -2,10 +2,11 @@
 
 Handlers call RegisterDiscoveryHandler on `$DISCOVERY_HANDLERS_DIRECTORY/agent-registration.sock`
 (mode 0600: only the node's privileged handlers may register). Requests are validated here,
-purely, before anything reaches the registry: an empty name or an endpoint that does not match
-its type is answered with InvalidArgument and a message saying what is wrong; no request can
-crash the server. The same task also removes handlers that stayed Offline past their grace
-period on time, since the registry itself has no clock to wake it.
+purely, before anything reaches the registry: an empty or overlong name, or an endpoint that
+is overlong or does not match its type, is answered with InvalidArgument and a message saying
+what is wrong; no request can crash the server, and what is logged of a request is bounded.
+The same task also removes handlers that stayed Offline past their grace period on time,
+since the registry itself has no clock to wake it.
 """
 
 from __future__ import annotations
@@ -28,6 +29,11 @@ log = logging.getLogger(__name__)
 
 SOCKET_NAME: Final = "agent-registration.sock"
 SOCKET_MODE: Final = 0o600
+# Upstream's handler names are a word ("udev", "debugEcho"); a Unix socket path is at most
+# 108 bytes and an http://host:port endpoint not much longer.
+MAX_NAME_LENGTH: Final = 128
+MAX_ENDPOINT_LENGTH: Final = 1024
+_SHOWN: Final = 60  # how much of a rejected value a message quotes
 _TYPES = {
     pb.RegisterDiscoveryHandlerRequest.UDS: EndpointType.UDS,
     pb.RegisterDiscoveryHandlerRequest.NETWORK: EndpointType.NETWORK,
@@ -43,6 +49,10 @@ def registration_from_request(request: pb.RegisterDiscoveryHandlerRequest) -> Re
     name = request.name
     if not name.strip():
         raise InvalidRegistration("name must not be empty")
+    if len(name) > MAX_NAME_LENGTH:
+        raise InvalidRegistration(
+            f"name {name[:_SHOWN]!r}... is {len(name)} characters; the limit is {MAX_NAME_LENGTH}"
+        )
     if name != name.strip() or any(c.isspace() or not c.isprintable() for c in name):
         raise InvalidRegistration(f"name {name!r} must not contain whitespace")
     kind = _TYPES.get(request.endpoint_type)
@@ -50,6 +60,11 @@ def registration_from_request(request: pb.RegisterDiscoveryHandlerRequest) -> Re
         raise InvalidRegistration(f"unknown endpoint_type {request.endpoint_type}")
     if not request.endpoint:
         raise InvalidRegistration("endpoint must not be empty")
+    if len(request.endpoint) > MAX_ENDPOINT_LENGTH:
+        raise InvalidRegistration(
+            f"endpoint {request.endpoint[:_SHOWN]!r}... is {len(request.endpoint)} characters; "
+            f"the limit is {MAX_ENDPOINT_LENGTH}"
+        )
     try:
         target: UnixEndpoint | TcpEndpoint | None = parse_endpoint(request.endpoint)
     except ValueError as exc:

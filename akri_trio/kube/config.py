@@ -77,11 +77,15 @@ def _data_or_file(
     if data:
         try:
             return base64.b64decode(data, validate=True)
-        except ValueError as exc:
+        except (ValueError, TypeError) as exc:
             raise ConfigError(f"kubeconfig: {key}-data is not base64") from exc
     path = section.get(key)
     if path:
-        return read(base_dir / Path(os.path.expanduser(str(path))))
+        file = base_dir / Path(os.path.expanduser(str(path)))
+        try:
+            return read(file)
+        except OSError as exc:
+            raise ConfigError(f"kubeconfig: {key} {file}: {exc.strerror or exc}") from exc
     return None
 
 
@@ -123,12 +127,21 @@ def parse_kubeconfig(
         if user.get(plugin):
             raise ConfigError(f"kubeconfig: user {user_name!r}: {plugin} is not supported")
 
+    skip_verify = _skip_verify(cluster, cluster_name)
+    if skip_verify and (
+        cluster.get("certificate-authority") or cluster.get("certificate-authority-data")
+    ):
+        # kubectl refuses this pair too: which of the two was meant is anyone's guess.
+        raise ConfigError(
+            f"kubeconfig: cluster {cluster_name!r}: certificate-authority and "
+            "insecure-skip-tls-verify must not both be set"
+        )
     token_file = user.get("tokenFile")
     return KubeConfig(
         server=server.rstrip("/"),
         namespace=str(ctx.get("namespace") or "default"),
         ca_pem=_data_or_file(cluster, "certificate-authority", base_dir, read),
-        insecure_skip_tls_verify=bool(cluster.get("insecure-skip-tls-verify", False)),
+        insecure_skip_tls_verify=skip_verify,
         client_cert_pem=_data_or_file(user, "client-certificate", base_dir, read),
         client_key_pem=_data_or_file(user, "client-key", base_dir, read),
         token=str(user["token"]) if user.get("token") else None,
@@ -136,6 +149,30 @@ def parse_kubeconfig(
         username=str(user["username"]) if user.get("username") else None,
         password=str(user["password"]) if user.get("password") else None,
     )
+
+
+def _skip_verify(cluster: Mapping[str, Any], name: object) -> bool:
+    """`insecure-skip-tls-verify` as a real boolean. kubectl's decoder refuses anything else,
+    and so do we: `bool("false")` is True, which would turn verification off by accident."""
+    value = cluster.get("insecure-skip-tls-verify")
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise ConfigError(
+            f"kubeconfig: cluster {name!r}: insecure-skip-tls-verify must be true or false, "
+            f"got {value!r}"
+        )
+    return value
+
+
+def _check_clusters(doc: Mapping[str, Any], path: Path) -> None:
+    """Type-check every cluster of one file, used or not, as kubectl's decoder does."""
+    for entry in doc.get("clusters") or []:
+        if isinstance(entry, Mapping) and isinstance(entry.get("cluster"), Mapping):
+            try:
+                _skip_verify(entry["cluster"], entry.get("name"))
+            except ConfigError as exc:
+                raise ConfigError(f"{path}: {exc}") from None
 
 
 def merge_kubeconfigs(docs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -187,9 +224,11 @@ def load_kubeconfig(paths: Sequence[Path], *, context: str | None = None) -> Kub
         except FileNotFoundError:
             continue  # kubectl skips missing entries of a $KUBECONFIG list
         except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not YAML: {exc}") from exc
+            # One line: the first carries the position, the rest is an excerpt.
+            raise ConfigError(f"{path}: not YAML: {str(exc).splitlines()[0]}") from exc
         if not isinstance(doc, Mapping):
             raise ConfigError(f"{path}: not a kubeconfig mapping")
+        _check_clusters(doc, path)
         docs.append(_absolutize(doc, path.resolve().parent))
     if not docs:
         raise ConfigError(f"no kubeconfig found in {[str(p) for p in paths]}")

@@ -32,6 +32,11 @@ Glue (subclasses, not patches):
 (f) On the client, purerpc leaves a call waiting forever when the server goes away mid-call
     (EOF) or resets the stream: our channels end such calls with UNAVAILABLE / CANCELLED, so
     the agent notices a dead discovery handler instead of hanging on its Discover stream.
+(g) Anything may connect to a socket we serve. A peer that does not speak HTTP/2 (or breaks
+    its rules) costs one log line, not a traceback; a connection with no call in progress
+    for `idle_timeout` seconds (default IDLE_TIMEOUT_S; never while a stream is open, so a
+    kubelet's ListAndWatch or an agent's Discover stream is untouched) is closed, so idle or
+    half-open connections cannot pile up.
 
 A purerpc `Server`'s service context managers can be entered only once, so every (re)serve
 builds a fresh one (`make_server`); `serve_unix` / `serve_tcp` do that themselves.
@@ -41,6 +46,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import os
 import secrets
 import socket
@@ -56,6 +62,7 @@ from urllib.parse import urlsplit
 
 import anyio
 import anyio.abc
+import h2.exceptions
 import purerpc
 import trio
 from purerpc import grpc_socket
@@ -79,6 +86,10 @@ _CONNECTION_ERRORS = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSEr
 # trio.serve_listeners does).
 _ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 _ACCEPT_BACKOFF_S = 0.1
+# A connection without any call in progress is closed after this long.
+IDLE_TIMEOUT_S = 300.0
+# A peer that is not a gRPC client (or a broken one): said in one line, no traceback.
+_PROTOCOL_ERRORS = (h2.exceptions.H2Error, ProtocolError)
 
 
 # ---- (a), (b), (e): patches, once -------------------------------------------------------------
@@ -154,10 +165,16 @@ def make_server(*servicers: HasService) -> purerpc.Server:
 
 
 class _ConnectionHandler(ConnectionHandler):  # type: ignore[misc]  # purerpc is untyped
-    """purerpc's per-connection handler with per-stream cancellation and contained failures."""
+    """purerpc's per-connection handler with per-stream cancellation, contained failures and
+    an idle timeout."""
+
+    def __init__(self, services: Any, server: Any, idle_timeout: float = IDLE_TIMEOUT_S) -> None:
+        super().__init__(services, server)
+        self.idle_timeout = idle_timeout
 
     async def __call__(self, conn: anyio.abc.SocketStream) -> None:
         scopes: dict[int, trio.CancelScope] = {}
+        idle = trio.CancelScope(deadline=trio.current_time() + self.idle_timeout)
 
         def on_stream_reset(stream_id: int, error_code: int) -> None:
             scope = scopes.get(stream_id)
@@ -167,23 +184,39 @@ class _ConnectionHandler(ConnectionHandler):  # type: ignore[misc]  # purerpc is
         async def run_stream(stream: Any) -> None:
             with trio.CancelScope() as scope:
                 scopes[stream.stream_id] = scope
+                idle.deadline = math.inf  # a call in progress: never idle
                 try:
                     await self.request_received(stream)
                 finally:
                     del scopes[stream.stream_id]
+                    if not scopes:
+                        idle.deadline = trio.current_time() + self.idle_timeout
 
         try:
             async with conn, GRPCProtoSocket(self.config, conn) as grpc_conn:
                 grpc_conn._grpc_connection.on_stream_reset = on_stream_reset
-                async with trio.open_nursery() as nursery:
-                    async for stream in grpc_conn.listen():
-                        nursery.start_soon(run_stream, stream)
-                    # listen() ends on EOF: the peer is gone, so nobody awaits these handlers.
-                    nursery.cancel_scope.cancel()
+                with idle:
+                    async with trio.open_nursery() as nursery:
+                        async for stream in grpc_conn.listen():
+                            nursery.start_soon(run_stream, stream)
+                        # listen() ends on EOF: the peer is gone, so nobody awaits these.
+                        nursery.cancel_scope.cancel()
+                if idle.cancelled_caught:
+                    log.debug("closed a gRPC connection idle for %.0f s", self.idle_timeout)
         except* _CONNECTION_ERRORS as group:
             log.debug("gRPC connection dropped: %r", group.exceptions)
+        except* _PROTOCOL_ERRORS as group:
+            log.warning("closed a connection that is not valid gRPC: %s", _first_line(group))
         except* Exception as group:
             log.warning("gRPC connection failed", exc_info=group)
+
+
+def _first_line(group: BaseExceptionGroup[BaseException]) -> str:
+    leaf: BaseException = group
+    while isinstance(leaf, BaseExceptionGroup):
+        leaf = leaf.exceptions[0]
+    text = " ".join(str(leaf).split())[:200]
+    return f"{type(leaf).__name__}: {text}" if text else type(leaf).__name__
 
 
 async def _accept_forever(
@@ -203,12 +236,14 @@ async def _accept_forever(
             nursery.start_soon(handle, conn)
 
 
-async def _serve(server: purerpc.Server, listener: anyio.abc.SocketListener) -> None:
+async def _serve(
+    server: purerpc.Server, listener: anyio.abc.SocketListener, idle_timeout: float
+) -> None:
     async with AsyncExitStack() as stack:
         services = {
             name: await stack.enter_async_context(cm) for name, cm in server.services.items()
         }
-        await _accept_forever(listener, _ConnectionHandler(services, server))
+        await _accept_forever(listener, _ConnectionHandler(services, server, idle_timeout))
 
 
 def bind_unix_socket(path: Path, mode: int | None, backlog: int = 128) -> tuple[socket.socket, int]:
@@ -257,6 +292,7 @@ async def serve_unix(
     path: str | os.PathLike[str],
     *servicers: HasService,
     mode: int | None = None,
+    idle_timeout: float = IDLE_TIMEOUT_S,
     task_status: trio.TaskStatus[Path] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve `servicers` over gRPC on a Unix socket at `path` until cancelled.
@@ -265,7 +301,8 @@ async def serve_unix(
     `await nursery.start(serve_unix, path, servicer)`; `functools.partial` for `mode`). A stale
     socket file at `path` is replaced; `mode` (e.g. 0o600) is in force before anyone can
     connect. The socket file is removed on the way out, cancellation included, unless someone
-    else has replaced it meanwhile. Each call builds a fresh purerpc Server.
+    else has replaced it meanwhile. Each call builds a fresh purerpc Server. A connection
+    without a call in progress for `idle_timeout` seconds is closed.
     """
     sock_path = Path(path)
     server = make_server(*servicers)
@@ -279,7 +316,7 @@ async def serve_unix(
     try:
         async with listener:
             task_status.started(sock_path)
-            await _serve(server, listener)
+            await _serve(server, listener, idle_timeout)
     finally:
         _remove_if_ours(sock_path, inode)
 
@@ -288,6 +325,7 @@ async def serve_tcp(
     host: str,
     port: int,
     *servicers: HasService,
+    idle_timeout: float = IDLE_TIMEOUT_S,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve `servicers` over gRPC on TCP `host:port` (0 picks a free port) until cancelled.
@@ -305,7 +343,7 @@ async def serve_tcp(
         raise
     async with listener:
         task_status.started(listener.extra(anyio.abc.SocketAttribute.local_port))
-        await _serve(server, listener)
+        await _serve(server, listener, idle_timeout)
 
 
 # ---- clients ----------------------------------------------------------------------------------

@@ -232,6 +232,28 @@ async def test_invalid_details_surface_as_a_problem_without_hammering(
             nursery.cancel_scope.cancel()
 
 
+async def test_a_hostile_document_does_not_mark_the_handler_offline(
+    sock_dir: Path, tmp_path: Path
+) -> None:
+    # `!!int x` made parse_details raise ValueError: the stream failed, the handler went
+    # Offline. Now it is InvalidDetails like any other bad document.
+    registry = Registry(trio.current_time)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            await start_agent(nursery, registry, sock_dir)
+            _, endpoint = await start_handler(nursery, echo(tmp_path), sock_dir)
+            await registered(registry, endpoint)
+            _, results = await discover(nursery, registry, details="descriptions: !!int x")
+            bad = await results.until(lambda r: bool(r.problems))
+            assert (
+                "discoveryDetails: not valid YAML: a value does not fit its type"
+                in (bad.problems[0])
+            )
+            await trio.sleep(0.5)
+            assert registry.status("debugEcho", endpoint) == WAITING
+            nursery.cancel_scope.cancel()
+
+
 async def test_handler_reregisters_when_the_agent_restarts(sock_dir: Path, tmp_path: Path) -> None:
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:

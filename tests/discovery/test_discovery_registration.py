@@ -11,6 +11,7 @@ from typing import Any
 import grpc
 import pytest
 import trio
+import trio.testing
 
 from akri_trio.discovery.registration import (
     InvalidRegistration,
@@ -20,6 +21,7 @@ from akri_trio.discovery.registration import (
 from akri_trio.discovery.registry import EndpointType, Registration, Registry
 from akri_trio.rpc.gen import discovery_pb2 as pb
 from akri_trio.rpc.gen import discovery_pb2_grpc
+from akri_trio.rpc.uds import IDLE_TIMEOUT_S
 
 UDS = pb.RegisterDiscoveryHandlerRequest.UDS
 NETWORK = pb.RegisterDiscoveryHandlerRequest.NETWORK
@@ -126,3 +128,54 @@ async def test_stale_socket_file_is_replaced(sock_dir: Path) -> None:
             assert code == grpc.StatusCode.OK
             nursery.cancel_scope.cancel()
     assert not path.exists()
+
+
+# ---- abuse of the registration socket (issue 8, item 15) ---------------------------------------
+
+
+def test_names_and_endpoints_are_length_limited() -> None:
+    with pytest.raises(InvalidRegistration, match="is 129 characters; the limit is 128") as info:
+        registration_from_request(request(name="h" * 129))
+    assert len(str(info.value)) < 200
+    registration_from_request(request(name="h" * 128))
+    long_path = "/" + "p" * 1024
+    with pytest.raises(InvalidRegistration, match="is 1025 characters; the limit is 1024"):
+        registration_from_request(request(endpoint=long_path))
+    with pytest.raises(InvalidRegistration, match="the limit is 1024"):
+        registration_from_request(request(endpoint="http://" + "h" * 2000 + ":1", kind=NETWORK))
+
+
+async def test_junk_connections_cost_one_line_and_idle_ones_are_closed(
+    sock_dir: Path, caplog: pytest.LogCaptureFixture, autojump_clock: Any
+) -> None:
+    registry = Registry(trio.current_time)
+    with trio.fail_after(IDLE_TIMEOUT_S * 3):
+        async with trio.open_nursery() as nursery:
+            path = await nursery.start(serve_registration, registry, sock_dir / "r.sock")
+
+            junk = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            with junk:
+                await junk.connect(os.fspath(path))
+                await junk.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+                while await junk.recv(65536):  # the server answers GOAWAY and hangs up
+                    pass
+            await trio.testing.wait_all_tasks_blocked()  # the server logs after hanging up
+            records = [r for r in caplog.records if r.name == "akri_trio.rpc.uds"]
+            assert [(r.levelname, r.exc_info) for r in records] == [("WARNING", None)]
+            assert "not valid gRPC" in records[0].getMessage()
+            assert "\n" not in records[0].getMessage()
+
+            # Silent, and after a valid HTTP/2 preface without a call: both closed when idle.
+            for hello in (
+                b"",
+                b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00",
+            ):
+                idle = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                with idle:
+                    await idle.connect(os.fspath(path))
+                    await idle.send(hello)
+                    start = trio.current_time()
+                    while await idle.recv(65536):  # SETTINGS, then EOF at the idle timeout
+                        pass
+                    assert IDLE_TIMEOUT_S <= trio.current_time() - start < IDLE_TIMEOUT_S + 1
+            nursery.cancel_scope.cancel()

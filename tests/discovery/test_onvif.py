@@ -44,6 +44,8 @@ from akri_trio.discovery.handlers.onvif_probe import (
     IFF_UP,
     Interface,
     ProbeMatch,
+    choose_interfaces,
+    from_source,
     merge_matches,
     multicast_addresses,
     normalize_uuid,
@@ -627,3 +629,46 @@ async def test_rounds_follow_poll_interval_and_only_changes_are_sent(
     start = rounds[0]
     assert [round(t - start, 6) for t in rounds] == [0.0, 10.0, 20.0, 30.0]
     assert sent == [[]]
+
+
+# ---- hostile LANs: XAddrs from the sender only, no container interfaces -----------------------
+
+
+def test_only_xaddrs_on_the_senders_address_are_kept() -> None:
+    match = ProbeMatch(
+        "u",
+        "urn:uuid:u",
+        (
+            "http://192.0.2.9/onvif/device_service",
+            "http://198.51.100.1:80/onvif/device_service",  # another host
+            "http://cam.example/onvif/device_service",  # a name: cannot be tied to the sender
+            "http://[2001:db8::1]/onvif",
+            "not a url",
+        ),
+        (),
+    )
+    kept, dropped = from_source([match], "192.0.2.9")
+    assert [m.xaddrs for m in kept] == [("http://192.0.2.9/onvif/device_service",)]
+    assert dropped == list(match.xaddrs[1:])
+    assert from_source([match], "198.51.100.7") == ([], list(match.xaddrs))
+    assert from_source([match], "garbage") == ([], list(match.xaddrs))
+
+
+def test_container_interfaces_are_skipped_unless_included() -> None:
+    names = ["eth0", "docker0", "br-1a2b", "veth12ab", "cni0", "flannel.1", "cali123", "wlan0"]
+    interfaces = [Interface(n, OK, f"192.0.2.{i}") for i, n in enumerate(names, 1)]
+    assert [i.name for i in choose_interfaces(interfaces)] == ["eth0", "wlan0"]
+    assert [i.name for i in choose_interfaces(interfaces, include=["docker0", "eth*"])] == [
+        "eth0",
+        "docker0",
+    ]
+    assert len(choose_interfaces(interfaces, exclude=())) == len(names)
+
+
+def test_interface_options_from_the_environment() -> None:
+    default = Onvif.from_env({})
+    assert default.include_interfaces == () and "veth*" in default.exclude_interfaces
+    chosen = Onvif.from_env({"ONVIF_INTERFACES": "eth1, bond*", "ONVIF_EXCLUDE_INTERFACES": "eth9"})
+    assert chosen.include_interfaces == ("eth1", "bond*")
+    assert chosen.exclude_interfaces == ("eth9",)
+    assert Onvif.from_env({"ONVIF_EXCLUDE_INTERFACES": ""}).exclude_interfaces == ()

@@ -12,10 +12,12 @@ through the bundled WSDL/XSD, so a schema or binding mismatch fails these tests.
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime as dt
 import functools
 import hashlib
 import logging
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -27,13 +29,20 @@ from lxml import etree
 
 from akri_trio.discovery.handlers.onvif import Onvif, parse_details, query_camera
 from akri_trio.discovery.handlers.onvif_device import (
+    AnswerTooLarge,
     AuthenticationFailed,
     Credential,
     DeviceFacts,
     open_device_client,
     resolve_credentials,
 )
-from akri_trio.discovery.handlers.onvif_probe import ProbeMatch
+from akri_trio.discovery.handlers.onvif_probe import (
+    ProbeMatch,
+    ProbeReplies,
+    merge_matches,
+    new_message_id,
+    probe_interfaces,
+)
 
 NS = {
     "s": "http://www.w3.org/2003/05/soap-envelope",
@@ -298,3 +307,125 @@ async def test_handler_round_with_filters_and_credentials() -> None:
         devices = await Onvif().confirm(details, matches, creds, client)
     assert [d.properties["ONVIF_DEVICE_MAC_ADDRESS"] for d in devices] == ["AA:AA:AA:AA:AA:01"]
     assert devices[0].id == f"{good_url}-00000000-0000-0000-0000-000000000001"
+
+
+# ---- hostile device services: answers are bounded (issue 8, item 2) ----------------------------
+
+
+@attrs.define
+class FloodingService:
+    """Answers every request with an endless body: announced as 400 MB (`announce`) or chunked
+    without a length. Counts what it managed to send before the client hung up."""
+
+    announce: bool
+    sent: int = 0
+
+    async def handle(self, stream: trio.SocketStream) -> None:
+        request = b""
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            async with stream:
+                while b"\r\n\r\n" not in request:
+                    data = await stream.receive_some(65536)
+                    if not data:
+                        return
+                    request += data
+                length = f"content-length: {400 << 20}" if self.announce else (
+                    "transfer-encoding: chunked"
+                )  # fmt: skip
+                head = f"HTTP/1.1 200 OK\r\ncontent-type: application/soap+xml\r\n{length}\r\n\r\n"
+                await stream.send_all(head.encode())
+                chunk = b"<" * 65536
+                if not self.announce:
+                    chunk = b"%x\r\n%s\r\n" % (len(chunk), chunk)
+                while self.sent < 400 << 20:
+                    await stream.send_all(chunk)
+                    self.sent += len(chunk)
+
+    @asynccontextmanager
+    async def serving(self) -> AsyncIterator[str]:
+        async with trio.open_nursery() as nursery:
+            listeners = await nursery.start(
+                functools.partial(trio.serve_tcp, self.handle, 0, host="127.0.0.1")
+            )
+            port = listeners[0].socket.getsockname()[1]
+            try:
+                yield f"http://127.0.0.1:{port}/onvif/device_service"
+            finally:
+                nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("announce", [True, False])
+async def test_a_flooding_device_service_is_cut_off_at_the_limit(announce: bool) -> None:
+    service = FloodingService(announce)
+    with trio.fail_after(20):
+        async with service.serving() as url, open_device_client(1 << 20) as client:
+            with pytest.raises(AnswerTooLarge, match="limit is 1048576" if announce else "more"):
+                await client.query(url, None)
+    # Socket buffers hold a few MB at most; the client never read the 400 MB.
+    assert service.sent < 32 << 20
+
+
+async def test_a_flooding_camera_is_skipped_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    service = FloodingService(announce=False)
+    with trio.fail_after(20):
+        async with service.serving() as url, open_device_client(1 << 20) as client:
+            assert await query_camera(client, _match(url), None) is None
+    assert "answered more than 1048576 bytes" in caplog.text
+
+
+# ---- credentials go only to the camera that answered (issue 8, item 1) -------------------------
+
+PROBE_MATCH = (
+    '<?xml version="1.0" encoding="UTF-8"?>'
+    '<s:Envelope xmlns:s="http://www.w3.org/2003/05/soap-envelope"'
+    ' xmlns:a="http://schemas.xmlsoap.org/ws/2004/08/addressing"'
+    ' xmlns:d="http://schemas.xmlsoap.org/ws/2005/04/discovery">'
+    "<s:Body><d:ProbeMatches><d:ProbeMatch>"
+    "<a:EndpointReference><a:Address>urn:uuid:{uuid}</a:Address></a:EndpointReference>"
+    "<d:Types>NetworkVideoTransmitter</d:Types><d:XAddrs>{xaddrs}</d:XAddrs>"
+    "</d:ProbeMatch></d:ProbeMatches></s:Body></s:Envelope>"
+)
+
+
+async def test_credentials_go_only_to_the_address_that_answered_the_probe(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The reply comes from 127.0.0.1 but lists a device service on 127.0.0.2 first: before,
+    # the handler sent the camera's credentials there. Both addresses are loopback.
+    camera = OnvifDeviceService(credential=("admin", "s3cret"))
+    trap = OnvifDeviceService(ip="127.0.0.2", credential=("admin", "s3cret"))
+    uuid = "5f5a69c2-e0ae-504f-829b-00fcdab169cc"
+    responder = trio.socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    await responder.bind(("127.0.0.1", 0))
+
+    async def respond(xaddrs: str) -> None:
+        _, sender = await responder.recvfrom(65535)
+        await responder.sendto(PROBE_MATCH.format(uuid=uuid, xaddrs=xaddrs).encode(), sender)
+
+    with responder, trio.fail_after(20):
+        async with (
+            camera.serving() as url,
+            trap.serving("127.0.0.2") as trap_url,
+            trio.open_nursery() as nursery,
+            open_device_client() as client,
+        ):
+            nursery.start_soon(respond, f"{trap_url} http://camera.example/onvif {url}")
+            replies = ProbeReplies(new_message_id())
+            with trio.move_on_after(0.5):
+                await probe_interfaces(
+                    ["127.0.0.1"], replies, group=("127.0.0.1", responder.getsockname()[1])
+                )
+            matches = merge_matches(replies.matches)
+            assert [m.xaddrs for m in matches.values()] == [(url,)]
+            devices = await Onvif().confirm(
+                parse_details(""),
+                matches.values(),
+                {"default": Credential("admin", "s3cret")},
+                client,
+            )
+    assert [d.properties["ONVIF_DEVICE_SERVICE_URL"] for d in devices] == [url]
+    assert trap.calls == []
+    assert ("GetDeviceInformation", "admin") in camera.calls
+    assert "not using them: " + trap_url in caplog.text

@@ -20,6 +20,7 @@ from akri_trio.discovery.handlers.opcua import (
     OpcuaDetails,
     devices_for,
     endpoint_of,
+    host_allowed,
     merged,
     on_lds_host,
     parse_details,
@@ -257,3 +258,26 @@ def test_devices_carry_the_url_as_id_and_property() -> None:
         Device("opc.tcp://h:1/", {PROPERTY: "opc.tcp://h:1/"})
     ]
     assert PROPERTY == "OPCUA_DISCOVERY_URL"
+
+
+# ---- not a port scanner (issue 8, item 14) -----------------------------------------------------
+
+
+def test_listed_servers_must_be_on_an_allowed_host() -> None:
+    lds = "opc.tcp://10.0.0.5:4840/"
+    assert host_allowed("opc.tcp://10.0.0.5:50000/x", lds, ())
+    assert host_allowed("opc.tcp://LDS.example:1/", "opc.tcp://lds.EXAMPLE/", ())
+    assert not host_allowed("opc.tcp://10.0.0.6:22/", lds, ())
+    assert not host_allowed("opc.tcp://169.254.169.254:80/", lds, ())
+    assert host_allowed("opc.tcp://10.0.0.6:4840/", lds, ("10.0.0.6",))
+    assert host_allowed("opc.tcp://[fd00::6]:4840/", lds, ("fd00::6",))
+    assert host_allowed("opc.tcp://anywhere:4840/", lds, ("*",))
+    assert not host_allowed("garbage", lds, ())
+
+
+def test_allowed_hosts_in_details() -> None:
+    text = "opcuaDiscoveryMethod: {standard: {}}\nallowedHosts: [PLC-1, '[fd00::6]']"
+    assert parse_details(text).allowed_hosts == ("plc-1", "fd00::6")
+    with pytest.raises(InvalidDetails, match="allowedHosts"):
+        parse_details("opcuaDiscoveryMethod: {standard: {}}\nallowedHosts: 5")
+    assert Opcua.from_env({"OPCUA_PROBE_CONCURRENCY": "3"}).probe_concurrency == 3

@@ -5,14 +5,16 @@ through a private asyncio bridge, which must stop cleanly at the end of every te
 
 from __future__ import annotations
 
+import contextlib
 import socket
+import struct
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import pytest
@@ -20,10 +22,14 @@ import trio
 
 from akri_trio.discovery.aio_bridge import AioBridge
 from akri_trio.discovery.filters import FilterList
+from akri_trio.discovery.handlers import opcua as opcua_module
 from akri_trio.discovery.handlers.opcua import (
     PROPERTY,
+    AnswerTooLarge,
+    Application,
     Opcua,
     OpcuaDetails,
+    find_servers,
     parse_details,
 )
 from akri_trio.discovery.interface import discover_changes
@@ -238,3 +244,116 @@ def test_parse_details_of_the_upstream_example() -> None:
     assert parse_details(text) == OpcuaDetails(
         ("opc.tcp://127.0.0.1:4855/",), FilterList(("Some application name",))
     )
+
+
+async def test_a_flooding_discovery_server_is_cut_off_at_the_limit(
+    bridge: AioBridge, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Answers the Hello with an Acknowledge whose header claims 400 MB, then sends zeros:
+    # asyncua would buffer all of it (copying the buffer on every read) before a check.
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    sent = 0
+
+    async def flood(stream: trio.SocketStream) -> None:
+        nonlocal sent
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            async with stream:
+                await stream.receive_some(65536)  # the Hello
+                await stream.send_all(b"ACKF" + struct.pack("<I", 400 << 20))
+                chunk = bytes(65536)
+                while sent < 400 << 20:
+                    await stream.send_all(chunk)
+                    sent += len(chunk)
+
+    url = f"opc.tcp://127.0.0.1:{port}/"
+    handler = Opcua(bridge=bridge, request_timeout=20, max_response_bytes=1 << 20)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.serve_listeners, flood, listeners)
+        with trio.fail_after(20):
+            with pytest.raises(AnswerTooLarge, match="sent more than 1048576 bytes"):
+                await bridge.run(find_servers(url, 1 << 20))
+            assert sent < 32 << 20  # socket buffers, not the 400 MB
+            assert await handler.discover_once(details(url)) == []
+        assert "sent more than 1048576 bytes" in caplog.text
+        nursery.cancel_scope.cancel()
+
+
+def test_the_response_limit_is_a_setting() -> None:
+    assert Opcua.from_env({}).max_response_bytes == 1 << 20
+    assert Opcua.from_env({"OPCUA_MAX_RESPONSE_BYTES": "4096"}).max_response_bytes == 4096
+    with pytest.raises(ValueError, match="OPCUA_MAX_RESPONSE_BYTES"):
+        Opcua.from_env({"OPCUA_MAX_RESPONSE_BYTES": "lots"})
+
+
+T = TypeVar("T")
+
+
+class CannedBridge(AioBridge):
+    """Answers every FindServers with the same applications, so a test decides what a
+    (hostile) discovery server lists; the probes that follow are real."""
+
+    def __init__(self, apps: list[Application]) -> None:
+        super().__init__()
+        self.apps = apps
+
+    async def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        coro.close()
+        return self.apps  # type: ignore[return-value]
+
+
+async def test_servers_on_other_hosts_are_not_probed_unless_allowed() -> None:
+    # Both hosts are loopback addresses; the discovery server is on 127.0.0.1.
+    lds_listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    near_listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    far_listeners = await trio.open_tcp_listeners(0, host="127.0.0.2")
+    connected: list[str] = []
+
+    def counting(name: str) -> Callable[[trio.SocketStream], Awaitable[None]]:
+        async def handle(stream: trio.SocketStream) -> None:
+            connected.append(name)
+            await stream.aclose()
+
+        return handle
+
+    def port(listeners: list[trio.SocketListener]) -> int:
+        return int(listeners[0].socket.getsockname()[1])
+
+    lds = f"opc.tcp://127.0.0.1:{port(lds_listeners)}/"
+    near = f"opc.tcp://127.0.0.1:{port(near_listeners)}/near"
+    far = f"opc.tcp://127.0.0.2:{port(far_listeners)}/far"
+    apps = [Application(n, 0, (u,)) for n, u in [("near", near), ("far", far)]]
+    handler = Opcua(bridge=CannedBridge(apps), probe_timeout=2.0)
+    async with trio.open_nursery() as nursery:
+        for name, listeners in [("lds", lds_listeners), ("near", near_listeners),
+                                ("far", far_listeners)]:  # fmt: skip
+            nursery.start_soon(trio.serve_listeners, counting(name), listeners)
+        with trio.fail_after(10):
+            assert await handler.discover_once(details(lds)) == [near]
+            assert sorted(connected) == ["lds", "near"]  # nothing ever reached 127.0.0.2
+            widened = OpcuaDetails(discovery_urls=(lds,), allowed_hosts=("127.0.0.2",))
+            assert sorted(await handler.discover_once(widened)) == sorted([near, far])
+            assert "far" in connected
+        nursery.cancel_scope.cancel()
+
+
+async def test_probes_of_listed_servers_have_bounded_concurrency(
+    monkeypatch: pytest.MonkeyPatch, autojump_clock: Any
+) -> None:
+    lds = "opc.tcp://127.0.0.1:4840/"
+    apps = [Application(f"s{i}", 0, (f"opc.tcp://127.0.0.1:{10000 + i}/",)) for i in range(40)]
+    in_flight = peak = probed = 0
+
+    async def reachable(host: str, port: int) -> bool:
+        nonlocal in_flight, peak, probed
+        in_flight += 1
+        peak = max(peak, in_flight)
+        await trio.sleep(1)  # a slow host; the clock is mocked
+        in_flight -= 1
+        probed += 1
+        return True
+
+    monkeypatch.setattr(opcua_module, "tcp_reachable", reachable)
+    handler = Opcua(bridge=CannedBridge(apps), probe_concurrency=8)
+    assert len(await handler.discover_once(details(lds))) == 40
+    assert probed == 41 and peak == 8  # the discovery server, then 40 servers 8 at a time

@@ -3,9 +3,10 @@ against the C library's own fnmatch(3), and matching over hand-made device trees
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
-import re
+import time
 
 import pytest
 from hypothesis import assume, given, settings
@@ -21,6 +22,7 @@ from akri_trio.discovery.handlers.udev_rules import (
     parse_rule,
     rule_matches,
 )
+from akri_trio.discovery.linear_regex import Regex
 
 # ---- parsing ------------------------------------------------------------------------------------
 
@@ -158,7 +160,7 @@ def libc_fnmatch(pattern: str, text: str) -> bool:
 
 
 def glob_matches(pattern: str, text: str) -> bool:
-    return re.fullmatch(glob_to_regex(pattern), text, re.DOTALL) is not None
+    return Regex(glob_to_regex(pattern), dot_matches_newline=True).fullmatch(text)
 
 
 GLOB_ALPHABET = "ab0/-*?[]!^\\."
@@ -396,3 +398,58 @@ def test_different_fields_are_anded(
     rules = [parsed(f'{f}{op}"{v}"') for f, op, v in tokens]
     combined = UdevRule("", tuple(r.filters[0] for r in rules))
     assert rule_matches(combined, device) == all(rule_matches(r, device) for r in rules)
+
+
+# ---- hostile rules and device data: linear time, bounded size ------------------------------------
+
+
+def elapsed(action: object) -> float:
+    assert callable(action)
+    start = time.perf_counter()
+    action()
+    return time.perf_counter() - start
+
+
+@pytest.mark.parametrize("regex", ["(a+)+b", "(a|aa)*b", "(a*)*b", "(.*a){20}b"])
+def test_catastrophic_regexes_return_at_once(regex: str) -> None:
+    # Python's backtracking `re` needs minutes for these on 30 characters; RE2 is linear.
+    rule = parse_rule(f'KERNELS=="{regex}"')
+    for length in (30, 100_000):
+        device = DeviceSnapshot("/devices/x", "a" * length)
+        assert elapsed(lambda: rule_matches(rule, device)) < 0.5  # noqa: B023
+        assert not rule_matches(rule, device)
+    assert rule_matches(rule, DeviceSnapshot("/devices/x", "a" * 30 + "b"))
+
+
+def test_globs_full_of_stars_match_in_linear_time() -> None:
+    rule = parse_rule('KERNEL=="' + "*a" * 1000 + 'b"', max_length=10_000)
+    device = DeviceSnapshot("/devices/x", "a" * 50_000)
+    assert elapsed(lambda: rule_matches(rule, device)) < 0.5
+    assert not rule_matches(rule, device)
+
+
+@pytest.mark.parametrize("piece", ["[[:", "[[:alpha", "[!", "[a-", "\\a", "*?"])
+def test_the_glob_translator_is_linear(piece: str) -> None:
+    pattern = piece * (160_000 // len(piece))  # a 160 KB glob took 11 s with `[[:`
+
+    def translate() -> None:
+        with contextlib.suppress(GlobError):
+            glob_to_regex(pattern)
+
+    assert elapsed(translate) < 0.5
+
+
+def test_rules_longer_than_the_limit_are_refused() -> None:
+    value = "a" * 5000
+    with pytest.raises(RuleError, match="is 5010 characters long; the limit is 4096"):
+        parse_rule(f'KERNEL=="{value}"')
+    assert parse_rule(f'KERNEL=="{value}"', max_length=6000).filters[0].value == value
+    with pytest.raises(RuleError) as info:
+        parse_rule(f'KERNEL=="{value}" junk', max_length=6000)
+    assert len(str(info.value)) < 300  # errors quote a bounded excerpt
+
+
+@pytest.mark.parametrize("regex", ["(a)\\1", "(?=a)", "(?<!a)b"])
+def test_what_re2_cannot_do_in_linear_time_is_refused_at_parse_time(regex: str) -> None:
+    with pytest.raises(RuleError, match="not a valid regular expression"):
+        parse_rule(f'DRIVERS=="{regex}"')

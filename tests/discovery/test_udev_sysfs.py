@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import json
 import math
 import os
 import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -357,3 +360,39 @@ def test_example_configurations_parse_and_the_demo_finds_dev_null() -> None:
     sample = yaml.safe_load(camera.split("\nA demo")[0])
     details_ = parse_details(sample["spec"]["discoveryHandler"]["discoveryDetails"])
     assert (len(details_.rules), details_.group_recursive) == (2, True)
+
+
+# ---- hostile device data (issue 8, item 13) -----------------------------------------------------
+
+_SCAN_NET = """
+import json, logging, sys
+logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+from akri_trio.discovery.handlers.udev import parse_details, scan
+print(json.dumps([d.id for d in scan(parse_details('udevRules: [SUBSYSTEM=="net"]'))]))
+"""
+
+
+def test_a_device_with_a_non_utf8_name_is_skipped_not_the_scan() -> None:
+    # A network namespace of our own, with a veth pair named b"akri\xffbad" / "akgood": any
+    # bytes but '/', ':' and whitespace make a valid netdev name. `ip netns exec` mounts the
+    # namespace's own sysfs, so the scan sees exactly these (and lo), and no traffic flows.
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("needs root and iproute2 to create a network namespace")
+    ns = f"akudev{os.getpid() % 100000}"
+    subprocess.run(["ip", "netns", "add", ns], check=True, capture_output=True)
+    try:
+        subprocess.run(
+            [b"ip", b"-n", ns.encode(), b"link", b"add", b"name", b"akri\xffbad", b"type",
+             b"veth", b"peer", b"name", b"akgood"],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        done = subprocess.run(
+            ["ip", "netns", "exec", ns, sys.executable, "-c", _SCAN_NET],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == ["/devices/virtual/net/akgood", "/devices/virtual/net/lo"]
+    assert "skipping a device whose data is not UTF-8" in done.stderr
+    assert "akri\\xffbad" in done.stderr

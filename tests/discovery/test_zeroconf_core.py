@@ -24,6 +24,7 @@ from akri_trio.discovery.handlers.zeroconf_handler import (
     properties_of,
 )
 from akri_trio.discovery.interface import InvalidDetails
+from akri_trio.discovery.linear_regex import Regex
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "k8s" / "examples"
 
@@ -61,7 +62,7 @@ def test_all_filters() -> None:
         "kind: _http._tcp\nname: 'dev-[0-9]+'\nhost: '10\\.0\\..*'\nport: 8080\n"
         "txtRecords: {Model: X1, secure: true, n: 3, any: null}"
     )
-    assert details.name is not None and details.name.pattern == "dev-[0-9]+"
+    assert details.name is not None and details.name.source == "dev-[0-9]+"
     assert details.port == 8080
     assert details.txt_records == (("any", None), ("model", "X1"), ("n", "3"), ("secure", "true"))
 
@@ -103,10 +104,10 @@ def test_filters() -> None:
     assert not matches(ZeroconfDetails(kinds=("_ipp._tcp",)), s)
     assert matches(ZeroconfDetails(kinds=("_HTTP._tcp",)), s)  # DNS names ignore case
     for pattern, ok in [("dev-[0-9]", True), ("dev", False), ("DEV-1", False), (".*", True)]:
-        assert matches(attrs_evolve(base, name=re.compile(pattern)), s) is ok, pattern
-    assert matches(attrs_evolve(base, host=re.compile(r"dev\.local")), s)
-    assert matches(attrs_evolve(base, host=re.compile(r"10\.0\.0\.1")), s)  # or an address
-    assert not matches(attrs_evolve(base, host=re.compile("dev")), s)
+        assert matches(attrs_evolve(base, name=Regex(pattern)), s) is ok, pattern
+    assert matches(attrs_evolve(base, host=Regex(r"dev\.local")), s)
+    assert matches(attrs_evolve(base, host=Regex(r"10\.0\.0\.1")), s)  # or an address
+    assert not matches(attrs_evolve(base, host=Regex("dev")), s)
     assert matches(attrs_evolve(base, port=8080), s)
     assert not matches(attrs_evolve(base, port=80), s)
     assert matches(attrs_evolve(base, txt_records=(("model", "X1"),)), s)  # first wins
@@ -124,7 +125,7 @@ def attrs_evolve(details: ZeroconfDetails, **changes: Any) -> ZeroconfDetails:
 
 @given(st.text(alphabet="abc-.", max_size=8), st.text(alphabet="abc-.", max_size=8))
 def test_name_filter_is_a_full_regex_match(instance: str, pattern: str) -> None:
-    details = ZeroconfDetails(kinds=("_http._tcp",), name=re.compile(re.escape(pattern)))
+    details = ZeroconfDetails(kinds=("_http._tcp",), name=Regex(re.escape(pattern)))
     assert matches(details, svc(instance)) is (instance == pattern)
 
 
@@ -187,3 +188,23 @@ def test_k8s_examples_parse(example: str) -> None:
     handler = doc["spec"]["discoveryHandler"]
     parse = {"zeroconf": parse_details, "opcua": opcua.parse_details}[handler["name"]]
     parse(handler["discoveryDetails"])
+
+
+@pytest.mark.parametrize("field", ["name", "host"])
+@pytest.mark.parametrize("regex", ["(a+)+b", "(a|aa)*b"])
+def test_catastrophic_name_and_host_filters_return_at_once(field: str, regex: str) -> None:
+    import time
+
+    details = parse_details(f"kind: _http._tcp\n{field}: '{regex}'")
+    hostile = "a" * 40  # Python's `re` backtracks for hours here
+    service = Service(
+        f"{hostile}._http._tcp.local.", "_http._tcp", hostile, hostile, ("10.0.0.1",), 80
+    )
+    start = time.perf_counter()
+    assert not matches(details, service)
+    assert time.perf_counter() - start < 0.5
+
+
+def test_lookaround_is_refused_as_re2_cannot_do_it_in_linear_time() -> None:
+    with pytest.raises(InvalidDetails, match="name: is not a valid regular expression"):
+        parse_details("kind: _http._tcp\nname: '(?=a)a'")

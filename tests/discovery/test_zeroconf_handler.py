@@ -5,18 +5,23 @@ interface only (127.0.0.1: multicast never leaves this machine), and the handler
 
 from __future__ import annotations
 
+import contextlib
+import math
 import secrets
 import socket
 import threading
+from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
 
+import pytest
 import trio
 from trio.testing import MockClock
 from zeroconf import IPVersion, ServiceInfo
 from zeroconf import Zeroconf as ZeroconfLib
 
+from akri_trio.discovery.handlers import zeroconf_handler as zh
 from akri_trio.discovery.handlers.zeroconf_handler import (
     ADDRESSES,
     CLOSE_BOUND_S,
@@ -278,3 +283,103 @@ async def test_a_stuck_close_is_left_behind_at_the_bound(autojump_clock: MockClo
         await _close_in_thread(release.wait, "a stuck close")
     assert trio.current_time() == CLOSE_BOUND_S
     release.set()
+
+
+# ---- floods of names that never resolve (issue 8, item 7) ---------------------------------------
+
+
+class NeverResolves:
+    """Stands in for python-zeroconf's blocking `get_service_info` of a name whose SRV never
+    comes: each call holds its worker thread for the timeout (or until `release`)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.calls: Counter[str] = Counter()
+        self.running = 0
+        self.peak = 0
+        self.release = threading.Event()
+        self._token = trio.lowlevel.current_trio_token()
+        self._changed = trio.Event()
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def until_running(self, count: int) -> None:
+        while self.running < count:
+            await self._changed.wait()
+
+    def get_service_info(self, service_type: str, name: str, timeout: int) -> None:
+        with self.lock:
+            self.calls[name] += 1
+            self.running += 1
+            self.peak = max(self.peak, self.running)
+        with contextlib.suppress(trio.RunFinishedError):
+            self._token.run_sync_soon(self._wake)
+        self.release.wait(timeout / 1000)
+        with self.lock:
+            self.running -= 1
+
+
+@asynccontextmanager
+async def tracking(
+    handler: Zeroconf, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[NeverResolves, trio.MemorySendChannel[tuple[str, str, str]]]]:
+    monkeypatch.setattr(zh, "_cached_info", lambda *_: None)  # nothing in any cache
+    zc = NeverResolves()
+    events_in, events = trio.open_memory_channel[tuple[str, str, str]](math.inf)
+
+    async def send(devices: list[Device]) -> None:
+        pass
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(
+                handler._track, zc, parse_details(f"kind: {SHORT_KIND}"), events, send
+            )
+            yield zc, events_in
+            nursery.cancel_scope.cancel()
+    finally:
+        zc.release.set()  # let the abandoned worker threads finish
+
+
+async def test_a_flood_of_unresolvable_names_does_not_starve_other_threads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    handler = Zeroconf(resolve_timeout=5.0)
+    async with tracking(handler, monkeypatch) as (zc, events_in):
+        for i in range(200):
+            events_in.send_nowait((KIND_TYPE, f"ghost-{i}.{KIND_TYPE}", "added"))
+        await zc.until_running(handler.resolve_threads)
+        # Everyone else's threads (trio's default limiter) are untouched by the flood.
+        with trio.fail_after(1):
+            await trio.to_thread.run_sync(lambda: None)
+        assert zc.peak == handler.resolve_threads == 4
+
+
+async def test_a_name_being_resolved_is_not_resolved_twice(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    handler = Zeroconf(resolve_timeout=5.0)
+    async with tracking(handler, monkeypatch) as (zc, events_in):
+        name = f"busy.{KIND_TYPE}"
+        events_in.send_nowait((KIND_TYPE, name, "added"))
+        await zc.until_running(1)
+        for _ in range(20):
+            events_in.send_nowait((KIND_TYPE, name, "updated"))
+        await trio.sleep(0.2)
+        assert zc.calls[name] == 1 and zc.peak == 1
+
+
+async def test_tracked_services_are_capped(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    handler = Zeroconf(resolve_timeout=5.0, max_services=3, resolve_threads=10)
+    async with tracking(handler, monkeypatch) as (zc, events_in):
+        for i in range(10):
+            events_in.send_nowait((KIND_TYPE, f"n{i}.{KIND_TYPE}", "added"))
+        await zc.until_running(3)
+        await trio.sleep(0.2)
+        assert sorted(zc.calls) == [f"n{i}.{KIND_TYPE}" for i in range(3)]
+    assert caplog.text.count("tracking 3 services already") == 1
+    assert Zeroconf.from_env({"ZEROCONF_MAX_SERVICES": "7"}).max_services == 7

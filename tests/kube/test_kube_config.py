@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import ssl
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -336,3 +337,79 @@ async def test_http_client_is_bound_to_the_server() -> None:
         assert str(client.base_url) == "https://k.example:6443"
         assert client.timeout.read == 30.0
         assert client.headers["Accept"] == "application/json"
+
+
+# ---- insecure-skip-tls-verify is a real boolean (issue 8, item 3) ---------------------------
+
+
+@pytest.mark.parametrize("value", ["false", "true", "no", 0, 1, [], {"a": 1}])
+def test_skip_verify_must_be_a_boolean(value: Any) -> None:
+    doc = two_contexts()
+    doc["clusters"][0]["cluster"] = {"server": "https://a", "insecure-skip-tls-verify": value}
+    with pytest.raises(ConfigError, match="insecure-skip-tls-verify must be true or false"):
+        parse_kubeconfig(doc, base_dir=Path("/"))
+
+
+@pytest.mark.parametrize("value", [True, False, None])
+def test_skip_verify_booleans_and_null_are_fine(value: Any) -> None:
+    doc = two_contexts()
+    doc["clusters"][0]["cluster"] = {"server": "https://a", "insecure-skip-tls-verify": value}
+    assert parse_kubeconfig(doc, base_dir=Path("/")).insecure_skip_tls_verify is bool(value)
+
+
+@pytest.mark.parametrize("ca", ["certificate-authority", "certificate-authority-data"])
+def test_a_ca_together_with_skip_verify_is_refused(ca: str) -> None:
+    doc = two_contexts()
+    doc["clusters"][0]["cluster"] = {
+        "server": "https://a",
+        ca: base64.b64encode(b"CA").decode(),
+        "insecure-skip-tls-verify": True,
+    }
+    with pytest.raises(ConfigError, match="must not both be set"):
+        parse_kubeconfig(doc, base_dir=Path("/"))
+
+
+def test_a_bad_skip_verify_in_an_unused_cluster_fails_the_load(tmp_path: Path) -> None:
+    # kubectl decodes the whole file, so a mistyped cluster fails it whatever the context.
+    doc = two_contexts()
+    doc["clusters"][1]["cluster"]["insecure-skip-tls-verify"] = "false"
+    path = write(tmp_path / "kc", doc)
+    (tmp_path / "ca.crt").write_bytes(b"CA PEM")
+    with pytest.raises(ConfigError, match=f"{path}: .*cluster 'b'.*got 'false'"):
+        load_kubeconfig([path])
+
+
+def test_a_missing_ca_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"certificate-authority .*ca\.crt"):
+        load_kubeconfig([write(tmp_path / "kc", two_contexts())])
+
+
+@pytest.mark.parametrize(
+    ("cluster", "expected"),
+    [
+        ({"insecure-skip-tls-verify": "false"}, "insecure-skip-tls-verify must be true or false"),
+        (
+            {"insecure-skip-tls-verify": True, "certificate-authority-data": "Q0E="},
+            "must not both be set",
+        ),
+    ],
+)
+def test_the_agent_command_exits_with_one_line(
+    tmp_path: Path, cluster: dict[str, Any], expected: str
+) -> None:
+    doc = kubeconfig(
+        clusters={"c": {"server": "https://127.0.0.1:1", **cluster}},
+        users={"u": {"token": "t"}},
+        contexts={"x": {"cluster": "c", "user": "u"}},
+        current="x",
+    )
+    path = write(tmp_path / "kc", doc)
+    done = subprocess.run(
+        [sys.executable, "-m", "akri_trio", "agent", "--node-name", "n", "--kubeconfig",
+         str(path), "--metrics-port", "-1", "--discovery-handlers-directory", str(tmp_path)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("akri-trio agent: error: ") and expected in lines[0]

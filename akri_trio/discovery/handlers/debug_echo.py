@@ -16,7 +16,15 @@ from typing import Final
 import attrs
 import trio
 
-from akri_trio.discovery.interface import Properties, Send, load_mapping, required_str_list
+from akri_trio.discovery.interface import (
+    MAX_DETAILS_BYTES,
+    Properties,
+    Send,
+    details_parser,
+    load_mapping,
+    max_details_bytes,
+    required_str_list,
+)
 from akri_trio.model.device import Device
 
 NAME: Final = "debugEcho"
@@ -33,9 +41,11 @@ class DebugEchoDetails:
     descriptions: tuple[str, ...]
 
 
-def parse_details(text: str) -> DebugEchoDetails:
+@details_parser
+def parse_details(text: str, *, max_bytes: int = MAX_DETAILS_BYTES) -> DebugEchoDetails:
     """`descriptions: [..]` (required, strings). Other keys are ignored, as upstream's serde."""
-    return DebugEchoDetails(required_str_list(load_mapping(text), "descriptions"))
+    doc = load_mapping(text, max_bytes=max_bytes)
+    return DebugEchoDetails(required_str_list(doc, "descriptions"))
 
 
 def devices_for(details: DebugEchoDetails, availability: str | None) -> list[Device]:
@@ -77,16 +87,21 @@ class DebugEcho:
     shared: bool = False
     availability_path: Path = DEFAULT_AVAILABILITY_PATH
     poll_interval: float = 0.2  # a stat of a tiny local file: ~0 % CPU, 100 ms mean latency
+    max_details_bytes: int = MAX_DETAILS_BYTES
     name: str = NAME
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> DebugEcho:
         env = os.environ if env is None else env
         path = env.get(AVAILABILITY_ENV) or DEFAULT_AVAILABILITY_PATH
-        return cls(shared=shared_from_env(env), availability_path=Path(path))
+        return cls(
+            shared=shared_from_env(env),
+            availability_path=Path(path),
+            max_details_bytes=max_details_bytes(env),
+        )
 
     def parse_details(self, text: str) -> DebugEchoDetails:
-        return parse_details(text)
+        return parse_details(text, max_bytes=self.max_details_bytes)
 
     async def discover(self, details: DebugEchoDetails, properties: Properties, send: Send) -> None:
         last: FileSignature | object = object()  # never equal: the first round always sends

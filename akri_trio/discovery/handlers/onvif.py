@@ -25,6 +25,8 @@ import trio
 
 from akri_trio.discovery.filters import FilterList, parse_filter_list, passes
 from akri_trio.discovery.handlers.onvif_device import (
+    MAX_RESPONSE_BYTES,
+    AnswerTooLarge,
     AuthenticationFailed,
     Credential,
     DeviceClient,
@@ -34,8 +36,10 @@ from akri_trio.discovery.handlers.onvif_device import (
     resolve_credentials,
 )
 from akri_trio.discovery.handlers.onvif_probe import (
+    CONTAINER_INTERFACES,
     ProbeMatch,
     ProbeReplies,
+    choose_interfaces,
     local_interfaces,
     merge_matches,
     multicast_addresses,
@@ -44,11 +48,15 @@ from akri_trio.discovery.handlers.onvif_probe import (
     probe_interfaces,
 )
 from akri_trio.discovery.interface import (
+    MAX_DETAILS_BYTES,
     InvalidDetails,
     Properties,
     Send,
     describe_kind,
+    details_parser,
     load_mapping,
+    max_details_bytes,
+    positive_int_setting,
 )
 from akri_trio.model.device import Device
 
@@ -62,8 +70,14 @@ MAC_ADDRESS: Final = "ONVIF_DEVICE_MAC_ADDRESS"
 # Ours, not upstream's (which hard-codes 10 s).
 POLL_INTERVAL_ENV: Final = "ONVIF_POLL_INTERVAL_SECONDS"
 DEVICE_TIMEOUT_ENV: Final = "ONVIF_DEVICE_TIMEOUT_SECONDS"
+MAX_RESPONSE_BYTES_ENV: Final = "ONVIF_MAX_RESPONSE_BYTES"
+# Comma-separated interface-name globs: probe only from these / never from these.
+INTERFACES_ENV: Final = "ONVIF_INTERFACES"
+EXCLUDE_INTERFACES_ENV: Final = "ONVIF_EXCLUDE_INTERFACES"
 DEFAULT_POLL_INTERVAL: Final = 10.0
 DEFAULT_DEVICE_TIMEOUT: Final = 5.0
+# A probe window longer than this stalls every round; upstream's examples use 1-10 s.
+MAX_DISCOVERY_TIMEOUT_S: Final = 300
 
 
 @attrs.frozen
@@ -78,15 +92,19 @@ class OnvifDetails:
 # ---- details (pure) -----------------------------------------------------------------------------
 
 
-def parse_details(text: str) -> OnvifDetails:
+@details_parser
+def parse_details(text: str, *, max_bytes: int = MAX_DETAILS_BYTES) -> OnvifDetails:
     """Upstream's OnvifDiscoveryDetails (camelCase keys; unknown keys ignored, as serde)."""
-    doc = load_mapping(text)
+    doc = load_mapping(text, max_bytes=max_bytes)
     timeout = doc.get("discoveryTimeoutSeconds", 1)
     if isinstance(timeout, bool) or not isinstance(timeout, int):
         problem = f"must be an integer, got {describe_kind(timeout)}"
         raise InvalidDetails("discoveryTimeoutSeconds", problem)
-    if timeout <= 0:
-        raise InvalidDetails("discoveryTimeoutSeconds", f"must be positive, got {timeout}")
+    if not 0 < timeout <= MAX_DISCOVERY_TIMEOUT_S:
+        raise InvalidDetails(
+            "discoveryTimeoutSeconds",
+            f"must be between 1 and {MAX_DISCOVERY_TIMEOUT_S}, got {str(timeout)[:20]}",
+        )
     return OnvifDetails(
         ip_addresses=parse_filter_list(doc, "ipAddresses"),
         mac_addresses=parse_filter_list(doc, "macAddresses"),
@@ -149,7 +167,7 @@ def to_device(match: ProbeMatch, facts: DeviceFacts) -> Device:
 # ---- the handler --------------------------------------------------------------------------------
 
 
-def _seconds(env: Mapping[str, str], key: str, default: float) -> float:
+def _positive(env: Mapping[str, str], key: str, default: float) -> float:
     raw = env.get(key, "").strip()
     if not raw:
         return default
@@ -170,7 +188,7 @@ async def query_camera(
     for url in match.xaddrs:
         try:
             return await client.query(url, credential)
-        except AuthenticationFailed as exc:
+        except (AuthenticationFailed, AnswerTooLarge) as exc:
             log.warning("onvif: skipping camera %s: %s", match.uuid, exc)
             return None
         except Exception as exc:
@@ -178,32 +196,56 @@ async def query_camera(
     return None
 
 
+def _globs(raw: str) -> tuple[str, ...]:
+    return tuple(g.strip() for g in raw.split(",") if g.strip())
+
+
 @attrs.define
 class Onvif:
     """The handler. `interfaces` lists the local IPv4 addresses to probe from (default: every
-    up, running, multicast-capable interface at the start of each round)."""
+    up, running, multicast-capable interface at the start of each round, chosen by name with
+    `include_interfaces` / `exclude_interfaces`, see `choose_interfaces`)."""
 
     poll_interval: float = DEFAULT_POLL_INTERVAL
     device_timeout: float = DEFAULT_DEVICE_TIMEOUT
-    interfaces: Callable[[], Sequence[str]] = lambda: multicast_addresses(local_interfaces())
+    include_interfaces: tuple[str, ...] = ()
+    exclude_interfaces: tuple[str, ...] = CONTAINER_INTERFACES
+    interfaces: Callable[[], Sequence[str]] | None = None
+    max_details_bytes: int = MAX_DETAILS_BYTES
+    max_response_bytes: int = MAX_RESPONSE_BYTES
     name: str = NAME
     shared: bool = True
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Onvif:
         env = os.environ if env is None else env
+        exclude = env.get(EXCLUDE_INTERFACES_ENV)
         return cls(
-            poll_interval=_seconds(env, POLL_INTERVAL_ENV, DEFAULT_POLL_INTERVAL),
-            device_timeout=_seconds(env, DEVICE_TIMEOUT_ENV, DEFAULT_DEVICE_TIMEOUT),
+            include_interfaces=_globs(env.get(INTERFACES_ENV, "")),
+            exclude_interfaces=CONTAINER_INTERFACES if exclude is None else _globs(exclude),
+            poll_interval=_positive(env, POLL_INTERVAL_ENV, DEFAULT_POLL_INTERVAL),
+            device_timeout=_positive(env, DEVICE_TIMEOUT_ENV, DEFAULT_DEVICE_TIMEOUT),
+            max_details_bytes=max_details_bytes(env),
+            max_response_bytes=positive_int_setting(
+                env, MAX_RESPONSE_BYTES_ENV, MAX_RESPONSE_BYTES
+            ),
         )
 
     def parse_details(self, text: str) -> OnvifDetails:
-        return parse_details(text)
+        return parse_details(text, max_bytes=self.max_details_bytes)
 
     async def probe(self, details: OnvifDetails) -> dict[str, ProbeMatch]:
         """One WS-Discovery round: the deduplicated matches heard within the window."""
         replies = ProbeReplies(new_message_id())
-        addresses = self.interfaces()  # getifaddrs: microseconds, no thread hop needed
+        if self.interfaces is not None:
+            addresses = list(self.interfaces())
+        else:  # getifaddrs: microseconds, no thread hop needed
+            chosen = choose_interfaces(
+                local_interfaces(),
+                include=self.include_interfaces,
+                exclude=self.exclude_interfaces,
+            )
+            addresses = multicast_addresses(chosen)
         with trio.move_on_after(details.discovery_timeout_seconds):
             await probe_interfaces(addresses, replies)
         return merge_matches(replies.matches)
@@ -237,7 +279,7 @@ class Onvif:
 
     async def discover(self, details: OnvifDetails, properties: Properties, send: Send) -> None:
         credentials = resolve_credentials(properties)
-        async with open_device_client() as client:
+        async with open_device_client(self.max_response_bytes) as client:
             while True:
                 matches = await self.probe(details)
                 await send(await self.confirm(details, matches.values(), credentials, client))

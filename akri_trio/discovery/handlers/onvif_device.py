@@ -15,6 +15,10 @@ Credentials come from discoveryProperties in upstream's four formats (`resolve_c
 pure). The UsernameToken's Created time is shifted by the camera's own clock (from
 GetSystemDateAndTime): cameras reject tokens outside a few seconds of *their* time, a common
 cause of "auth timeouts" such as upstream #659.
+
+Anything on the LAN can answer a probe, so an answer is read through `BoundedTransport`: at
+most `max_response_bytes` (default 1 MiB) per HTTP response, refused up front when its
+Content-Length says more and cut off when the body runs past it, never buffered whole.
 """
 
 from __future__ import annotations
@@ -50,6 +54,8 @@ PASSWORD_PREFIX: Final = "password_"
 DEFAULT_USERNAME: Final = "username_default"
 DEFAULT_PASSWORD: Final = "password_default"
 DEFAULT_ID: Final = "default"
+# A device service's answers are a few kB; a camera's whole configuration is well under this.
+MAX_RESPONSE_BYTES: Final = 1 << 20
 
 # ---- credentials (pure) -------------------------------------------------------------------------
 
@@ -177,6 +183,10 @@ class DeviceFacts:
 
 class AuthenticationFailed(Exception):
     """The camera rejected our credentials (or demands some we do not have)."""
+
+
+class AnswerTooLarge(Exception):
+    """A device answered with more bytes than we read from one response."""
 
 
 def clock_offset(device_utc: dt.datetime | None, local_utc: dt.datetime) -> dt.timedelta:
@@ -357,6 +367,8 @@ class DeviceClient:
         try:
             await service.GetDeviceInformation()
             interfaces = network_interfaces(await service.GetNetworkInterfaces())
+        except AnswerTooLarge:
+            raise  # not a camera we can talk to safely: skip it, do not half-report it
         except Exception as exc:
             if not is_authentication_failure(exc):
                 log.info("onvif: %s answered, but not its network interfaces: %r", url, exc)
@@ -378,10 +390,55 @@ class _NoWsdlClient:
         pass
 
 
+class _BoundedBody(httpx.AsyncByteStream):
+    """A response body that raises AnswerTooLarge once more than `limit` bytes came in."""
+
+    def __init__(self, body: httpx.AsyncByteStream, limit: int, url: str) -> None:
+        self._body = body
+        self._limit = limit
+        self._url = url
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        received = 0
+        async for chunk in self._body:
+            received += len(chunk)
+            if received > self._limit:
+                raise AnswerTooLarge(f"{self._url} answered more than {self._limit} bytes")
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._body.aclose()
+
+
+class BoundedTransport(httpx.AsyncBaseTransport):
+    """httpx's transport, with every response body limited to `limit` bytes."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport, limit: int) -> None:
+        self._inner = inner
+        self.limit = limit
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self._inner.handle_async_request(request)
+        url = str(request.url)
+        length = response.headers.get("content-length", "")
+        if length.isdigit() and int(length) > self.limit:
+            await response.aclose()
+            raise AnswerTooLarge(f"{url} announced {length} bytes; the limit is {self.limit}")
+        assert isinstance(response.stream, httpx.AsyncByteStream)
+        response.stream = _BoundedBody(response.stream, self.limit, url)
+        return response
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
 @asynccontextmanager
-async def open_device_client() -> AsyncIterator[DeviceClient]:
+async def open_device_client(
+    max_response_bytes: int = MAX_RESPONSE_BYTES,
+) -> AsyncIterator[DeviceClient]:
     document = await device_document()
+    transport = BoundedTransport(httpx.AsyncHTTPTransport(trust_env=False), max_response_bytes)
     # trust_env=False: cameras are on the local network; a cluster-wide HTTP(S)_PROXY must not
     # capture LAN camera traffic. Timeouts are the caller's (trio cancel scopes).
-    async with httpx.AsyncClient(timeout=None, trust_env=False) as http:
+    async with httpx.AsyncClient(timeout=None, trust_env=False, transport=transport) as http:
         yield DeviceClient(http, document)

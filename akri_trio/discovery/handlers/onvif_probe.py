@@ -9,14 +9,23 @@ built with a declared prefix, replies are parsed by namespace (not prefix: real 
 `wsdd:`, `dn:`, default namespaces ...), and one socket per IPv4 interface address sends the
 Probe with IP_MULTICAST_IF set to that address.
 
-Pure: `probe_message`, `parse_probe_matches`, `multicast_addresses`, `merge_matches`,
-`normalize_uuid`. I/O: `local_interfaces` (getifaddrs) and `probe_interfaces` (trio sockets).
+Anyone on the LAN can answer a Probe, and whatever XAddrs a reply lists is where the handler
+then sends the camera's credentials. So a reply only vouches for its own address: XAddrs on
+any other host are dropped (and logged) as it arrives (`from_source`), and a host name,
+which we cannot tie to the sender, counts as another host. Probes leave only from the node's
+own interfaces: container bridges and veths (docker0, cni0, veth*, ...) are skipped unless
+named in an include list (`choose_interfaces`), since a pod network is not a camera LAN.
+
+Pure: `probe_message`, `parse_probe_matches`, `from_source`, `choose_interfaces`,
+`multicast_addresses`, `merge_matches`, `normalize_uuid`. I/O: `local_interfaces`
+(getifaddrs) and `probe_interfaces` (trio sockets).
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import fnmatch
 import ipaddress
 import logging
 import os
@@ -24,6 +33,7 @@ import socket
 import uuid as uuid_module
 from collections.abc import Iterable, Sequence
 from typing import Final
+from urllib.parse import urlsplit
 
 import attrs
 import trio
@@ -171,6 +181,31 @@ def _probe_match(entry: etree._Element) -> ProbeMatch | None:
     )
 
 
+def _on_host(url: str, source: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    try:
+        host = urlsplit(url).hostname
+        return host is not None and ipaddress.ip_address(host) == source
+    except ValueError:  # a host name, or no URL at all
+        return False
+
+
+def from_source(matches: Iterable[ProbeMatch], source: str) -> tuple[list[ProbeMatch], list[str]]:
+    """The matches of a reply from `source` (an IP address) with only the XAddrs on that
+    address, and the XAddrs dropped. A match left without XAddrs is dropped too."""
+    try:
+        address = ipaddress.ip_address(source)
+    except ValueError:
+        return [], [x for m in matches for x in m.xaddrs]
+    kept: list[ProbeMatch] = []
+    dropped: list[str] = []
+    for match in matches:
+        own = tuple(x for x in match.xaddrs if _on_host(x, address))
+        dropped.extend(x for x in match.xaddrs if x not in own)
+        if own:
+            kept.append(attrs.evolve(match, xaddrs=own))
+    return kept, dropped
+
+
 def merge_matches(matches: Iterable[ProbeMatch]) -> dict[str, ProbeMatch]:
     """Dedupe by uuid. A camera that answers on two interfaces (or repeats its reply, as
     WS-Discovery recommends) is one device: the first reply wins, later XAddrs are appended."""
@@ -192,6 +227,24 @@ IFF_UP: Final = 0x1
 IFF_LOOPBACK: Final = 0x8
 IFF_RUNNING: Final = 0x40
 IFF_MULTICAST: Final = 0x1000
+# Container and VM plumbing (Docker, CNI plugins, libvirt, LXC, Podman, tunnels): never a
+# camera LAN. Globs on the interface name.
+CONTAINER_INTERFACES: Final = (
+    "docker*",
+    "br-*",
+    "veth*",
+    "cni*",
+    "flannel*",
+    "cali*",
+    "vxlan*",
+    "weave*",
+    "kube-*",
+    "cilium*",
+    "lxc*",
+    "virbr*",
+    "podman*",
+    "tunl*",
+)
 
 
 @attrs.frozen
@@ -199,6 +252,24 @@ class Interface:
     name: str
     flags: int
     address: str  # IPv4, dotted quad
+
+
+def choose_interfaces(
+    interfaces: Iterable[Interface],
+    *,
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = CONTAINER_INTERFACES,
+) -> list[Interface]:
+    """The interfaces to probe from, by name: those matching an `include` glob when any is
+    given (exclusions then do not apply: naming an interface is asking for it), otherwise all
+    but those matching an `exclude` glob."""
+
+    def named(iface: Interface, globs: Sequence[str]) -> bool:
+        return any(fnmatch.fnmatchcase(iface.name, g) for g in globs)
+
+    if include:
+        return [i for i in interfaces if named(i, include)]
+    return [i for i in interfaces if not named(i, exclude)]
 
 
 def multicast_addresses(interfaces: Iterable[Interface]) -> list[str]:
@@ -333,7 +404,13 @@ async def _receive(local_address: str, sock: trio.socket.SocketType, replies: Pr
         except OSError as exc:  # the interface went away mid-window: stop listening on it
             log.warning("onvif: receiving on %s failed: %s", local_address, exc)
             return
-        matches = parse_probe_matches(data)
+        matches, dropped = from_source(parse_probe_matches(data), str(sender[0]))
+        if dropped:
+            log.warning(
+                "onvif: %s answered with XAddrs on other hosts; not using them: %s",
+                sender[0],
+                " ".join(dropped[:4]),
+            )
         if matches:
             replies.matches.extend(matches)
             replies.senders.append((str(sender[0]), local_address))

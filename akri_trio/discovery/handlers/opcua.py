@@ -8,6 +8,7 @@ Upstream's handler, with its Configuration format unchanged:
     applicationNames:                                  # optional FilterList
       items: ["SomeServer"]
       action: Include                                  # or Exclude; default Include
+    allowedHosts: ["10.0.0.7"]                         # optional, ours; "*" = any host
 
 Every `poll_interval` seconds (upstream: 10 s; env `OPCUA_DISCOVERY_INTERVAL_SECS`), for each
 discovery URL (a server's own, or a Local Discovery Server's): a short TCP probe (upstream: 3 s,
@@ -34,6 +35,15 @@ Where we differ from upstream, on purpose:
 
 asyncua is asyncio-only: its FindServers runs on the process's one asyncio bridge thread
 (`aio_bridge`), cancellable from trio. The probes and DNS lookups are plain trio.
+
+A discovery server is on the network and may be anyone: asyncua buffers a message whatever
+size its header claims, and lets the server's Acknowledge lift the client's own message limit.
+So every byte a FindServers connection receives is counted at the socket, and the connection
+is aborted past `max_response_bytes` (default 1 MiB, env `OPCUA_MAX_RESPONSE_BYTES`). Nor may
+its answer turn the handler into a port scanner: the servers it lists are resolved and
+probed at most `probe_concurrency` at a time (default 8, env `OPCUA_PROBE_CONCURRENCY`), and
+only on hosts the Configuration allows: the discovery URL's own host, plus `allowedHosts`.
+A listed server elsewhere is left out, unprobed, with a log line.
 """
 
 from __future__ import annotations
@@ -52,7 +62,17 @@ import trio
 from akri_trio.discovery import aio_bridge
 from akri_trio.discovery.aio_bridge import AioBridge, BridgeStopped
 from akri_trio.discovery.filters import FilterList, admits, parse_filter_list
-from akri_trio.discovery.interface import InvalidDetails, Properties, Send, load_mapping, str_list
+from akri_trio.discovery.interface import (
+    MAX_DETAILS_BYTES,
+    InvalidDetails,
+    Properties,
+    Send,
+    details_parser,
+    load_mapping,
+    max_details_bytes,
+    positive_int_setting,
+    str_list,
+)
 from akri_trio.model.device import Device
 
 log = logging.getLogger(__name__)
@@ -60,6 +80,12 @@ log = logging.getLogger(__name__)
 NAME: Final = "opcua"
 PROPERTY: Final = "OPCUA_DISCOVERY_URL"
 INTERVAL_ENV: Final = "OPCUA_DISCOVERY_INTERVAL_SECS"
+MAX_RESPONSE_BYTES_ENV: Final = "OPCUA_MAX_RESPONSE_BYTES"
+# A FindServers answer lists a few servers in a few kB; an LDS with hundreds stays under this.
+MAX_RESPONSE_BYTES: Final = 1 << 20
+PROBE_CONCURRENCY_ENV: Final = "OPCUA_PROBE_CONCURRENCY"
+PROBE_CONCURRENCY: Final = 8
+ANY_HOST: Final = "*"
 DEFAULT_DISCOVERY_URLS: Final = ("opc.tcp://localhost:4840/",)
 DEFAULT_PORT: Final = 4840
 OPC_TCP: Final = "opc.tcp"
@@ -76,11 +102,13 @@ T = TypeVar("T")
 class OpcuaDetails:
     discovery_urls: tuple[str, ...] = DEFAULT_DISCOVERY_URLS
     application_names: FilterList | None = None
+    allowed_hosts: tuple[str, ...] = ()  # lower-cased; besides each discovery URL's own host
 
 
-def parse_details(text: str) -> OpcuaDetails:
+@details_parser
+def parse_details(text: str, *, max_bytes: int = MAX_DETAILS_BYTES) -> OpcuaDetails:
     """Upstream's `OpcuaDiscoveryDetails` (serde, camelCase); unknown keys are ignored."""
-    doc = load_mapping(text)
+    doc = load_mapping(text, max_bytes=max_bytes)
     method = doc.get("opcuaDiscoveryMethod")
     if method is None:
         raise InvalidDetails("opcuaDiscoveryMethod", "is required")
@@ -106,9 +134,15 @@ def parse_details(text: str) -> OpcuaDetails:
         problem = url_problem(url)
         if problem:
             raise InvalidDetails(f"{urls_field}[{i}]", problem)
+    hosts: tuple[str, ...] = ()
+    if doc.get("allowedHosts") is not None:
+        hosts = tuple(
+            h.strip().strip("[]").lower() for h in str_list(doc["allowedHosts"], "allowedHosts")
+        )
     return OpcuaDetails(
         discovery_urls=urls,
         application_names=parse_filter_list(doc, "applicationNames"),
+        allowed_hosts=hosts,
     )
 
 
@@ -193,6 +227,19 @@ def on_lds_host(url: str, lds_url: str) -> str:
     return SplitResult(parts.scheme, netloc, parts.path, parts.query, parts.fragment).geturl()
 
 
+def host_allowed(url: str, lds_url: str, allowed_hosts: Iterable[str]) -> bool:
+    """May a server URL listed by the discovery server at `lds_url` be probed and reported?
+    Its host must be the discovery URL's host or one of `allowed_hosts` (`*`: any)."""
+    host = host_of(url)
+    if not host:
+        return False
+    allowed = {h.lower() for h in allowed_hosts}
+    lds_host = host_of(lds_url)
+    return (
+        ANY_HOST in allowed or host.lower() in allowed or host.lower() == (lds_host or "").lower()
+    )
+
+
 def merged(url_lists: Iterable[Iterable[str]]) -> list[str]:
     """All URLs, first occurrence wins (a server registered with two LDSes is one device)."""
     return list(dict.fromkeys(url for urls in url_lists for url in urls))
@@ -223,18 +270,57 @@ async def resolves(host: str) -> bool:
     return True
 
 
-async def find_servers(url: str) -> list[Application]:
-    """FindServers on `url` (an asyncio coroutine: run it on the bridge). No session needed."""
+class AnswerTooLarge(Exception):
+    """A server sent more bytes on one FindServers connection than we accept."""
+
+
+def _count_received(uaclient: Any, max_bytes: int, exceeded: list[int]) -> None:
+    """Make `uaclient`'s next connection abort once it has received more than `max_bytes`
+    (appending the count to `exceeded`), before asyncua buffers or parses the excess."""
+    make_protocol = uaclient._make_protocol
+
+    def make_counting_protocol() -> Any:
+        protocol = make_protocol()
+        deliver = protocol.data_received
+        received = 0
+
+        def data_received(data: bytes) -> None:
+            nonlocal received
+            received += len(data)
+            if received > max_bytes:
+                if not exceeded:
+                    exceeded.append(received)
+                    if protocol.transport is not None:
+                        protocol.transport.abort()
+                return
+            deliver(data)
+
+        protocol.data_received = data_received
+        return protocol
+
+    uaclient._make_protocol = make_counting_protocol
+
+
+async def find_servers(url: str, max_bytes: int = MAX_RESPONSE_BYTES) -> list[Application]:
+    """FindServers on `url` (an asyncio coroutine: run it on the bridge). No session needed.
+    Raises AnswerTooLarge when the server sends more than `max_bytes` on the connection."""
     from asyncua.client.client import (
         Client,
     )  # asyncio-only and slow to import: only where it is used
 
     client = Client(url)
-    await client.connect_sessionless()
+    exceeded: list[int] = []
+    _count_received(client.uaclient, max_bytes, exceeded)
     try:
-        descriptions = await client.find_servers()
-    finally:
-        await client.disconnect_sessionless()
+        await client.connect_sessionless()
+        try:
+            descriptions = await client.find_servers()
+        finally:
+            await client.disconnect_sessionless()
+    except Exception:
+        if exceeded:
+            raise AnswerTooLarge(f"{url} sent more than {max_bytes} bytes") from None
+        raise
     return [
         Application(
             name=(d.ApplicationName.Text or "") if d.ApplicationName else "",
@@ -266,6 +352,9 @@ class Opcua:
     probe_timeout: float = 3.0
     request_timeout: float = 10.0
     probe_servers: bool = True
+    max_details_bytes: int = MAX_DETAILS_BYTES
+    max_response_bytes: int = MAX_RESPONSE_BYTES
+    probe_concurrency: int = PROBE_CONCURRENCY
     bridge: AioBridge = attrs.field(factory=aio_bridge.shared)
     shared: bool = True
     name: str = NAME
@@ -284,10 +373,17 @@ class Opcua:
                 ) from None
             if not interval > 0:
                 raise ValueError(f"{INTERVAL_ENV} must be positive, got {raw!r}")
-        return cls(poll_interval=interval)
+        return cls(
+            poll_interval=interval,
+            max_details_bytes=max_details_bytes(env),
+            max_response_bytes=positive_int_setting(
+                env, MAX_RESPONSE_BYTES_ENV, MAX_RESPONSE_BYTES
+            ),
+            probe_concurrency=positive_int_setting(env, PROBE_CONCURRENCY_ENV, PROBE_CONCURRENCY),
+        )
 
     def parse_details(self, text: str) -> OpcuaDetails:
-        return parse_details(text)
+        return parse_details(text, max_bytes=self.max_details_bytes)
 
     async def discover(self, details: OpcuaDetails, properties: Properties, send: Send) -> None:
         last: list[Device] | None = None
@@ -300,9 +396,9 @@ class Opcua:
 
     async def discover_once(self, details: OpcuaDetails) -> list[str]:
         """One round over every discovery URL: the device URLs, in a stable order."""
-        names = details.application_names
+        limiter = trio.CapacityLimiter(self.probe_concurrency)
         per_lds = await _gather(
-            [partial(self._servers_at, url, names) for url in details.discovery_urls]
+            [partial(self._servers_at, url, details, limiter) for url in details.discovery_urls]
         )
         return merged(per_lds)
 
@@ -314,14 +410,16 @@ class Opcua:
             return await tcp_reachable(*target)
         return False
 
-    async def _servers_at(self, lds_url: str, names: FilterList | None) -> list[str]:
+    async def _servers_at(
+        self, lds_url: str, details: OpcuaDetails, limiter: trio.CapacityLimiter
+    ) -> list[str]:
         if not await self._probe(lds_url):
             log.info("opcua: %s does not accept TCP connections; skipped this round", lds_url)
             return []
         apps: list[Application] | None = None
         with trio.move_on_after(self.request_timeout):
             try:
-                apps = await self.bridge.run(find_servers(lds_url))
+                apps = await self.bridge.run(find_servers(lds_url, self.max_response_bytes))
             except BridgeStopped:
                 raise
             except Exception as exc:  # a misbehaving server must not end discovery
@@ -330,17 +428,32 @@ class Opcua:
         if apps is None:
             log.warning("opcua: FindServers on %s timed out", lds_url)
             return []
+        selected = selected_urls(apps, details.application_names)
         urls = await _gather(
-            [partial(self._usable, url, lds_url) for url in selected_urls(apps, names)]
+            [partial(self._usable, url, lds_url, details, limiter) for url in selected]
         )
         return [url for url in urls if url is not None]
 
-    async def _usable(self, url: str, lds_url: str) -> str | None:
+    async def _usable(
+        self, url: str, lds_url: str, details: OpcuaDetails, limiter: trio.CapacityLimiter
+    ) -> str | None:
+        async with limiter:
+            return await self._usable_now(url, lds_url, details)
+
+    async def _usable_now(self, url: str, lds_url: str, details: OpcuaDetails) -> str | None:
         host = host_of(url)
         if host and not await resolves(host):
             rebuilt = on_lds_host(url, lds_url)
             log.debug("opcua: %s does not resolve; using %s", url, rebuilt)
             url = rebuilt
+        if not host_allowed(url, lds_url, details.allowed_hosts):
+            log.info(
+                "opcua: %s (listed by %s) is not on an allowed host; left out unprobed "
+                "(allowedHosts widens this)",
+                url[:200],
+                lds_url,
+            )
+            return None
         if self.probe_servers and endpoint_of(url) is not None and not await self._probe(url):
             log.info("opcua: server %s (listed by %s) is unreachable; left out", url, lds_url)
             return None

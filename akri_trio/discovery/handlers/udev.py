@@ -36,6 +36,7 @@ import trio
 
 from akri_trio.discovery.handlers.udev_devices import PERMISSIONS, build_devices
 from akri_trio.discovery.handlers.udev_rules import (
+    MAX_RULE_LENGTH,
     DeviceSnapshot,
     RuleError,
     UdevRule,
@@ -44,10 +45,14 @@ from akri_trio.discovery.handlers.udev_rules import (
     rule_matches,
 )
 from akri_trio.discovery.interface import (
+    MAX_DETAILS_BYTES,
     InvalidDetails,
     Properties,
     Send,
+    details_parser,
     load_mapping,
+    max_details_bytes,
+    positive_int_setting,
     required_str_list,
 )
 from akri_trio.model.device import Device
@@ -59,6 +64,7 @@ RESCAN_INTERVAL_S: Final = 30.0
 DEBOUNCE_S: Final = 0.5
 MONITOR_SOURCE_ENV: Final = "UDEV_MONITOR_SOURCE"
 RESCAN_INTERVAL_ENV: Final = "UDEV_RESCAN_INTERVAL_SECONDS"
+MAX_RULE_LENGTH_ENV: Final = "UDEV_MAX_RULE_LENGTH"
 # udevd's control socket: libudev itself only delivers "udev" events when this exists.
 UDEVD_CONTROL: Final = Path("/run/udev/control")
 
@@ -76,14 +82,18 @@ class UdevDetails:
     permissions: str = "rwm"
 
 
-def parse_details(text: str) -> UdevDetails:
-    """`udevRules: [..]` (required), `groupRecursive: bool = false`, `permissions` (one of
-    r, w, m, rw, rm, rwm, wm; default rwm). Other keys are ignored, as upstream's serde."""
-    doc = load_mapping(text)
+@details_parser
+def parse_details(
+    text: str, *, max_rule_length: int = MAX_RULE_LENGTH, max_bytes: int = MAX_DETAILS_BYTES
+) -> UdevDetails:
+    """`udevRules: [..]` (required; each at most `max_rule_length` characters),
+    `groupRecursive: bool = false`, `permissions` (one of r, w, m, rw, rm, rwm, wm; default
+    rwm). Other keys are ignored, as upstream's serde."""
+    doc = load_mapping(text, max_bytes=max_bytes)
     rules = []
     for i, text_rule in enumerate(required_str_list(doc, "udevRules")):
         try:
-            rules.append(parse_rule(text_rule))
+            rules.append(parse_rule(text_rule, max_length=max_rule_length))
         except RuleError as exc:
             raise InvalidDetails(f"udevRules[{i}]", str(exc)) from exc
     group_recursive = doc.get("groupRecursive", False)
@@ -157,7 +167,9 @@ def _snapshot(
 
 def snapshots(keys: frozenset[str] = frozenset()) -> list[DeviceSnapshot]:
     """Every device the libudev enumerator lists (the same set upstream's enumerator scans),
-    with the sysfs attributes in `keys` read for each device and its ancestors."""
+    with the sysfs attributes in `keys` read for each device and its ancestors. A device
+    whose path, name or udev properties are not UTF-8 (a netdev or HID name is any bytes) is
+    skipped with a warning: it must not cost every other device its scan."""
     context = pyudev.Context()
     cache: dict[str, DeviceSnapshot] = {}
     found = []
@@ -167,6 +179,12 @@ def snapshots(keys: frozenset[str] = frozenset()) -> list[DeviceSnapshot]:
         except (pyudev.DeviceNotFoundError, OSError) as exc:
             # Removed while we walked the tree: the next uevent or scan settles it.
             log.debug("skipping a device that vanished mid-scan: %r", exc)
+        except UnicodeDecodeError as exc:
+            log.warning(
+                "udev: skipping a device whose data is not UTF-8: %r (%s)",
+                bytes(exc.object[:120]),
+                exc.reason,
+            )
     return found
 
 
@@ -262,14 +280,17 @@ class UdevHandler:
     source: MonitorSource = "auto"
     rescan_interval: float = RESCAN_INTERVAL_S
     debounce: float = DEBOUNCE_S
+    max_rule_length: int = MAX_RULE_LENGTH
+    max_details_bytes: int = MAX_DETAILS_BYTES
     name: str = NAME
     shared: bool = False
     stats: Stats = attrs.field(factory=Stats)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> UdevHandler:
-        """`UDEV_MONITOR_SOURCE` (auto|kernel|udev|none, default auto) and
-        `UDEV_RESCAN_INTERVAL_SECONDS` (default 30)."""
+        """`UDEV_MONITOR_SOURCE` (auto|kernel|udev|none, default auto),
+        `UDEV_RESCAN_INTERVAL_SECONDS` (default 30) and `UDEV_MAX_RULE_LENGTH` (default
+        4096 characters)."""
         env = os.environ if env is None else env
         chosen = env.get(MONITOR_SOURCE_ENV) or "auto"
         source = next((s for s in MONITOR_SOURCES if s == chosen), None)
@@ -284,10 +305,17 @@ class UdevHandler:
             interval = -1.0
         if not interval > 0:
             raise ValueError(f"{RESCAN_INTERVAL_ENV} must be a positive number, got {text!r}")
-        return cls(source=source, rescan_interval=interval)
+        return cls(
+            source=source,
+            rescan_interval=interval,
+            max_rule_length=positive_int_setting(env, MAX_RULE_LENGTH_ENV, MAX_RULE_LENGTH),
+            max_details_bytes=max_details_bytes(env),
+        )
 
     def parse_details(self, text: str) -> UdevDetails:
-        return parse_details(text)
+        return parse_details(
+            text, max_rule_length=self.max_rule_length, max_bytes=self.max_details_bytes
+        )
 
     async def discover(self, details: UdevDetails, properties: Properties, send: Send) -> None:
         """Scan, send the list if it changed, then sleep until a uevent (plus the debounce

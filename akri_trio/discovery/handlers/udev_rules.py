@@ -16,6 +16,11 @@ Nothing here touches /sys: a `DeviceSnapshot` is plain data (the I/O edge in `ud
 it from pyudev), so every rule can be checked against hand-made device trees. Unlike upstream,
 which panics on a bad regex at discovery time, every value is compiled here, at parse time, so
 a bad rule is rejected by the webhook with the rule, the token and the reason.
+
+Rules come from whoever may write a Configuration, and device data from whatever is plugged
+in: regexes and globs alike compile to RE2 (`linear_regex`), so matching is linear in the
+device's text, and the glob translator itself is one pass over the pattern. A rule is at most
+`MAX_RULE_LENGTH` characters by default (the udev handler's setting).
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Final, Literal
 
 import attrs
+
+from akri_trio.discovery.linear_regex import NOTHING, Regex, RegexError, literal
 
 # Fields the subset supports: the ones that take a {key}, and the ones that must not.
 KEYED_FIELDS: Final = frozenset({"ATTR", "ATTRS", "ENV"})
@@ -56,6 +63,10 @@ UDEV_ONLY_FIELDS: Final = frozenset(
     }
 )
 ASSIGNMENTS: Final = ("=", "+=", "-=", ":=")
+# Real rules are a line or two; this leaves room for long alternations of device names.
+MAX_RULE_LENGTH: Final = 4096
+# How much of a bad token an error message quotes.
+_SHOWN: Final = 80
 
 # What the enumerator does with a (field, op): "glob" = must match, "noglob" = must not match.
 _ENUMERATOR_MATCH: Final = frozenset({"DEVPATH", "KERNEL", "TAG", "SUBSYSTEM", "ATTR", "ENV"})
@@ -116,14 +127,16 @@ _CLASSES: Final = {
     "upper": "A-Z",
     "xdigit": "0-9A-Fa-f",
 }
+_LONGEST_CLASS: Final = max(map(len, _CLASSES))
 
 
 def glob_to_regex(pattern: str) -> str:
-    """fnmatch(3) with flags 0, as libudev calls it, as a Python regex to `fullmatch`:
+    """fnmatch(3) with flags 0, as libudev calls it, as an RE2 regex to `fullmatch`:
     `*` and `?` match any character including `/` and a leading dot, `[...]` / `[!...]` /
     `[^...]` sets with ranges and a few POSIX classes, and a backslash quotes the next
     character. Raises GlobError for a malformed pattern (an unclosed `[`, a trailing
-    backslash), on which glibc's own behaviour is erratic: a rule with one is refused."""
+    backslash), on which glibc's own behaviour is erratic: a rule with one is refused.
+    Linear in the pattern: every character is looked at a bounded number of times."""
     out: list[str] = []
     i, n = 0, len(pattern)
     while i < n:
@@ -136,13 +149,13 @@ def glob_to_regex(pattern: str) -> str:
         elif c == "\\":
             if i == n:
                 raise GlobError("ends in a lone backslash")
-            out.append(re.escape(pattern[i]))
+            out.append(literal(pattern[i]))
             i += 1
         elif c == "[":
             regex, i = _bracket(pattern, i)
             out.append(regex)
         else:
-            out.append(re.escape(c))
+            out.append(literal(c))
     return "".join(out)
 
 
@@ -163,11 +176,13 @@ def _bracket(pattern: str, i: int) -> tuple[str, int]:
         if c == "]" and not first:
             body = "".join(items)
             if not body:  # e.g. only reversed ranges: matches nothing (negated: anything)
-                return ("." if negate else "(?!)"), i + 1
+                return ("." if negate else NOTHING), i + 1
             return f"[{'^' if negate else ''}{body}]", i + 1
         first = False
         if c == "[" and pattern.startswith(":", i + 1):
-            end = pattern.find(":]", i + 2)
+            # Bounded look-ahead: the longest class name is 6 characters. An unbounded
+            # search made `[[:[[:[[:...` quadratic.
+            end = pattern.find(":]", i + 2, i + 2 + _LONGEST_CLASS + 2)
             name = pattern[i + 2 : end] if end != -1 else ""
             if name in _CLASSES:
                 items.append(_CLASSES[name])
@@ -183,10 +198,10 @@ def _bracket(pattern: str, i: int) -> tuple[str, int]:
                 hi_index += 1
                 hi = pattern[hi_index]
             if c <= hi:
-                items.append(f"{re.escape(c)}-{re.escape(hi)}")
+                items.append(f"{literal(c)}-{literal(hi)}")
             i = hi_index + 1
             continue
-        items.append(re.escape(c))
+        items.append(literal(c))
         i += 1
     raise GlobError("has an unclosed [")
 
@@ -200,18 +215,17 @@ class Filter:
     negate: bool  # op is `!=`
     value: str
     mode: Mode
-    pattern: re.Pattern[str] = attrs.field(eq=False, repr=False)
+    pattern: Regex = attrs.field(eq=False, repr=False)
     # ENV{key}==: libudev globs the property name too.
-    key_pattern: re.Pattern[str] | None = attrs.field(default=None, eq=False, repr=False)
+    key_pattern: Regex | None = attrs.field(default=None, eq=False, repr=False)
 
     def test(self, text: str) -> bool:
         """Does `text` match the value (ignoring `negate`)?"""
         if self.mode == "regex":
             # Upstream: the leftmost-first match must span the whole value (Rust `find`),
             # which is not always `fullmatch` (`a|ab` does not match "ab").
-            found = self.pattern.search(text)
-            return found is not None and found.start() == 0 and found.end() == len(text)
-        return self.pattern.fullmatch(text) is not None
+            return self.pattern.spans_whole(text)
+        return self.pattern.fullmatch(text)
 
 
 @attrs.frozen
@@ -240,8 +254,13 @@ _TOKEN: Final = re.compile(
 )
 
 
-def parse_rule(text: str) -> UdevRule:
-    """Parse one rule: `FIELD op "value"` tokens separated by commas. Raises RuleError."""
+def parse_rule(text: str, *, max_length: int = MAX_RULE_LENGTH) -> UdevRule:
+    """Parse one rule: `FIELD op "value"` tokens separated by commas. Raises RuleError, also
+    for a rule longer than `max_length` characters."""
+    if len(text) > max_length:
+        raise RuleError(
+            None, text[:_SHOWN], f"is {len(text)} characters long; the limit is {max_length}"
+        )
     if not text.strip():
         # Upstream would enumerate every device on the node; almost surely not what was meant.
         raise RuleError(
@@ -261,14 +280,16 @@ def parse_rule(text: str) -> UdevRule:
             return UdevRule(text, tuple(filters))
         if text[pos] != ",":
             raise RuleError(
-                index, found.group(0).strip(), f"expected `,` after it, found {text[pos:]!r}"
+                index,
+                found.group(0).strip()[:_SHOWN],
+                f"expected `,` after it, found {text[pos : pos + _SHOWN]!r}",
             )
         pos += 1
 
 
 def _rest_of_token(text: str, pos: int) -> str:
     comma = text.find(",", pos)
-    return text[pos : comma if comma != -1 else len(text)].strip()
+    return text[pos : comma if comma != -1 else len(text)].strip()[:_SHOWN]
 
 
 def _why_not_a_token(text: str, pos: int) -> str:
@@ -283,7 +304,7 @@ def _why_not_a_token(text: str, pos: int) -> str:
 
 
 def _filter(index: int, found: re.Match[str]) -> Filter:
-    token = found.group(0).strip()
+    token = found.group(0).strip()[:_SHOWN]
     field, key, op = found.group("field"), found.group("key"), found.group("op")
     value = found.group("value").replace('\\"', '"')
     if field not in SUPPORTED_FIELDS:
@@ -306,16 +327,16 @@ def _filter(index: int, found: re.Match[str]) -> Filter:
     key_pattern = None
     try:
         if mode == "regex":
-            pattern = re.compile(value, re.DOTALL)
+            pattern = Regex(value, dot_matches_newline=True)
         else:
-            pattern = re.compile(glob_to_regex(value), re.DOTALL)
+            pattern = Regex(glob_to_regex(value), dot_matches_newline=True)
             if field == "ENV":
-                key_pattern = re.compile(glob_to_regex(key or ""), re.DOTALL)
+                key_pattern = Regex(glob_to_regex(key or ""), dot_matches_newline=True)
     except GlobError as exc:
         raise RuleError(index, token, f"glob {exc.args[0]}") from exc
-    except re.error as exc:
+    except RegexError as exc:
         raise RuleError(
-            index, token, f"{value!r} is not a valid regular expression: {exc}"
+            index, token, f"{value[:_SHOWN]!r} is not a valid regular expression: {exc}"
         ) from exc
     return Filter(field, key, negate, value, mode, pattern, key_pattern)
 
@@ -363,7 +384,7 @@ def _enumerator_match(globs: Sequence[Filter], device: DeviceSnapshot) -> bool:
     # Properties: one matching pair among all of them is enough (the key is a glob too).
     env = of("ENV")
     return not env or any(
-        f.key_pattern is not None and f.key_pattern.fullmatch(name) is not None and f.test(value)
+        f.key_pattern is not None and f.key_pattern.fullmatch(name) and f.test(value)
         for f in env
         for name, value in device.properties.items()
     )

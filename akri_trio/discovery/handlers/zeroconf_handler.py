@@ -13,7 +13,8 @@ Configuration keys and property names where it had them and defines the rest:
       secure: null
 
 Regexes rather than globs or exact strings: exact names are valid regexes (escape dots if you
-care), and udev's post-filters upstream are full-match regexes too.
+care), and udev's post-filters upstream are full-match regexes too. They run on RE2
+(`linear_regex`): names come from anyone on the LAN, so matching must be linear in them.
 
 One device per resolved service instance. id = the service's full name
 (`My Printer._ipp._tcp.local.`). Properties (broker env vars):
@@ -39,12 +40,21 @@ within about a second, and nothing runs while nothing changes. One Zeroconf inst
 every Configuration of a handler (each gets its own browser): its sockets and loop thread are
 opened by the first `discover` and closed when the last one ends, cancellation included. The pod
 needs `hostNetwork: true` to see the LAN's mDNS.
+
+Anyone on the LAN can announce names, also names that never resolve, each of which holds a
+worker thread for `resolve_timeout` per attempt. So resolutions run on the handler's own small
+CapacityLimiter (`resolve_threads`, default 4), never on trio's default one that the rest of
+the process (the agent's udev scans, file reads, ...) shares; a name already being resolved is
+not resolved again (a newer event for it makes the running resolution start over); and at most
+`max_services` names (default 1024, env `ZEROCONF_MAX_SERVICES`) are tracked per
+Configuration, further ones ignored with a warning.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ipaddress
+import itertools
 import logging
 import math
 import os
@@ -56,7 +66,18 @@ from typing import Any, Final
 import attrs
 import trio
 
-from akri_trio.discovery.interface import InvalidDetails, Properties, Send, load_mapping, str_list
+from akri_trio.discovery.interface import (
+    MAX_DETAILS_BYTES,
+    InvalidDetails,
+    Properties,
+    Send,
+    details_parser,
+    load_mapping,
+    max_details_bytes,
+    positive_int_setting,
+    str_list,
+)
+from akri_trio.discovery.linear_regex import Regex, RegexError
 from akri_trio.model.device import Device
 
 log = logging.getLogger(__name__)
@@ -74,6 +95,9 @@ PORT: Final = f"{PREFIX}_PORT"
 FIXED: Final = frozenset({KIND, INSTANCE, HOST, ADDR, ADDRESSES, PORT})
 # Comma-separated addresses or interface names to use; unset = all interfaces.
 INTERFACES_ENV: Final = "ZEROCONF_INTERFACES"
+MAX_SERVICES_ENV: Final = "ZEROCONF_MAX_SERVICES"
+MAX_SERVICES: Final = 1024
+RESOLVE_THREADS: Final = 4
 
 _KIND_RE = re.compile(r"(_[A-Za-z0-9-]{1,63}\._sub\.)?_[A-Za-z0-9-]{1,15}\._(tcp|udp)")
 
@@ -86,8 +110,8 @@ class ZeroconfDetails:
     """`kinds` are bare service types (`_http._tcp`); patterns are compiled, full-match."""
 
     kinds: tuple[str, ...]
-    name: re.Pattern[str] | None = None
-    host: re.Pattern[str] | None = None
+    name: Regex | None = None
+    host: Regex | None = None
     port: int | None = None
     txt_records: tuple[tuple[str, str | None], ...] = ()  # keys lower-cased
 
@@ -107,20 +131,21 @@ def normalize_kind(kind: str, field: str) -> str:
     return bare
 
 
-def _pattern(doc: Mapping[str, Any], field: str) -> re.Pattern[str] | None:
+def _pattern(doc: Mapping[str, Any], field: str) -> Regex | None:
     value = doc.get(field)
     if value is None:
         return None
     if not isinstance(value, str):
         raise InvalidDetails(field, "must be a string (a regular expression)")
     try:
-        return re.compile(value)
-    except re.error as exc:
+        return Regex(value)
+    except RegexError as exc:
         raise InvalidDetails(field, f"is not a valid regular expression: {exc}") from None
 
 
-def parse_details(text: str) -> ZeroconfDetails:
-    doc = load_mapping(text)
+@details_parser
+def parse_details(text: str, *, max_bytes: int = MAX_DETAILS_BYTES) -> ZeroconfDetails:
+    doc = load_mapping(text, max_bytes=max_bytes)
     has_kind, has_kinds = doc.get("kind") is not None, doc.get("kinds") is not None
     if has_kind == has_kinds:
         raise InvalidDetails("kind", "exactly one of `kind` or `kinds` is required")
@@ -291,20 +316,36 @@ class Zeroconf:
     # wait before an empty first list: silence cannot tell "none" from "not yet").
     settle: float = 1.0
     quiet: float = 0.25
+    max_details_bytes: int = MAX_DETAILS_BYTES
+    max_services: int = MAX_SERVICES
+    resolve_threads: int = RESOLVE_THREADS
     shared: bool = True
     name: str = NAME
     _instance: _SharedInstance = attrs.field(
         factory=lambda: _SharedInstance(), init=False, eq=False, repr=False
     )
+    _limiter: trio.CapacityLimiter | None = attrs.field(
+        default=None, init=False, eq=False, repr=False
+    )
+
+    def resolve_limiter(self) -> trio.CapacityLimiter:
+        """The threads every resolution of this handler shares (made on first use, in trio)."""
+        if self._limiter is None:
+            self._limiter = trio.CapacityLimiter(self.resolve_threads)
+        return self._limiter
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Zeroconf:
         env = os.environ if env is None else env
         raw = [i.strip() for i in env.get(INTERFACES_ENV, "").split(",") if i.strip()]
-        return cls(interfaces=tuple(raw) or None)
+        return cls(
+            interfaces=tuple(raw) or None,
+            max_details_bytes=max_details_bytes(env),
+            max_services=positive_int_setting(env, MAX_SERVICES_ENV, MAX_SERVICES),
+        )
 
     def parse_details(self, text: str) -> ZeroconfDetails:
-        return parse_details(text)
+        return parse_details(text, max_bytes=self.max_details_bytes)
 
     async def discover(self, details: ZeroconfDetails, properties: Properties, send: Send) -> None:
         import zeroconf as zc_lib  # only where it is used
@@ -343,24 +384,32 @@ class Zeroconf:
         send: Send,
     ) -> None:
         services: dict[str, Service] = {}
+        # Names seen and not removed, each with the number of its latest event (one counter
+        # for all, so a name removed and seen again never repeats an earlier number).
         generation: dict[str, int] = {}
+        numbers = itertools.count(1)
+        seen_any = False
+        in_flight: set[str] = set()  # names being resolved right now
+        limiter = self.resolve_limiter()
         changed = trio.Event()
         last: list[Device] | None = None
-        resolving = 0  # resolutions in flight
         activity = trio.Event()  # set by every event and every finished resolution
+        over_cap = False
 
         def active() -> None:
             nonlocal activity
             activity.set()
             activity = trio.Event()
 
-        async def resolve(service_type: str, name: str, gen: int) -> None:
-            nonlocal resolving
-            resolving += 1
+        async def resolve(service_type: str, name: str) -> None:
             try:
-                await resolve_once(service_type, name, gen)
+                while name in generation:
+                    gen = generation[name]
+                    await resolve_once(service_type, name, gen)
+                    if generation.get(name) == gen:
+                        return  # no newer event came meanwhile
             finally:
-                resolving -= 1
+                in_flight.discard(name)
                 active()
 
         def take(info: Any, service_type: str, name: str) -> bool:
@@ -387,6 +436,7 @@ class Zeroconf:
                         timeout=int(self.resolve_timeout * 1000),
                     ),
                     abandon_on_cancel=True,
+                    limiter=limiter,
                 )
                 if generation.get(name) != gen:
                     return  # removed (or updated again) meanwhile: a newer event decides
@@ -402,7 +452,7 @@ class Zeroconf:
                 while True:  # the first burst: until all seen are resolved and it went quiet
                     with trio.move_on_after(self.quiet) as silence:
                         await activity.wait()
-                    if silence.cancelled_caught and generation and not resolving:
+                    if silence.cancelled_caught and seen_any and not in_flight:
                         break
             while True:
                 devices = devices_for(details, services.values())
@@ -416,12 +466,26 @@ class Zeroconf:
             await nursery.start(publish)
             async for service_type, name, what in events:
                 active()
-                generation[name] = generation.get(name, 0) + 1
+                seen_any = True
                 if what == "removed":
+                    generation.pop(name, None)  # a resolution in flight stops at its next check
                     if services.pop(name, None) is not None:
                         changed.set()
-                else:
-                    nursery.start_soon(resolve, service_type, name, generation[name])
+                    over_cap = over_cap and len(generation) >= self.max_services
+                    continue
+                if name not in generation and len(generation) >= self.max_services:
+                    if not over_cap:  # once per time the cap is reached
+                        log.warning(
+                            "zeroconf: tracking %d services already; ignoring new ones such as %s",
+                            self.max_services,
+                            name[:100],
+                        )
+                        over_cap = True
+                    continue
+                generation[name] = next(numbers)
+                if name not in in_flight:  # else the running resolution starts over
+                    in_flight.add(name)
+                    nursery.start_soon(resolve, service_type, name)
 
 
 def _cached_info(zc: Any, service_type: str, name: str) -> Any:
