@@ -381,6 +381,7 @@ def test_negation_is_the_complement_where_upstream_makes_it_one(
         assert rule_matches(equal, device) != rule_matches(unequal, device)
 
 
+@settings(deadline=None)  # regex compilation under a loaded machine, not a performance claim
 @given(
     chains(),
     st.lists(
@@ -403,6 +404,12 @@ def test_different_fields_are_anded(
 # ---- hostile rules and device data: linear time, bounded size ------------------------------------
 
 
+# The bound below is far above what a linear run takes even on a loaded 2-core machine (a few
+# ms) and far below the backtracking or quadratic behaviour these tests guard against (seconds
+# to minutes), so the tests say "not super-linear" without timing anything finely.
+LINEAR_BOUND_S = 3.0
+
+
 def elapsed(action: object) -> float:
     assert callable(action)
     start = time.perf_counter()
@@ -416,7 +423,7 @@ def test_catastrophic_regexes_return_at_once(regex: str) -> None:
     rule = parse_rule(f'KERNELS=="{regex}"')
     for length in (30, 100_000):
         device = DeviceSnapshot("/devices/x", "a" * length)
-        assert elapsed(lambda: rule_matches(rule, device)) < 0.5  # noqa: B023
+        assert elapsed(lambda: rule_matches(rule, device)) < LINEAR_BOUND_S  # noqa: B023
         assert not rule_matches(rule, device)
     assert rule_matches(rule, DeviceSnapshot("/devices/x", "a" * 30 + "b"))
 
@@ -424,7 +431,7 @@ def test_catastrophic_regexes_return_at_once(regex: str) -> None:
 def test_globs_full_of_stars_match_in_linear_time() -> None:
     rule = parse_rule('KERNEL=="' + "*a" * 1000 + 'b"', max_length=10_000)
     device = DeviceSnapshot("/devices/x", "a" * 50_000)
-    assert elapsed(lambda: rule_matches(rule, device)) < 0.5
+    assert elapsed(lambda: rule_matches(rule, device)) < LINEAR_BOUND_S
     assert not rule_matches(rule, device)
 
 
@@ -436,7 +443,7 @@ def test_the_glob_translator_is_linear(piece: str) -> None:
         with contextlib.suppress(GlobError):
             glob_to_regex(pattern)
 
-    assert elapsed(translate) < 0.5
+    assert elapsed(translate) < LINEAR_BOUND_S
 
 
 def test_rules_longer_than_the_limit_are_refused() -> None:

@@ -202,7 +202,7 @@ def test_catastrophic_name_and_host_filters_return_at_once(field: str, regex: st
     )
     start = time.perf_counter()
     assert not matches(details, service)
-    assert time.perf_counter() - start < 0.5
+    assert time.perf_counter() - start < 3.0  # backtracking takes hours; linear, microseconds
 
 
 def test_lookaround_is_refused_as_re2_cannot_do_it_in_linear_time() -> None:
