@@ -114,13 +114,8 @@ class ConfigurationReconciler:
     def _observe(self, key: ObjectKey, running: _Running, result: DiscoveryResult) -> None:
         assert self.metrics is not None
         if running.result is None:
-            self.metrics.discovery_response_time.labels(configuration=str(key)).observe(
-                trio.current_time() - running.started_at
-            )
-        self.metrics.discovery_response_result.labels(
-            discovery_handler_name=running.request.handler,
-            result="error" if result.problems else "success",
-        ).inc()
+            self.metrics.first_response(key, trio.current_time() - running.started_at)
+        self.metrics.discovery_result(running.request.handler, not result.problems)
 
     def _ensure(self, key: ObjectKey, request: DiscoveryRequest) -> _Running:
         running = self.running.get(key)
@@ -160,7 +155,7 @@ class ConfigurationReconciler:
             self.view.set_devices(key, {})
             await self._leave_all(namespace, name)
             if self.metrics is not None:
-                self.metrics.instance_count.remove_matching(configuration=str(key))
+                self.metrics.forget_configuration(key)
             return None
         try:
             config = structure(obj, Configuration)
@@ -211,9 +206,9 @@ class ConfigurationReconciler:
             i for i in self._instances_of(namespace, name).values() if self.node in i.spec.nodes
         ]
         for shared in (True, False):
-            self.metrics.instance_count.labels(
-                configuration=str(key), is_shared=str(shared).lower()
-            ).set(sum(i.spec.shared == shared for i in served))
+            self.metrics.set_instance_count(
+                key, shared, sum(i.spec.shared == shared for i in served)
+            )
 
     def _instances_of(self, namespace: str, config: str) -> dict[str, Instance]:
         return {

@@ -164,6 +164,7 @@ async def run_agent(
         view, claims, watch, metrics.observe_allocate, metrics.plugin_registrations.inc
     )
     metrics.plugins_registered.set_function(lambda: float(len(plugins.registered)))
+    metrics.watch_slots(view.instances)
     reclaimer = Reclaimer(
         view,
         claims,
@@ -214,6 +215,9 @@ async def run_agent(
         # what it would go on doing needs the discovery nursery, which closes at shutdown.
         controller = Controller(reconciler.reconcile, configs, workers=4, drain=0).watches(
             instances, _instance_changed(view)
+        )
+        metrics.queue_depth.labels(controller="configurations").set_function(
+            lambda: float(len(controller.queue))
         )
         await root.start(controller.run)
         await root.start(watch.run)
