@@ -27,6 +27,7 @@ import trio
 from akri_trio.address import ObjectKey
 from akri_trio.agent import instances as plan_
 from akri_trio.agent.discovery import DiscoveryRequest, DiscoveryResult, run_configuration_discovery
+from akri_trio.agent.events import AgentEvents
 from akri_trio.agent.metrics import AgentMetrics
 from akri_trio.agent.status import node_entry
 from akri_trio.agent.view import NodeView
@@ -73,6 +74,8 @@ class _Running:
 
 
 class ConfigurationReconciler:
+    events = AgentEvents()  # records nothing until the agent sets its own
+
     def __init__(
         self,
         api: Client,
@@ -156,6 +159,7 @@ class ConfigurationReconciler:
             await self._leave_all(namespace, name)
             if self.metrics is not None:
                 self.metrics.forget_configuration(key)
+            self.events.forget(key)
             return None
         try:
             config = structure(obj, Configuration)
@@ -184,6 +188,7 @@ class ConfigurationReconciler:
             for f in result.devices
         }
         self.view.set_devices(key, devices)
+        self.events.devices(key, devices)
         existing = self._instances_of(namespace, name)
         ops = plan_.plan(self.node, config, result.devices, existing)
         requeue = None
@@ -353,6 +358,7 @@ class ConfigurationReconciler:
         )
         if previous == entry:
             return
+        self.events.status_changed(config.metadata.key, previous, entry)
         body = {
             "apiVersion": config.api_version,
             "kind": config.kind,

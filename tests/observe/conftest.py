@@ -7,7 +7,9 @@ for the test (`observe-<random>`), and the agent they run watches that namespace
 from __future__ import annotations
 
 import contextlib
+import os
 import secrets
+import subprocess
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -114,3 +116,16 @@ async def until(check: Any) -> Any:
         if value:
             return value
         await trio.sleep(0.05)
+
+
+def run_cli(space: Space, *argv: str) -> str:
+    """Run a command line against the test's cluster; its stdout (it must succeed)."""
+    proc = subprocess.run(
+        list(argv),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "KUBECONFIG": space.kubeconfig},
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout

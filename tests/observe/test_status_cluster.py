@@ -4,8 +4,6 @@ Configuration found nothing, in the text and in `-o json`."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from typing import Any
 
@@ -14,7 +12,7 @@ import trio
 
 from akri_trio.kube import Resource
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
-from tests.observe.conftest import RunningAgent, Space, until
+from tests.observe.conftest import RunningAgent, Space, run_cli, until
 from tests.support.akri_cluster import debug_echo_config
 
 pytestmark = pytest.mark.k8s
@@ -22,15 +20,7 @@ PODS = Resource.core("pods", "Pod")
 
 
 def status(space: Space, *args: str) -> str:
-    proc = subprocess.run(
-        [sys.executable, "-m", "akri_trio", "status", "-n", space.name, *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "KUBECONFIG": space.kubeconfig},
-    )
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
+    return run_cli(space, sys.executable, "-m", "akri_trio", "status", "-n", space.name, *args)
 
 
 async def test_status_shows_slot_holders_and_why_nothing_appeared(
