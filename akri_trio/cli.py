@@ -7,6 +7,7 @@ Each subcommand lives in the package that owns it and is imported only when chos
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import sys
 
 # subcommand -> "module:function"; the function takes argv (list[str]) and returns an exit code.
@@ -30,10 +31,13 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args[:1] in (["--version"], ["-V"]):
+        print(f"akri-trio {importlib.metadata.version('akri-trio')}")
+        return 0
     if not args or args[0] in ("-h", "--help") or args[0] not in SUBCOMMANDS:
         width = max(map(len, SUBCOMMANDS))
         lines = [f"  {name:<{width}}  {help_}" for name, (_, help_) in sorted(SUBCOMMANDS.items())]
-        print("usage: akri-trio <command> [args]\n\ncommands:\n" + "\n".join(lines))
+        print("usage: akri-trio [--version] <command> [args]\n\ncommands:\n" + "\n".join(lines))
         return 0 if args and args[0] in ("-h", "--help") else 2
     target, _ = SUBCOMMANDS[args[0]]
     module_name, func_name = target.split(":")

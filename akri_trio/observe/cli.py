@@ -18,7 +18,7 @@ from typing import Any, TextIO
 
 import trio
 
-from akri_trio.kube import Client, load_config
+from akri_trio.kube import Client, ConfigError, load_config
 from akri_trio.observe.picture import render_text
 from akri_trio.observe.watcher import ClusterWatch, fetch
 
@@ -73,8 +73,12 @@ async def status(args: argparse.Namespace, out: TextIO) -> None:
 
 def status_main(argv: list[str]) -> int:
     args = parse_status_args(argv, os.environ)
-    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C ends --watch
-        trio.run(status, args, sys.stdout)
+    try:
+        with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C ends --watch
+            trio.run(status, args, sys.stdout)
+    except ConfigError as exc:
+        print(f"akri-trio status: {exc} (hint: --kubeconfig FILE or KUBECONFIG)", file=sys.stderr)
+        return 1
     return 0
 
 
