@@ -11,6 +11,7 @@ the process with exit code 1 and one line on stderr, like kubectl's, instead of 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import sys
 
 # subcommand -> "module:function"; the function takes argv (list[str]) and returns an exit code.
@@ -21,6 +22,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     ),
     "cluster": ("akri_trio.cluster.cli:main", "a real local Kubernetes: up | down | status | env"),
     "discovery-handler": ("akri_trio.discovery.cli:main", "run a discovery handler standalone"),
+    "status": (
+        "akri_trio.observe.cli:status_main",
+        "Configurations, nodes, Instances, slots and who holds them, brokers (-o json, --watch)",
+    ),
     "webhook": (
         "akri_trio.webhook.cli:main",
         "the Configuration admission webhook (HTTPS); `webhook certs` makes its TLS files",
@@ -30,10 +35,13 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args[:1] in (["--version"], ["-V"]):
+        print(f"akri-trio {importlib.metadata.version('akri-trio')}")
+        return 0
     if not args or args[0] in ("-h", "--help") or args[0] not in SUBCOMMANDS:
         width = max(map(len, SUBCOMMANDS))
         lines = [f"  {name:<{width}}  {help_}" for name, (_, help_) in sorted(SUBCOMMANDS.items())]
-        print("usage: akri-trio <command> [args]\n\ncommands:\n" + "\n".join(lines))
+        print("usage: akri-trio [--version] <command> [args]\n\ncommands:\n" + "\n".join(lines))
         return 0 if args and args[0] in ("-h", "--help") else 2
     target, _ = SUBCOMMANDS[args[0]]
     module_name, func_name = target.split(":")

@@ -24,14 +24,11 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-import trio
-
 from akri_trio.discovery.handlers.debug_echo import DebugEcho
 from akri_trio.kube.client import JSON, Client
 from akri_trio.kube.config import load_config
-from akri_trio.kube.errors import NotFound
-from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
 from tests.support.akri_cluster import NAMESPACES
+from tests.support.akri_cluster import purge_namespace as purge_akri_namespace
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH_NS = "akri-bench"
@@ -93,24 +90,7 @@ async def prepare_namespace(api: Client, namespace: str = BENCH_NS) -> None:
 
 async def purge_namespace(api: Client, namespace: str = BENCH_NS, limit_s: float = 120) -> None:
     """Delete our Configurations, then our Instances (stripping finalizers of dead agents)."""
-    for res in (CONFIGURATIONS, INSTANCES):
-        for obj in (await api.list(res, namespace=namespace)).items:
-            meta = obj["metadata"]
-            try:
-                if meta.get("finalizers"):
-                    await api.merge_patch(
-                        res, meta["name"], {"metadata": {"finalizers": None}}, namespace=namespace
-                    )
-                await api.delete(res, meta["name"], namespace=namespace)
-            except NotFound:
-                pass
-    with trio.fail_after(limit_s):
-        while True:  # polling the API server
-            left = (await api.list(INSTANCES, namespace=namespace)).items
-            left += (await api.list(CONFIGURATIONS, namespace=namespace)).items
-            if not left:
-                return
-            await trio.sleep(0.2)
+    await purge_akri_namespace(api, namespace, limit_s)
 
 
 # --- numbers ---------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ import trio
 from akri_trio.address import ObjectKey
 from akri_trio.agent import instances as plan_
 from akri_trio.agent.discovery import DiscoveryRequest, DiscoveryResult, run_configuration_discovery
+from akri_trio.agent.events import AgentEvents
 from akri_trio.agent.metrics import AgentMetrics
 from akri_trio.agent.status import node_entry
 from akri_trio.agent.view import NodeView
@@ -73,6 +74,8 @@ class _Running:
 
 
 class ConfigurationReconciler:
+    events = AgentEvents()  # records nothing until the agent sets its own
+
     def __init__(
         self,
         api: Client,
@@ -114,13 +117,8 @@ class ConfigurationReconciler:
     def _observe(self, key: ObjectKey, running: _Running, result: DiscoveryResult) -> None:
         assert self.metrics is not None
         if running.result is None:
-            self.metrics.discovery_response_time.labels(configuration=str(key)).observe(
-                trio.current_time() - running.started_at
-            )
-        self.metrics.discovery_response_result.labels(
-            discovery_handler_name=running.request.handler,
-            result="error" if result.problems else "success",
-        ).inc()
+            self.metrics.first_response(key, trio.current_time() - running.started_at)
+        self.metrics.discovery_result(running.request.handler, not result.problems)
 
     def _ensure(self, key: ObjectKey, request: DiscoveryRequest) -> _Running:
         running = self.running.get(key)
@@ -160,7 +158,8 @@ class ConfigurationReconciler:
             self.view.set_devices(key, {})
             await self._leave_all(namespace, name)
             if self.metrics is not None:
-                self.metrics.instance_count.remove_matching(configuration=str(key))
+                self.metrics.forget_configuration(key)
+            self.events.forget(key)
             return None
         try:
             config = structure(obj, Configuration)
@@ -189,6 +188,7 @@ class ConfigurationReconciler:
             for f in result.devices
         }
         self.view.set_devices(key, devices)
+        self.events.devices(key, devices)
         existing = self._instances_of(namespace, name)
         ops = plan_.plan(self.node, config, result.devices, existing)
         requeue = None
@@ -211,9 +211,9 @@ class ConfigurationReconciler:
             i for i in self._instances_of(namespace, name).values() if self.node in i.spec.nodes
         ]
         for shared in (True, False):
-            self.metrics.instance_count.labels(
-                configuration=str(key), is_shared=str(shared).lower()
-            ).set(sum(i.spec.shared == shared for i in served))
+            self.metrics.set_instance_count(
+                key, shared, sum(i.spec.shared == shared for i in served)
+            )
 
     def _instances_of(self, namespace: str, config: str) -> dict[str, Instance]:
         return {
@@ -358,6 +358,7 @@ class ConfigurationReconciler:
         )
         if previous == entry:
             return
+        self.events.status_changed(config.metadata.key, previous, entry)
         body = {
             "apiVersion": config.api_version,
             "kind": config.kind,

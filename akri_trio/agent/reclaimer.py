@@ -78,7 +78,9 @@ class Reclaimer:
         period: float = DEFAULT_PERIOD_S,
         grace: float | None = None,
         on_freed: Callable[[int], None] | None = None,
+        on_slots_freed: Callable[[ObjectKey, list[str]], None] | None = None,
     ) -> None:
+        self.on_slots_freed = on_slots_freed
         self.view = view
         self.claims = claims
         self.socket = pod_resources_socket
@@ -131,6 +133,8 @@ class Reclaimer:
                 await self.claims.free_slots(inst_key, slot_ids)
                 freed += len(slot_ids)
                 log.info("reclaimed %s of %s (no container uses them)", slot_ids, inst_key)
+                if self.on_slots_freed is not None:
+                    self.on_slots_freed(inst_key, sorted(slot_ids))
             except (ClaimFailed, InstanceGone) as exc:
                 log.info("reclaiming %s of %s: %s (will retry)", slot_ids, inst_key, exc)
         for (namespace, config), vdev_ids in sorted(vdevs_by_config.items()):

@@ -31,6 +31,7 @@ import attrs
 import trio
 
 from akri_trio.agent.configurations import ConfigurationReconciler
+from akri_trio.agent.events import AgentEvents
 from akri_trio.agent.metrics import AgentMetrics
 from akri_trio.agent.plugins.claims import Claims
 from akri_trio.agent.plugins.kubelet import KubeletWatch
@@ -46,8 +47,10 @@ from akri_trio.kube import (
     Change,
     Client,
     Controller,
+    EventRecorder,
     Mapper,
     ObjectKey,
+    ObjectRef,
     Store,
     drop_managed_fields,
     load_config,
@@ -123,6 +126,14 @@ def _instance_changed(view: NodeView) -> Mapper:
     return mapper
 
 
+def _instance_ref(view: NodeView, key: ObjectKey) -> ObjectRef | None:
+    inst = view.instance(key)
+    if inst is None:
+        return None
+    meta = inst.metadata
+    return ObjectRef(inst.api_version, inst.kind, meta.namespace, meta.name, meta.uid)
+
+
 def _plan_inputs(inst: Instance) -> Instance:
     """What `instances.plan` and the status depend on: everything but deviceUsage."""
     return attrs.evolve(
@@ -159,11 +170,24 @@ async def run_agent(
     configs = Store(transform=drop_managed_fields)
     instances = Store(transform=drop_managed_fields)
     claims = Claims(api, view)
+    recorder = EventRecorder(api, "akri-agent", settings.node)
+    events = AgentEvents(
+        recorder,
+        settings.node,
+        configuration=configs.get,
+        instance=lambda key: _instance_ref(view, key),
+    )
     watch = KubeletWatch(settings.device_plugin_dir)
     plugins = PluginManager(
-        view, claims, watch, metrics.observe_allocate, metrics.plugin_registrations.inc
+        view,
+        claims,
+        watch,
+        metrics.observe_allocate,
+        metrics.plugin_registrations.inc,
+        events.allocate_refused,
     )
     metrics.plugins_registered.set_function(lambda: float(len(plugins.registered)))
+    metrics.watch_slots(view.instances)
     reclaimer = Reclaimer(
         view,
         claims,
@@ -171,9 +195,11 @@ async def run_agent(
         period=settings.reclaim_period,
         grace=settings.reclaim_grace,
         on_freed=metrics.slots_reclaimed.inc,
+        on_slots_freed=events.slots_reclaimed,
     )
     settings.discovery_handlers_directory.mkdir(parents=True, exist_ok=True)
     async with trio.open_nursery() as root:
+        root.start_soon(recorder.run)
         port = None
         if settings.metrics_port is not None:
             port = await root.start(
@@ -210,10 +236,14 @@ async def run_agent(
             lambda key: controller.queue.enqueue(key),
             metrics,
         )
+        reconciler.events = events
         # No drain: the reconcile is cancel-safe (a restarted agent redoes every write), and
         # what it would go on doing needs the discovery nursery, which closes at shutdown.
         controller = Controller(reconciler.reconcile, configs, workers=4, drain=0).watches(
             instances, _instance_changed(view)
+        )
+        metrics.queue_depth.labels(controller="configurations").set_function(
+            lambda: float(len(controller.queue))
         )
         await root.start(controller.run)
         await root.start(watch.run)

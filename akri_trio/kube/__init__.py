@@ -4,8 +4,8 @@ The agent and the controller import from here; the submodules hold the pieces:
 `config` (kubeconfig / in-cluster -> httpx client), `client` (`Client`; `Resource` and
 `ObjectKey` come from akri_trio.address), `errors` (`ApiError` and subclasses), `watch` (state
 machine + driver), `store` (reflector cache with a transform and indexes), `queue` (per-key
-reconcile queue), `controller` (stores + mappers + queue: the one controller loop), `backoff`
-(retry delays).
+reconcile queue), `controller` (stores + mappers + queue: the one controller loop), `events`
+(core/v1 Events, deduplicated and rate-limited, never blocking), `backoff` (retry delays).
 
 The shape of a controller built from them:
 
@@ -46,6 +46,7 @@ from akri_trio.kube.errors import (
     TooManyRequests,
     Unauthorized,
 )
+from akri_trio.kube.events import EventRecorder, ObjectRef
 from akri_trio.kube.queue import ReconcileQueue, Requeue
 from akri_trio.kube.store import (
     Change,
@@ -81,6 +82,7 @@ __all__ = [
     "Conflict",
     "Controller",
     "Delete",
+    "EventRecorder",
     "Forbidden",
     "Gone",
     "Init",
@@ -95,6 +97,7 @@ __all__ = [
     "NotFound",
     "ObjectKey",
     "ObjectList",
+    "ObjectRef",
     "ReconcileQueue",
     "Requeue",
     "Resource",

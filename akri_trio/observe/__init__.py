@@ -1,6 +1,6 @@
-"""Observability for the agent and controller: metrics that are really exported, and probes.
+"""Observability for the agent and controller: metrics, probes, and the views of the cluster.
 
-Upstream declares its agent metrics but never updates them (research/akri-upstream.md §5); here
-`metrics` holds the registry every component records into and `http` serves it, with the
-/healthz and /readyz endpoints kubelet probes, from one small trio server per process.
+`metrics` holds upstream Akri's metric families (so upstream's dashboards work) and the
+registry helpers every component records into; `http` serves it, with the /healthz and /readyz
+endpoints kubelet probes, from one small trio server per process.
 """

@@ -25,7 +25,7 @@ import attrs
 import h11
 import trio
 
-from akri_trio.observe.metrics import CONTENT_TYPE, Registry
+from akri_trio.observe.metrics import CONTENT_TYPE, Registry, render
 
 __all__ = [
     "NamedChecks",
@@ -121,16 +121,16 @@ def route(method: str, target: str, *, registry: Registry, ready: Readiness) -> 
         # Answering at all is the check: a wedged event loop would never get here.
         return Reply(200, b"ok\n")
     if path == "/readyz":
-        ok, body = evaluate_readiness(ready)
-        return Reply(200 if ok else 503, body.encode())
+        ok, why = evaluate_readiness(ready)
+        return Reply(200 if ok else 503, why.encode())
     try:
-        text = registry.render()
+        body = render(registry)
     except Exception:
         # A broken gauge callback: a 500 makes the scrape fail visibly (up == 0) instead of
         # silently exporting a partial set that dashboards would read as real zeros.
         log.exception("rendering /metrics failed")
         return Reply(500, b"metrics collection failed\n")
-    return Reply(200, text.encode(), content_type=CONTENT_TYPE)
+    return Reply(200, body, content_type=CONTENT_TYPE)
 
 
 # --------------------------------------------------------------------------------------------

@@ -327,12 +327,14 @@ async def test_metrics_are_really_exported(akri: Client, nodes: Any) -> None:
         ready = await http.get("/readyz")
         text = (await http.get("/metrics")).text
     assert ready.status_code == 200
-    assert f'akri_instance_count{{configuration="{NS}/seen",is_shared="true"}} 1' in text
     assert (
-        'akri_discovery_handler_endpoints{discovery_handler_name="debugEcho",state="Active"} 1'
+        f'akri_instance_count{{configuration="seen",is_shared="true",namespace="{NS}"}} 1.0' in text
+    )
+    assert (
+        'akri_discovery_handler_endpoints{discovery_handler_name="debugEcho",state="Active"} 1.0'
         in text
     )
-    assert "akri_device_plugins_registered 2" in text
+    assert "akri_device_plugins_registered 2.0" in text
     assert "process_resident_memory_bytes" in text
 
 

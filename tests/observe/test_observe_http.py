@@ -17,6 +17,7 @@ import httpx
 import pytest
 import trio
 import trio.testing
+from prometheus_client import Counter, Gauge
 
 from akri_trio.observe.http import (
     Readiness,
@@ -25,7 +26,7 @@ from akri_trio.observe.http import (
     route,
     serve_observe,
 )
-from akri_trio.observe.metrics import CONTENT_TYPE, Registry
+from akri_trio.observe.metrics import CONTENT_TYPE, Registry, render
 
 HOST = "127.0.0.1"
 
@@ -106,15 +107,15 @@ def test_readiness_single_callable() -> None:
 
 async def test_healthz_and_metrics() -> None:
     reg = Registry()
-    reg.counter("akri_scrapes_total", "Scrapes.").inc(7)
+    Counter("akri_scrapes_total", "Scrapes.", registry=reg).inc(7)
     async with running(reg) as port, client(port) as http:
         health = await http.get("/healthz")
         assert (health.status_code, health.text) == (200, "ok\n")
         metrics = await http.get("/metrics")
         assert metrics.status_code == 200
         assert metrics.headers["content-type"] == CONTENT_TYPE
-        assert metrics.text == reg.render()
-        assert "akri_scrapes_total 7\n" in metrics.text
+        assert metrics.content == render(reg)
+        assert "akri_scrapes_total 7.0\n" in metrics.text
 
 
 async def test_readiness_flips_from_503_to_200() -> None:
@@ -148,7 +149,7 @@ async def test_404_405_and_head() -> None:
 
 async def test_broken_metrics_callback_is_a_500_and_the_server_carries_on() -> None:
     reg = Registry()
-    reg.gauge("bad", "h").set_function(lambda: 1 / 0)
+    Gauge("bad", "h", registry=reg).set_function(lambda: 1 / 0)
     async with running(reg) as port, client(port) as http:
         assert (await http.get("/metrics")).status_code == 500
         assert (await http.get("/healthz")).status_code == 200

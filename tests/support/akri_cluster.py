@@ -65,6 +65,28 @@ async def purge_akri(api: Client) -> None:
             await trio.sleep(0.1)
 
 
+async def purge_namespace(api: Client, namespace: str, limit_s: float = 120) -> None:
+    """Delete our Configurations, then our Instances (stripping finalizers of dead agents)."""
+    for res in (CONFIGURATIONS, INSTANCES):
+        for obj in (await api.list(res, namespace=namespace)).items:
+            meta = obj["metadata"]
+            try:
+                if meta.get("finalizers"):
+                    await api.merge_patch(
+                        res, meta["name"], {"metadata": {"finalizers": None}}, namespace=namespace
+                    )
+                await api.delete(res, meta["name"], namespace=namespace)
+            except NotFound:
+                pass
+    with trio.fail_after(limit_s):
+        while True:  # polling the API server
+            left = (await api.list(INSTANCES, namespace=namespace)).items
+            left += (await api.list(CONFIGURATIONS, namespace=namespace)).items
+            if not left:
+                return
+            await trio.sleep(0.2)
+
+
 def debug_echo_config(
     name: str,
     namespace: str,

@@ -27,6 +27,7 @@ from akri_trio.agent.plugins.service import (
     ConfigurationBehaviour,
     DevicePluginService,
     InstanceBehaviour,
+    RefusalObserver,
 )
 from akri_trio.agent.view import NodeView
 from akri_trio.model.resources import Instance
@@ -69,8 +70,10 @@ class PluginManager:
         watch: KubeletWatch,
         observe: AllocateObserver | None = None,
         on_registered: Callable[[], None] | None = None,
+        on_refused: RefusalObserver | None = None,
     ) -> None:
         self.on_registered = on_registered
+        self.on_refused = on_refused
         self.view = view
         self.claims = claims
         self.watch = watch
@@ -106,7 +109,7 @@ class PluginManager:
         self, plugin: Plugin, scope: trio.CancelScope, *, task_status: trio.TaskStatus[Path]
     ) -> None:
         behaviour = self._behaviour(plugin)
-        service = DevicePluginService(behaviour, self.view, self.observe)
+        service = DevicePluginService(behaviour, self.view, self.observe, self.on_refused)
         name = behaviour.resource.split("/", 1)[1]
         with scope:
             try:

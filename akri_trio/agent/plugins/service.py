@@ -39,6 +39,8 @@ HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
 # is not), and a burst of claims costs one recomputation instead of one each.
 SETTLE_S = 0.002
 AllocateObserver = Callable[[str, str, float], None]  # (plugin kind, outcome, seconds)
+# (plugin key, plugin kind, the device ids asked for per container, why it was refused)
+RefusalObserver = Callable[[ObjectKey, str, Sequence[Sequence[str]], str], None]
 
 
 class Behaviour(Protocol):
@@ -199,11 +201,16 @@ _OUTCOMES: Mapping[type, str] = {
 
 class DevicePluginService(dp_grpc.DevicePluginServicer):
     def __init__(
-        self, behaviour: Behaviour, view: NodeView, observe: AllocateObserver | None = None
+        self,
+        behaviour: Behaviour,
+        view: NodeView,
+        observe: AllocateObserver | None = None,
+        refused: RefusalObserver | None = None,
     ) -> None:
         self.behaviour = behaviour
         self.view = view
         self.observe = observe
+        self.refused = refused
 
     def options(self) -> dp.DevicePluginOptions:
         return dp.DevicePluginOptions(
@@ -258,6 +265,8 @@ class DevicePluginService(dp_grpc.DevicePluginServicer):
             error = _grpc_error(exc)
             outcome = _OUTCOMES.get(type(error), "error")
             log.warning("Allocate %s on %s refused: %s", requests, self.behaviour.resource, exc)
+            if self.refused is not None:
+                self.refused(self.behaviour.key, self.behaviour.kind, requests, str(exc))
             raise error from exc
         finally:
             if self.observe is not None:

@@ -1,0 +1,90 @@
+"""`akri-trio status` against the real API server: which Pod holds which slot, and why a
+Configuration found nothing, in the text and in `-o json`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import pytest
+import trio
+
+from akri_trio.kube import Resource
+from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
+from tests.observe.conftest import RunningAgent, Space, run_cli, until
+from tests.support.akri_cluster import debug_echo_config
+
+pytestmark = pytest.mark.k8s
+PODS = Resource.core("pods", "Pod")
+
+
+def status(space: Space, *args: str) -> str:
+    return run_cli(space, sys.executable, "-m", "akri_trio", "status", "-n", space.name, *args)
+
+
+async def test_status_shows_slot_holders_and_why_nothing_appeared(
+    space: Space, agent: RunningAgent
+) -> None:
+    api, ns = space.api, space.name
+    await api.create(CONFIGURATIONS, debug_echo_config("cams", ns, ["cam0"], capacity=2))
+    missing = debug_echo_config("nothing", ns, ["x"])
+    missing["spec"]["discoveryHandler"]["name"] = "noSuchHandler"
+    await api.create(CONFIGURATIONS, missing)
+
+    async def one_instance() -> Any:
+        items = (await api.list(INSTANCES, namespace=ns)).items
+        return items[0] if len(items) == 1 else None
+
+    with trio.fail_after(20):
+        inst = await until(one_instance)
+    name = inst["metadata"]["name"]
+    with trio.fail_after(20):
+        await trio.to_thread.run_sync(
+            agent.kubelet.wait_for, lambda k: len(k.healthy(f"akri.sh/{name}")) == 2, 20.0
+        )
+    await trio.to_thread.run_sync(agent.kubelet.allocate, f"akri.sh/{name}", [[f"{name}-1"]])
+    # The Pod the kubelet would have admitted: bound to the agent's node, asking for the device.
+    await api.create(
+        PODS,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "user", "namespace": ns},
+            "spec": {
+                "nodeName": agent.node,
+                "containers": [
+                    {
+                        "name": "c",
+                        "image": "registry.k8s.io/pause:3.10.2",
+                        "resources": {"limits": {f"akri.sh/{name}": "1"}},
+                    }
+                ],
+            },
+        },
+        namespace=ns,
+    )
+
+    async def reported() -> dict[str, Any] | None:
+        pic: dict[str, Any] = json.loads(await trio.to_thread.run_sync(status, space, "-o", "json"))
+        cfgs = {c["name"]: c for c in pic["configurations"]}
+        if any(not c["nodes"] for c in cfgs.values()):
+            return None
+        return pic
+
+    with trio.fail_after(30):
+        pic = await until(reported)
+    assert {c["name"] for c in pic["configurations"]} == {"cams", "nothing"}
+    (inst_pic,) = pic["instances"]
+    assert inst_pic["name"] == name
+    assert [(s["slot"], s["node"], s["pods"]) for s in inst_pic["slots"]] == [
+        (f"{name}-0", "", []),
+        (f"{name}-1", agent.node, [f"{ns}/user"]),
+    ]
+    text = await trio.to_thread.run_sync(status, space)
+    assert f"{name}-1" in text and f"{agent.node}  {ns}/user" in text
+    assert "HandlerAvailable=False" in text
+    assert (
+        f"no discovery handler named 'noSuchHandler' is registered with the agent on {agent.node}"
+        in text
+    )
