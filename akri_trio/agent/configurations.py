@@ -309,21 +309,39 @@ class ConfigurationReconciler:
         raise RuntimeError(f"Instance {namespace}/{name} kept changing while leaving it")
 
     async def _delete_unchanged(self, inst: Instance) -> None:
-        """Delete an Instance no node serves any more, unless it changed since `inst` (a node
-        joined meanwhile) or is gone already: uid and resourceVersion are preconditions, so of
-        all the nodes that might try, one deletes it, once."""
-        meta = inst.metadata
-        try:
-            await self.api.delete(
-                INSTANCES,
-                meta.name,
-                namespace=meta.namespace,
-                uid=meta.uid,
-                resource_version=meta.resource_version,
-            )
-            log.info("deleted Instance %s/%s (no node left)", meta.namespace, meta.name)
-        except (NotFound, Conflict):
-            pass
+        """Delete an Instance no node serves any more. uid and resourceVersion are
+        preconditions, so a node that joins meanwhile keeps it; a write that changed nothing
+        of that (a node freeing its slots) only makes this re-read and try again."""
+        for _ in range(MAX_DEPART_ATTEMPTS):
+            meta = inst.metadata
+            try:
+                await self.api.delete(
+                    INSTANCES,
+                    meta.name,
+                    namespace=meta.namespace,
+                    uid=meta.uid,
+                    resource_version=meta.resource_version,
+                )
+                log.info("deleted Instance %s/%s (no node left)", meta.namespace, meta.name)
+                return
+            except NotFound:
+                return
+            except Conflict:
+                try:
+                    obj = await self.api.get(INSTANCES, meta.name, namespace=meta.namespace)
+                except NotFound:
+                    return
+                fresh = self.view.put_instance(obj)
+                if (
+                    fresh.metadata.uid != meta.uid
+                    or fresh.metadata.deletion_timestamp is not None
+                    or set(fresh.spec.nodes) - {self.node}
+                ):
+                    return  # replaced, being deleted, or served again
+                inst = fresh
+        log.warning(
+            "Instance %s/%s kept changing; not deleted", inst.metadata.namespace, inst.metadata.name
+        )
 
     async def _leave_all(self, namespace: str, config: str) -> None:
         for inst in self._instances_of(namespace, config).values():
