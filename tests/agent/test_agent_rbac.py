@@ -12,11 +12,9 @@ from typing import Any
 
 import pytest
 import trio
-import yaml
 
 from akri_trio.agent.run import AgentSettings, run_agent
 from akri_trio.kube.client import Client, Resource
-from akri_trio.kube.config import KubeConfig
 from akri_trio.kube.errors import NotFound
 from akri_trio.model.naming import device_hash
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
@@ -25,52 +23,17 @@ from tests.support.akri_cluster import (
     ensure_namespace,
 )
 from tests.support.kubelet_standin import KubeletStandin
+from tests.support.rbac import manifest_client
 
 MANIFEST = Path(__file__).parents[2] / "k8s" / "agent.yaml"
 NS = "rbac-tests"
-KINDS = {
-    "Namespace": Resource.core("namespaces", "Namespace", namespaced=False),
-    "ServiceAccount": Resource.core("serviceaccounts", "ServiceAccount"),
-    "ClusterRole": Resource(
-        "rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", namespaced=False
-    ),
-    "ClusterRoleBinding": Resource(
-        "rbac.authorization.k8s.io",
-        "v1",
-        "clusterrolebindings",
-        "ClusterRoleBinding",
-        namespaced=False,
-    ),
-}
 SECRETS = Resource.core("secrets", "Secret")
-
-
-async def _agent_token(api: Client) -> str:
-    """Apply the manifest's RBAC objects; the token of the agent's ServiceAccount."""
-    for doc in yaml.safe_load_all(MANIFEST.read_text()):
-        if doc["kind"] in KINDS:
-            await api.apply(KINDS[doc["kind"]], doc, field_manager="akri-trio-tests", force=True)
-    # A bound token from the TokenRequest API, as the kubelet gets for a Pod.
-    sa_path = KINDS["ServiceAccount"].path("akri", "akri-agent-sa", "token")
-    request = {
-        "apiVersion": "authentication.k8s.io/v1",
-        "kind": "TokenRequest",
-        "spec": {"expirationSeconds": 3600},
-    }
-    answer = await api.request("POST", sa_path, body=request)
-    token: str = answer["status"]["token"]
-    return token
 
 
 @pytest.fixture
 async def agent_api(akri: Client, cluster: dict[str, str]) -> AsyncIterator[Client]:
     """A client that authenticates as the agent's ServiceAccount."""
-    config = KubeConfig(
-        server=cluster["AKRI_TRIO_APISERVER"],
-        token=await _agent_token(akri),
-        ca_pem=await trio.Path(cluster["AKRI_TRIO_CA_CERT"]).read_bytes(),
-    )
-    async with Client.open(config) as client:
+    async with manifest_client(akri, cluster, MANIFEST, "akri", "akri-agent-sa") as client:
         yield client
 
 
