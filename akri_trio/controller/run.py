@@ -66,8 +66,6 @@ from akri_trio.observe.http import serve_observe
 
 log = logging.getLogger(__name__)
 
-SYNC_TIMEOUT_S = 120.0
-
 
 def default_identity() -> str:
     """Unique per process: the Pod's name (or host) and a random suffix, as client-go does."""
@@ -129,9 +127,12 @@ def slim_job(obj: JSON) -> JSON:
 
 
 def slim_node(obj: JSON) -> JSON:
-    """A Node reduced to its Ready condition (a real Node carries its image list)."""
+    """A Node reduced to its Ready condition's status (a real Node carries its image list, and
+    heartbeat times that change without anything happening)."""
     conditions = (obj.get("status") or {}).get("conditions") or []
-    ready = [c for c in conditions if c.get("type") == "Ready"]
+    ready = [
+        {"type": "Ready", "status": c.get("status")} for c in conditions if c.get("type") == "Ready"
+    ]
     return {
         "metadata": _slim_meta(obj, ("name", "uid", "resourceVersion")),
         "status": {"conditions": ready},
@@ -331,12 +332,13 @@ async def reconcile_while_leading(
             nursery.start_soon(reflect, api, NODES, caches.nodes)
             running.caches, running.reconcilers = caches, reconcilers
             metrics.broker_pods = lambda: caches.pods.snapshot().values()
-            with trio.fail_after(SYNC_TIMEOUT_S):
-                for name, controller in controllers.items():
-                    await nursery.start(controller.run)
-                    metrics.queue_depth.labels(reconciler=name).set_function(
-                        functools.partial(len, controller.queue)
-                    )
+            # No deadline on the first lists: with the API server away this waits (and /readyz
+            # says so) until it is back or leadership ends.
+            for name, controller in controllers.items():
+                await nursery.start(controller.run)
+                metrics.queue_depth.labels(reconciler=name).set_function(
+                    functools.partial(len, controller.queue)
+                )
             running.synced = True
             log.info("controller synced: %d Instances cached", len(caches.instances))
     finally:

@@ -242,7 +242,7 @@ def test_brokers_and_services_for_two_devices(e2e: Env) -> None:
 
 
 def test_deleted_broker_is_recreated(e2e: Env) -> None:
-    pod = e2e.running_brokers()[0]
+    pod = until(e2e.running_brokers, what="a Running broker")[0]
     name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
     e2e.kubectl("delete", "pod", name, "-n", NS, "--wait=false")
 
@@ -277,7 +277,7 @@ def test_killing_the_leader_hands_over(e2e: Env) -> None:
     assert took <= 17, f"takeover took {took:.1f} s"
     until(lambda: "akri_controller_leader 1" in e2e.metrics(standby), what="standby leads")
     # The new leader does the work: a deleted broker comes back.
-    pod = e2e.running_brokers()[0]
+    pod = until(e2e.running_brokers, what="a Running broker")[0]
     e2e.kubectl("delete", "pod", pod["metadata"]["name"], "-n", NS, "--wait=false")
     until(
         lambda: (
@@ -324,6 +324,88 @@ def test_job_brokers_run_per_generation(e2e: Env) -> None:
         lambda: all(j["metadata"]["name"].endswith(f"-{generation + 1}-job") for j in jobs()),
         what="old-generation Jobs removed",
     )
+
+
+def _ready(e2e: Env, node: str, ready: bool) -> None:
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    condition = {
+        "type": "Ready",
+        "status": "True" if ready else "False",
+        "reason": "Test",
+        "lastHeartbeatTime": now,
+        "lastTransitionTime": now,
+    }
+    patch = json.dumps({"status": {"conditions": [condition]}})
+    e2e.kubectl("patch", "node", node, "--subresource=status", "--type=merge", "-p", patch)
+
+
+def test_a_lost_node_is_removed_like_any_node(e2e: Env) -> None:
+    """A Node of our own (no kubelet behind it), Ready, then NotReady: the leader removes it
+    from the Instances and deletes the one it was alone on."""
+    lost = f"ctl-test-node-{secrets.token_hex(3)}"
+    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": lost}}
+    e2e.kubectl("create", "-f", "-", input=json.dumps(node))
+    try:
+        _ready(e2e, lost, True)
+        config = {
+            "apiVersion": "akri.sh/v0",
+            "kind": "Configuration",
+            "metadata": {"name": "ctl-lost", "namespace": NS},
+            "spec": {"discoveryHandler": {"name": "controllerTestsOnly"}, "capacity": 2},
+        }
+        made = json.loads(e2e.kubectl("create", "-f", "-", "-o", "json", input=json.dumps(config)))
+        owner = {
+            "apiVersion": "akri.sh/v0",
+            "kind": "Configuration",
+            "name": "ctl-lost",
+            "uid": made["metadata"]["uid"],
+        }
+
+        def instance(name: str, nodes: list[str], usage: dict[str, str]) -> str:
+            body = {
+                "apiVersion": "akri.sh/v0",
+                "kind": "Instance",
+                "metadata": {
+                    "name": name,
+                    "namespace": NS,
+                    "finalizers": [lost],
+                    "ownerReferences": [owner],
+                },
+                "spec": {
+                    "configurationName": "ctl-lost",
+                    "cdiName": f"akri.sh/ctl-lost={name}",
+                    "capacity": 2,
+                    "shared": True,
+                    "nodes": nodes,
+                    "deviceUsage": usage,
+                },
+            }
+            return e2e.kubectl("create", "-f", "-", input=json.dumps(body))
+
+        instance(
+            "ctl-lost-aaaaaa",
+            [lost, "elsewhere"],
+            {"ctl-lost-aaaaaa-0": lost, "ctl-lost-aaaaaa-1": "elsewhere"},
+        )
+        instance("ctl-lost-bbbbbb", [lost], {"ctl-lost-bbbbbb-0": f"C:ctl-lost-0:{lost}"})
+        time.sleep(2)  # the leader sees the node Ready
+        _ready(e2e, lost, False)
+
+        def released() -> dict[str, Any] | None:
+            out = e2e.kubectl("get", "instances.akri.sh", "ctl-lost-aaaaaa", "-n", NS, "-o", "json")
+            inst: dict[str, Any] = json.loads(out)
+            return inst if inst["spec"]["nodes"] == ["elsewhere"] else None
+
+        inst = until(released, what="the lost node removed")
+        assert inst["spec"]["deviceUsage"] == {"ctl-lost-aaaaaa-1": "elsewhere"}
+        assert not inst["metadata"].get("finalizers")
+        until(
+            lambda: "ctl-lost-bbbbbb" not in e2e.instance_names(),
+            what="the Instance left with no node deleted",
+        )
+    finally:
+        e2e.kubectl("delete", "node", lost, "--wait=false", check=False)
+        e2e.kubectl("delete", "configurations.akri.sh", "ctl-lost", "-n", NS, check=False)
 
 
 def test_deleting_the_configuration_removes_everything(e2e: Env) -> None:
