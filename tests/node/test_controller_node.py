@@ -204,11 +204,11 @@ def e2e(node_cluster: dict[str, str], tmp_path_factory: pytest.TempPathFactory) 
         lambda: env.kubectl("get", "serviceaccount", "default", "-n", NS, check=False),
         what="the namespace's default ServiceAccount",
     )
-    env.start_agent()
-    env.start_controller("ctl-a")
-    until(lambda: env.lease_holder() == "ctl-a", seconds=30, what="ctl-a leads")
-    env.start_controller("ctl-b")
     try:
+        env.start_agent()
+        env.start_controller("ctl-a")
+        until(lambda: env.lease_holder() == "ctl-a", seconds=30, what="ctl-a leads")
+        env.start_controller("ctl-b")
         yield env
     finally:
         env.kubectl(
