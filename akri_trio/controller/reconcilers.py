@@ -158,8 +158,26 @@ class Reconcilers:
         self.clock = clock  # wall clock: Pod timestamps are compared with it
         self.rand = rand
         self.retries: dict[ObjectKey, Mapping[str, Retry]] = {}
+        # (kind, key) -> (resourceVersion, model): each version is structured once, not on
+        # every reconcile that reads it (a Configuration's Services read all its Instances).
+        self._models: dict[tuple[type, ObjectKey], tuple[str, Any]] = {}
         self.launched: dict[ObjectKey, str] = {}
         self.node_states: dict[str, NodeState] = {}
+
+    def _read(self, store: Store, key: ObjectKey, cls: type[T]) -> T | None:
+        obj = store.get(key)
+        if obj is None:
+            self._models.pop((cls, key), None)
+            return None
+        version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+        hit = self._models.get((cls, key))
+        if hit is not None and version and hit[0] == version:
+            model: T = hit[1]
+            return model
+        made = _model(obj, cls)
+        if made is not None and version:
+            self._models[(cls, key)] = (version, made)
+        return made
 
     # --- writes ----------------------------------------------------------------------------
 
@@ -193,11 +211,11 @@ class Reconcilers:
         return BROKER_BACKOFF.delay(creates - 1, self.rand)
 
     async def instance(self, key: ObjectKey) -> Requeue | None:
-        instance = _model(self.c.instances.get(key), Instance)
+        instance = self._read(self.c.instances, key, Instance)
         config = None
         if instance is not None:
             config_key = ObjectKey(key.namespace, instance.spec.configuration_name)
-            config = _model(self.c.configurations.get(config_key), Configuration)
+            config = self._read(self.c.configurations, config_key, Configuration)
         wanted = instance is not None and config is not None
         pods = broker_pods(config, instance) if config and instance else {}
         job = broker_job(config, instance) if config and instance else None
@@ -238,12 +256,15 @@ class Reconcilers:
     # --- Services of one Configuration -------------------------------------------------------
 
     async def services(self, key: ObjectKey) -> Requeue | None:
-        config = _model(self.c.configurations.get(key), Configuration)
+        config = self._read(self.c.configurations, key, Configuration)
         if config is None:
             return None  # its Services go with it (ownerReferences)
         instances = [
             i
-            for i in (_model(o, Instance) for o in self.c.instances.select("config", key).values())
+            for i in (
+                self._read(self.c.instances, k, Instance)
+                for k in self.c.instances.keys_for("config", key)
+            )
             if i is not None
         ]
         by_label = label_key(key.namespace, key.name)
@@ -289,8 +310,11 @@ class Reconcilers:
         return None
 
     async def _release_node(self, node: str) -> None:
-        instances = [_model(o, Instance) for o in self.c.instances.snapshot().values()]
-        configs = [_model(o, Configuration) for o in self.c.configurations.snapshot().values()]
+        instances = [self._read(self.c.instances, k, Instance) for k in self.c.instances.snapshot()]
+        configs = [
+            self._read(self.c.configurations, k, Configuration)
+            for k in self.c.configurations.snapshot()
+        ]
         plan = plan_node_loss(
             node, (i for i in instances if i), (c for c in configs if c is not None)
         )
