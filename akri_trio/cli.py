@@ -20,6 +20,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "akri_trio.agent.cli:main",
         "the node agent (DaemonSet): discovery, Instances, plugins",
     ),
+    "controller": (
+        "akri_trio.controller.cli:main",
+        "the controller (Deployment): broker Pods, Jobs and Services; lost nodes",
+    ),
     "cluster": ("akri_trio.cluster.cli:main", "a real local Kubernetes: up | down | status | env"),
     "discovery-handler": ("akri_trio.discovery.cli:main", "run a discovery handler standalone"),
     "status": (

@@ -1,8 +1,9 @@
 """The controller: broker Pods, Jobs and Services for Instances, and cleanup after lost nodes.
 
 This package holds the pure decisions (no I/O): what to make (brokers, services), when
-(lifecycle) and what to undo when a node is lost (nodeloss). The edges that watch and write
-import these names from here.
+(lifecycle), what to undo when a node is lost (nodeloss) and who leads (lease). The edges that
+watch and write (run, reconcilers, leader, cli) import these names from here; nothing here
+imports them, so `import akri_trio.controller` stays free of I/O.
 """
 
 from akri_trio.controller.brokers import (
@@ -39,16 +40,21 @@ from akri_trio.controller.nodeloss import (
     NodeLossPlan,
     NodeState,
     StatusRelease,
+    left_without_nodes,
     node_ready,
     node_transition,
     plan_node_loss,
+    release_instance,
+    release_status,
 )
 from akri_trio.controller.observed import Delete, ObservedPod, timestamp
 from akri_trio.controller.services import (
     ServicePlan,
     configuration_service,
+    fingerprinted,
     instance_service,
     plan_services,
+    up_to_date,
 )
 
 __all__ = [
@@ -75,10 +81,12 @@ __all__ = [
     "configuration_selector",
     "configuration_service",
     "configuration_service_name",
+    "fingerprinted",
     "instance_selector",
     "instance_service",
     "instance_service_name",
     "label_value",
+    "left_without_nodes",
     "node_ready",
     "node_transition",
     "owner_reference",
@@ -87,6 +95,9 @@ __all__ = [
     "plan_node_loss",
     "plan_pods",
     "plan_services",
+    "release_instance",
+    "release_status",
     "rename_placeholder",
     "timestamp",
+    "up_to_date",
 ]

@@ -174,3 +174,13 @@ def plan_node_loss(
             deletes.append(Delete(meta.namespace, meta.name, meta.uid, f"last node {node} lost"))
     statuses = (release_status(c, node) for c in configurations)
     return NodeLossPlan(tuple(releases), tuple(deletes), tuple(s for s in statuses if s))
+
+
+def left_without_nodes(instance: Instance) -> Delete | None:
+    """After its lost node was removed: delete `instance` if no node is left on it (and it is
+    not already being deleted). The edge sends the resourceVersion it read as a precondition
+    too, so an agent that adds itself meanwhile keeps the Instance."""
+    meta = instance.metadata
+    if instance.spec.nodes or meta.deletion_timestamp is not None:
+        return None
+    return Delete(meta.namespace, meta.name, meta.uid, "no node left")

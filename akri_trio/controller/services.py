@@ -2,19 +2,28 @@
 
 Two kinds, as upstream: `<instance>-svc` in front of one Instance's brokers (owned by the
 Instance) and `<configuration>-svc` in front of all brokers of a Configuration (owned by the
-Configuration). A Service is wanted once one of its brokers is Running, and kept while one is
-Running or Pending, so recreating a broker (Failed -> deleted -> Pending -> Running) does not
-delete and re-create the Service in between; it goes when every broker it selects has ended or
-is being deleted. Job brokers count too: their Pods carry the same labels (brokers.py).
+Configuration). Unlike upstream's, an instance Service also carries its Configuration's label
+(not in its selector): the Configuration's plan then sees the Services of Instances that are
+gone and deletes them at once, rather than waiting for the garbage collector.
+
+A Service is wanted once one of its brokers is Running, and kept while one is Running or
+Pending, so recreating a broker (Failed -> deleted -> Pending -> Running) does not delete and
+re-create the Service in between; it goes when every broker it selects has ended or is being
+deleted. Job brokers count too: their Pods carry the same labels (brokers.py).
 
 The edge applies `ServicePlan.apply` (server-side apply, so a changed instanceServiceSpec
-reaches an existing Service) and deletes `ServicePlan.delete`.
+reaches an existing Service) and deletes `ServicePlan.delete`. Every body it applies carries a
+fingerprint of itself in an annotation (`fingerprinted`); a Service whose annotation matches
+what would be applied is left alone (`up_to_date`), so a steady state costs no request, also
+after a restart, and a Service made by someone else (upstream's controller) is taken over once.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Final
 
 import attrs
 
@@ -24,6 +33,31 @@ from akri_trio.model import naming
 from akri_trio.model.resources import JSON, Configuration, Instance
 
 _KEEPS_SERVICE = frozenset({"Running", "Pending"})
+FINGERPRINT: Final = "akri.sh/applied-fingerprint"
+
+
+def fingerprint(body: Mapping[str, Any]) -> str:
+    """A digest of a body as the controller would apply it (its own annotation left out)."""
+    meta = dict(body.get("metadata") or {})
+    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k != FINGERPRINT}
+    meta["annotations"] = annotations
+    text = json.dumps({**body, "metadata": meta}, sort_keys=True, separators=(",", ":"))
+    return hashlib.blake2b(text.encode(), digest_size=10).hexdigest()
+
+
+def fingerprinted(body: Mapping[str, Any]) -> JSON:
+    """`body` with its fingerprint annotation."""
+    meta = dict(body.get("metadata") or {})
+    meta["annotations"] = {**(meta.get("annotations") or {}), FINGERPRINT: fingerprint(body)}
+    return {**body, "metadata": meta}
+
+
+def up_to_date(existing: Mapping[str, Any] | None, body: Mapping[str, Any]) -> bool:
+    """Does the observed Service already carry what applying `body` would write?"""
+    if existing is None:
+        return False
+    annotations = (existing.get("metadata") or {}).get("annotations") or {}
+    return bool(annotations.get(FINGERPRINT) == fingerprint(body))
 
 
 @attrs.frozen
@@ -37,10 +71,12 @@ def _service(
     user_spec: Mapping[str, Any],
     selector: Mapping[str, str],
     owner: Configuration | Instance,
+    extra_labels: Mapping[str, str] | None = None,
 ) -> JSON:
     labels = {
         brokers.APP_LABEL: name,
         naming.LABEL_CONTROLLER: naming.CONTROLLER_VALUE,
+        **(extra_labels or {}),
         **selector,
     }
     spec = dict(user_spec)
@@ -59,7 +95,8 @@ def instance_service(configuration: Configuration, instance: Instance) -> JSON |
         return None
     name = names.instance_service_name(instance.metadata.name)
     selector = brokers.instance_selector(instance.metadata.name)
-    return _service(name, user, selector, instance)
+    config = brokers.configuration_selector(instance.spec.configuration_name)
+    return _service(name, user, selector, instance, config)
 
 
 def configuration_service(configuration: Configuration) -> JSON | None:
@@ -75,9 +112,24 @@ def _selects_labels(selector: Mapping[str, str], labels: Mapping[str, str]) -> b
     return all(labels.get(k) == v for k, v in selector.items())
 
 
-def _wanted(selector: Mapping[str, str], pods: Iterable[ObservedPod], exists: bool) -> bool:
-    phases = {p.phase for p in pods if not p.deleting and _selects_labels(selector, p.labels)}
-    return "Running" in phases or (exists and bool(phases & _KEEPS_SERVICE))
+class _Phases:
+    """The phases of the live broker Pods, grouped once by each label the selectors use, so
+    planning N Instances' Services costs O(N + pods), not O(N x pods)."""
+
+    def __init__(self, pods: Iterable[ObservedPod]) -> None:
+        self._by: dict[tuple[str, str], set[str]] = {}
+        for pod in pods:
+            if pod.deleting:
+                continue
+            for label in (naming.LABEL_INSTANCE, naming.LABEL_CONFIGURATION):
+                if label in pod.labels:
+                    self._by.setdefault((label, pod.labels[label]), set()).add(pod.phase)
+
+    def wanted(self, selector: Mapping[str, str], exists: bool) -> bool:
+        # Each selector is one label (instance_selector / configuration_selector).
+        ((label, value),) = selector.items()
+        phases = self._by.get((label, value), set())
+        return "Running" in phases or (exists and bool(phases & _KEEPS_SERVICE))
 
 
 def plan_services(
@@ -89,7 +141,7 @@ def plan_services(
     """The Services of one Configuration. `instances` are its Instances, `pods` the broker Pods
     in its namespace and `services` the Services there labelled `controller=akri.sh`; Services
     of other Configurations among them are left alone."""
-    pods = list(pods)
+    phases = _Phases(pods)
     instances = list(instances)
     existing = {s["metadata"]["name"]: s for s in services}
     deleting = configuration.metadata.deletion_timestamp is not None
@@ -104,7 +156,7 @@ def plan_services(
     apply = [
         body
         for body, selector in ours
-        if body is not None and _wanted(selector, pods, body["metadata"]["name"] in existing)
+        if body is not None and phases.wanted(selector, body["metadata"]["name"] in existing)
     ]
     keep = {body["metadata"]["name"] for body in apply}
     delete = [

@@ -3,8 +3,8 @@
 Dashboards and alerts written for upstream Akri query `akri_instance_count`,
 `akri_discovery_response_time`, `akri_discovery_response_result` and `akri_broker_pod_count`
 with upstream's label names and values; they must work against us unchanged. Upstream declares
-these in its agent and controller; the definitions live here, in one place, so the agent and the
-controller register exactly the same families (`agent_families`, `ControllerMetrics`).
+these in its agent and controller; the agent's live here (`agent_families`), the controller's
+beside it (controller/metrics.py), on the same helpers.
 
 `prometheus_client` does the bookkeeping and the text format. Two things it does differently
 from upstream's Rust client, handled here:
@@ -22,7 +22,7 @@ forever. `remove_matching` drops every child whose labels include a partial set,
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
@@ -34,13 +34,11 @@ __all__ = [
     "ALLOCATE_BUCKETS",
     "CONTENT_TYPE",
     "DISCOVERY_BUCKETS",
-    "ControllerMetrics",
     "GaugeSnapshot",
     "Registry",
     "SuffixlessCounter",
     "UpstreamFamilies",
     "agent_families",
-    "broker_pod_count",
     "new_registry",
     "reconcile_queue_depth",
     "remove_matching",
@@ -190,17 +188,6 @@ def agent_families(registry: CollectorRegistry) -> UpstreamFamilies:
     return UpstreamFamilies(registry)
 
 
-def broker_pod_count(registry: CollectorRegistry) -> Gauge:
-    """Upstream's controller gauge `akri_broker_pod_count{configuration, node}`: broker Pods
-    per Configuration name and target node (label `akri.sh/target-node`)."""
-    return Gauge(
-        "akri_broker_pod_count",
-        "Akri Broker Pod Count: broker Pods by Configuration and node",
-        ("configuration", "node"),
-        registry=registry,
-    )
-
-
 def reconcile_queue_depth(registry: CollectorRegistry) -> Gauge:
     """`akri_reconcile_queue_depth{controller}`: keys waiting in a controller's reconcile queue
     (ready, dirty or delayed); drive a child with `set_function(lambda: len(queue))`."""
@@ -210,21 +197,3 @@ def reconcile_queue_depth(registry: CollectorRegistry) -> Gauge:
         ("controller",),
         registry=registry,
     )
-
-
-class ControllerMetrics:
-    """What the broker controller exports. `set_broker_pods` takes the full current count per
-    (configuration, node), computed from its Pod store, and drops pairs that went to none."""
-
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry if registry is not None else new_registry()
-        self.broker_pod_count = broker_pod_count(self.registry)
-        self._broker_pods = GaugeSnapshot(self.broker_pod_count)
-        self.queue_depth = reconcile_queue_depth(self.registry)
-
-    def set_broker_pods(self, counts: Mapping[tuple[str, str], int]) -> None:
-        self._broker_pods.replace({k: float(v) for k, v in counts.items() if v})
-
-    def watch_queue(self, controller: str, queue: Sized) -> None:
-        """Report `len(queue)` at every scrape under `controller`."""
-        self.queue_depth.labels(controller=controller).set_function(lambda: float(len(queue)))

@@ -15,7 +15,6 @@ import trio
 
 from akri_trio.agent.run import AgentSettings, run_agent
 from akri_trio.kube.client import Client, Resource
-from akri_trio.kube.config import KubeConfig
 from akri_trio.kube.errors import NotFound
 from akri_trio.model.naming import device_hash
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
@@ -24,28 +23,17 @@ from tests.support.akri_cluster import (
     ensure_namespace,
 )
 from tests.support.kubelet_standin import KubeletStandin
-from tests.support.rbac import account_token, apply_rbac
+from tests.support.rbac import manifest_client
 
 MANIFEST = Path(__file__).parents[2] / "k8s" / "agent.yaml"
 NS = "rbac-tests"
 SECRETS = Resource.core("secrets", "Secret")
 
 
-async def _agent_token(api: Client) -> str:
-    """Apply the manifest's RBAC objects; the token of the agent's ServiceAccount."""
-    await apply_rbac(api, MANIFEST)
-    return await account_token(api, "akri", "akri-agent-sa")
-
-
 @pytest.fixture
 async def agent_api(akri: Client, cluster: dict[str, str]) -> AsyncIterator[Client]:
     """A client that authenticates as the agent's ServiceAccount."""
-    config = KubeConfig(
-        server=cluster["AKRI_TRIO_APISERVER"],
-        token=await _agent_token(akri),
-        ca_pem=await trio.Path(cluster["AKRI_TRIO_CA_CERT"]).read_bytes(),
-    )
-    async with Client.open(config) as client:
+    async with manifest_client(akri, cluster, MANIFEST, "akri", "akri-agent-sa") as client:
         yield client
 
 

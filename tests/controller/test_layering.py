@@ -1,5 +1,6 @@
-"""The controller and webhook cores import no I/O library and nothing of kube/ or agent/; only
-the named edges do."""
+"""The controller and webhook cores import no I/O library and nothing of kube/ or agent/; the
+controller's edges (the modules that watch, write, elect and parse flags) may use kube/ and trio
+but never the agent, and the agent never imports the controller."""
 
 from __future__ import annotations
 
@@ -24,13 +25,17 @@ def _imports(path: Path) -> set[str]:
     return names
 
 
-# The edges, named: they do the I/O (HTTPS, the API server) around the pure cores.
-EDGES = ("webhook/server.py", "webhook/cli.py")
+ROOT = Path(akri_trio.__file__).parent
+# I/O edges: everything they decide comes from the pure modules of their package.
+EDGES = {
+    "controller": {"run.py", "reconcilers.py", "leader.py", "cli.py"},
+    "webhook": {"server.py", "cli.py"},
+}
 MODULES = sorted(
     path
     for package in PACKAGES
-    for path in (Path(akri_trio.__file__).parent / package).glob("*.py")
-    if f"{package}/{path.name}" not in EDGES
+    for path in (ROOT / package).glob("*.py")
+    if path.name not in EDGES[package]
 )
 
 
@@ -42,3 +47,17 @@ def test_pure_core_imports_no_io(path: Path) -> None:
         if any(name == f or name.startswith(f + ".") for f in FORBIDDEN)
     }
     assert not bad, f"{path.name} imports {sorted(bad)}"
+
+
+@pytest.mark.parametrize(
+    ("package", "other"), [("controller", "akri_trio.agent"), ("agent", "akri_trio.controller")]
+)
+def test_agent_and_controller_never_import_each_other(package: str, other: str) -> None:
+    for path in (ROOT / package).rglob("*.py"):
+        bad = {n for n in _imports(path) if n == other or n.startswith(other + ".")}
+        assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
+
+
+def test_controller_edges_exist() -> None:
+    """The edge list names real modules (a renamed edge must not silently become 'pure')."""
+    assert all((ROOT / "controller" / name).is_file() for name in EDGES["controller"])

@@ -12,8 +12,10 @@ from akri_trio.controller import (
     broker_job,
     broker_pods,
     configuration_service,
+    fingerprinted,
     instance_service,
     plan_services,
+    up_to_date,
 )
 from tests.controller.objects import CONFIG, INSTANCE, configuration, instance, pod_json
 
@@ -43,6 +45,7 @@ def test_instance_service_body() -> None:
     assert body["metadata"]["labels"] == {
         "app": ISVC,
         "controller": "akri.sh",
+        "akri.sh/configuration": CONFIG,
         "akri.sh/instance": INSTANCE,
     }
     assert body["metadata"]["ownerReferences"][0]["kind"] == "Instance"
@@ -124,3 +127,23 @@ def test_a_deleting_configuration_wants_no_service() -> None:
     deleting = attrs.evolve(live, metadata=meta)
     plan = plan_services(deleting, [INST], [pod("Running")], existing)
     assert plan.apply == () and [d.name for d in plan.delete] == [CSVC]
+
+
+def test_service_of_a_vanished_instance_is_deleted() -> None:
+    body = instance_service(CONFIG_WITH_SERVICES, INST)
+    assert body is not None
+    left = svc(ISVC, body["metadata"]["labels"])
+    plan = plan_services(CONFIG_WITH_SERVICES, [], [], [left])
+    assert [d.name for d in plan.delete] == [ISVC]
+
+
+def test_fingerprint_tells_a_changed_body() -> None:
+    body = instance_service(CONFIG_WITH_SERVICES, INST)
+    assert body is not None
+    applied = fingerprinted(body)
+    assert up_to_date(applied, body)
+    assert fingerprinted(applied) == applied  # its own annotation does not count
+    other = {**body, "spec": {**body["spec"], "ports": [{"port": 7000}]}}
+    assert not up_to_date(applied, other)
+    assert not up_to_date(None, body)
+    assert not up_to_date(svc(ISVC, {}), body)  # made by someone else: taken over once

@@ -10,11 +10,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from akri_trio.address import ObjectKey
 from akri_trio.agent.metrics import AgentMetrics, slot_counts
+from akri_trio.controller.metrics import ControllerMetrics
 from akri_trio.model.resources import Instance, InstanceSpec, ObjectMeta
 from akri_trio.observe.metrics import (
     CONTENT_TYPE,
     DISCOVERY_BUCKETS,
-    ControllerMetrics,
     GaugeSnapshot,
     Registry,
     SuffixlessCounter,
@@ -135,10 +135,17 @@ def test_gauge_snapshot_replaces_the_whole_set() -> None:
 
 def test_controller_broker_pod_count_and_queue_depth() -> None:
     m = ControllerMetrics(new_registry(process=False))
-    m.set_broker_pods({("foo", "node-a"): 2, ("foo", "node-b"): 1})
-    m.set_broker_pods({("foo", "node-a"): 1, ("foo", "node-b"): 0})
+
+    def pod(node: str | None, deleting: bool = False) -> dict[str, object]:
+        labels = {"akri.sh/configuration": "foo"} | ({"akri.sh/target-node": node} if node else {})
+        meta: dict[str, object] = {"labels": labels}
+        if deleting:
+            meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        return {"metadata": meta}
+
+    m.broker_pods = lambda: [pod("node-a"), pod("node-a", deleting=True), pod(None)]
     queue = [1, 2, 3]
-    m.watch_queue("brokers", queue)
+    m.queue_depth.labels(controller="brokers").set_function(lambda: float(len(queue)))
     assert lines(m.registry, "akri_broker_pod_count") == [
         "# TYPE akri_broker_pod_count gauge",
         'akri_broker_pod_count{configuration="foo",node="node-a"} 1.0',

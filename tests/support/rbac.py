@@ -1,36 +1,36 @@
-"""Running a component with exactly the RBAC its manifest grants: apply the manifest's RBAC
-objects and get a token of its ServiceAccount from the TokenRequest API, as the kubelet gets
-one for a Pod."""
+"""Run a component with exactly the RBAC its manifest grants: apply the manifest's Namespace,
+ServiceAccount, (Cluster)Roles and bindings, and get a token for that ServiceAccount from the
+TokenRequest API, as the kubelet gets one for a Pod."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import trio
 import yaml
 
 from akri_trio.kube.client import Client, Resource
+from akri_trio.kube.config import KubeConfig
 
+RBAC = "rbac.authorization.k8s.io"
 RBAC_KINDS = {
     "Namespace": Resource.core("namespaces", "Namespace", namespaced=False),
     "ServiceAccount": Resource.core("serviceaccounts", "ServiceAccount"),
-    "ClusterRole": Resource(
-        "rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", namespaced=False
-    ),
+    "ClusterRole": Resource(RBAC, "v1", "clusterroles", "ClusterRole", namespaced=False),
     "ClusterRoleBinding": Resource(
-        "rbac.authorization.k8s.io",
-        "v1",
-        "clusterrolebindings",
-        "ClusterRoleBinding",
-        namespaced=False,
+        RBAC, "v1", "clusterrolebindings", "ClusterRoleBinding", namespaced=False
     ),
+    "Role": Resource(RBAC, "v1", "roles", "Role"),
+    "RoleBinding": Resource(RBAC, "v1", "rolebindings", "RoleBinding"),
 }
 
 
 async def apply_rbac(api: Client, manifest: Path) -> None:
-    """Apply the manifest's Namespace, ServiceAccount, ClusterRole and ClusterRoleBinding."""
+    """Apply the manifest's RBAC objects (and its Namespace)."""
     for doc in yaml.safe_load_all(await trio.Path(manifest).read_text()):
-        if doc["kind"] in RBAC_KINDS:
+        if doc and doc["kind"] in RBAC_KINDS:
             await api.apply(
                 RBAC_KINDS[doc["kind"]], doc, field_manager="akri-trio-tests", force=True
             )
@@ -47,3 +47,23 @@ async def account_token(api: Client, namespace: str, account: str) -> str:
     answer = await api.request("POST", path, body=request)
     token: str = answer["status"]["token"]
     return token
+
+
+async def manifest_token(api: Client, manifest: Path, namespace: str, account: str) -> str:
+    """Apply `manifest`'s RBAC objects; a bound token of `account`."""
+    await apply_rbac(api, manifest)
+    return await account_token(api, namespace, account)
+
+
+@asynccontextmanager
+async def manifest_client(
+    admin: Client, cluster: Mapping[str, str], manifest: Path, namespace: str, account: str
+) -> AsyncIterator[Client]:
+    """A client authenticating as `account`, with only what `manifest` grants it."""
+    config = KubeConfig(
+        server=cluster["AKRI_TRIO_APISERVER"],
+        token=await manifest_token(admin, manifest, namespace, account),
+        ca_pem=await trio.Path(cluster["AKRI_TRIO_CA_CERT"]).read_bytes(),
+    )
+    async with Client.open(config) as client:
+        yield client

@@ -1,0 +1,208 @@
+"""Helpers for the controller's tests on the real control plane: a namespace of one's own,
+Configurations with brokers, Instances written as an agent would write them, waits on the API.
+
+Everything happens in a fresh namespace per test, deleted afterwards: the cluster is shared,
+and other tests purge akri objects or run agents of their own.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager, suppress
+from typing import Any, TypeVar
+
+import trio
+
+from akri_trio.controller.reconcilers import JOBS, NODES, PODS, SERVICES
+from akri_trio.kube import JSON, Client, NotFound, Resource
+from akri_trio.model import naming
+from akri_trio.model.resources import INSTANCES
+from tests.support.akri_cluster import NAMESPACES, ensure_namespace, install_crds
+
+T = TypeVar("T")
+BUSYBOX = "docker.io/library/busybox:latest"
+# No agent has a handler of this name: agents of other tests (they watch every namespace) make
+# no Instances for these Configurations; the tests write them.
+NO_HANDLER = "controllerTestsOnly"
+SERVICE_ACCOUNTS = Resource.core("serviceaccounts", "ServiceAccount")
+NOWHERE = {"akri-trio-test/nowhere": "true"}  # a nodeSelector no node matches: Pods stay Pending
+
+__all__ = ["JOBS", "NODES", "PODS", "SERVICES"]
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(3)}"
+
+
+@asynccontextmanager
+async def namespace(api: Client, prefix: str) -> AsyncIterator[str]:
+    """A fresh namespace (CRDs installed), deleted with everything in it afterwards."""
+    await install_crds(api)
+    name = unique(prefix)
+    await ensure_namespace(api, name)
+
+    async def service_account() -> bool:
+        try:
+            return bool(await api.get(SERVICE_ACCOUNTS, "default", namespace=name))
+        except NotFound:
+            return False
+
+    # Pods are refused until the namespace's default ServiceAccount exists.
+    await until(service_account, what=f"ServiceAccount {name}/default")
+    try:
+        yield name
+    finally:
+        with trio.CancelScope(shield=True), trio.move_on_after(30):
+            for inst in (await api.list(INSTANCES, namespace=name)).items:
+                if inst["metadata"].get("finalizers"):
+                    with suppress(NotFound):
+                        await api.merge_patch(
+                            INSTANCES,
+                            inst["metadata"]["name"],
+                            {"metadata": {"finalizers": None}},
+                            namespace=name,
+                        )
+            with suppress(NotFound):
+                await api.delete(NAMESPACES, name)
+
+
+def pod_spec(
+    command: str = "sleep 3600", *, placeholder: bool = True, nowhere: bool = False
+) -> JSON:
+    container: JSON = {
+        "name": "broker",
+        "image": BUSYBOX,
+        "imagePullPolicy": "Never",
+        "command": ["sh", "-c", command],
+    }
+    if placeholder:
+        container["resources"] = {"limits": {"{{PLACEHOLDER}}": "1"}}
+    spec: JSON = {"containers": [container], "terminationGracePeriodSeconds": 1}
+    if nowhere:
+        spec["nodeSelector"] = dict(NOWHERE)
+    return spec
+
+
+SERVICE_SPEC: JSON = {"type": "ClusterIP", "ports": [{"name": "grpc", "port": 6052}]}
+
+
+def broker_config(
+    name: str,
+    ns: str,
+    *,
+    handler: str = NO_HANDLER,
+    descriptions: tuple[str, ...] = ("d0", "d1"),
+    pod: JSON | None = None,
+    job: JSON | None = None,
+    services: bool = True,
+    capacity: int = 2,
+) -> JSON:
+    import yaml
+
+    spec: JSON = {
+        "discoveryHandler": {
+            "name": handler,
+            "discoveryDetails": yaml.safe_dump({"descriptions": list(descriptions)}),
+        },
+        "capacity": capacity,
+    }
+    if pod is not None:
+        spec["brokerSpec"] = {"brokerPodSpec": pod}
+    if job is not None:
+        spec["brokerSpec"] = {"brokerJobSpec": job}
+    if services:
+        spec["instanceServiceSpec"] = SERVICE_SPEC
+        spec["configurationServiceSpec"] = SERVICE_SPEC
+    return {
+        "apiVersion": "akri.sh/v0",
+        "kind": "Configuration",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": spec,
+    }
+
+
+async def make_instance(
+    api: Client,
+    config: Mapping[str, Any],
+    name: str,
+    nodes: list[str],
+    *,
+    shared: bool = True,
+    usage: Mapping[str, str] | None = None,
+    finalizers: list[str] | None = None,
+) -> JSON:
+    """An Instance as an agent writes it, owned by its Configuration."""
+    meta = config["metadata"]
+    body: JSON = {
+        "apiVersion": "akri.sh/v0",
+        "kind": "Instance",
+        "metadata": {
+            "name": name,
+            "namespace": meta["namespace"],
+            "ownerReferences": [
+                {
+                    "apiVersion": "akri.sh/v0",
+                    "kind": "Configuration",
+                    "name": meta["name"],
+                    "uid": meta["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+            "finalizers": list(finalizers or []),
+        },
+        "spec": {
+            "configurationName": meta["name"],
+            "cdiName": f"akri.sh/{meta['name']}={name}",
+            "capacity": config["spec"].get("capacity", 1),
+            "shared": shared,
+            "nodes": nodes,
+            "deviceUsage": dict(usage or {}),
+            "brokerProperties": {},
+        },
+    }
+    return await api.create(INSTANCES, body)
+
+
+async def until(
+    check: Callable[[], Awaitable[T | None]],
+    seconds: float = 30,
+    what: str = "",
+    poll: float = 0.2,
+) -> T:
+    """Poll the API server until `check()` is truthy (it has no event for most of what tests
+    wait on); fails naming `what` with the last value."""
+    last: T | None = None
+    try:
+        with trio.fail_after(seconds):
+            while True:
+                last = await check()
+                if last:
+                    return last
+                await trio.sleep(poll)
+    except trio.TooSlowError:
+        raise AssertionError(f"not within {seconds}s: {what} (last: {last!r})") from None
+
+
+async def brokers(api: Client, ns: str, config: str | None = None) -> list[JSON]:
+    """Broker Pods (not being deleted) in `ns`, of `config` when given."""
+    selector = naming.LABEL_CONFIGURATION + (f"={config}" if config else "")
+    pods = (await api.list(PODS, namespace=ns, label_selector=selector)).items
+    return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+
+async def service_names(api: Client, ns: str) -> set[str]:
+    items = (await api.list(SERVICES, namespace=ns, label_selector="controller=akri.sh")).items
+    return {s["metadata"]["name"] for s in items if not s["metadata"].get("deletionTimestamp")}
+
+
+async def set_pod_phase(api: Client, pod: Mapping[str, Any], phase: str) -> None:
+    """Stand in for a kubelet on a Pod no node will run: write its phase (pods/status)."""
+    meta = pod["metadata"]
+    status: JSON = {"phase": phase}
+    if phase == "Running":
+        status["startTime"] = meta["creationTimestamp"]
+    await api.merge_patch(
+        PODS, meta["name"], {"status": status}, namespace=meta["namespace"], subresource="status"
+    )

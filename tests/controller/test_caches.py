@@ -1,0 +1,74 @@
+"""What the controller caches and which changes wake which reconciler (run.py's transforms and
+mappers), without a cluster: a busy kubelet or an agent writing status must wake nobody."""
+
+from __future__ import annotations
+
+from akri_trio.controller.run import (
+    _configuration_to_instances,
+    _instance_to_configuration,
+    _when_changed,
+    make_caches,
+    slim_node,
+    slim_pod,
+)
+from akri_trio.kube import Apply, Change, Init, InitApply, InitDone, ObjectKey
+from akri_trio.model import naming
+
+
+def _pod(phase: str, **status: object) -> dict[str, object]:
+    return {
+        "metadata": {
+            "name": "p",
+            "namespace": "ns",
+            "uid": "u",
+            "labels": {naming.LABEL_INSTANCE: "i"},
+            "managedFields": [{"manager": "kubelet"}],
+        },
+        "spec": {"containers": [{"name": "c"}]},
+        "status": {"phase": phase, **status},
+    }
+
+
+def test_a_pods_status_churn_is_not_cached() -> None:
+    a = slim_pod(_pod("Running", conditions=[{"type": "Ready", "status": "True"}]))
+    b = slim_pod(_pod("Running", conditions=[{"type": "Ready", "status": "False"}], podIP="1"))
+    assert a == b and "spec" not in a and "managedFields" not in a["metadata"]
+    assert slim_pod(_pod("Failed")) != a
+
+
+def test_a_nodes_heartbeats_are_not_cached() -> None:
+    def node(ready: str, beat: str) -> dict[str, object]:
+        cond = {"type": "Ready", "status": ready, "lastHeartbeatTime": beat}
+        other = {"type": "MemoryPressure", "status": "False"}
+        return {"metadata": {"name": "n"}, "status": {"conditions": [cond, other], "images": [1]}}
+
+    assert slim_node(node("True", "t1")) == slim_node(node("True", "t2"))
+    assert slim_node(node("True", "t1")) != slim_node(node("False", "t1"))
+
+
+def test_unchanged_cached_objects_wake_nobody() -> None:
+    mapper = _when_changed(lambda change: [change.key])
+    key = ObjectKey("ns", "p")
+    pod = slim_pod(_pod("Running"))
+    assert list(mapper(Change(key, pod, dict(pod)))) == []
+    assert list(mapper(Change(key, pod, None))) == [key]
+
+
+def test_configuration_status_writes_do_not_reconcile_its_instances() -> None:
+    caches = make_caches()
+    inst = {
+        "metadata": {"name": "cfg-1", "namespace": "ns", "uid": "i"},
+        "spec": {"configurationName": "cfg"},
+    }
+    for event in (Init(), InitApply(inst), InitDone()):
+        caches.instances.apply(event)
+    mapper = _configuration_to_instances(caches.instances)
+    cfg = {"metadata": {"name": "cfg", "namespace": "ns", "uid": "c", "generation": 1}, "spec": {}}
+    key = ObjectKey("ns", "cfg")
+    with_status = {**cfg, "status": {"nodes": [{"node": "a"}]}}
+    assert list(mapper(Change(key, cfg, with_status))) == []
+    bumped = {**cfg, "metadata": {**cfg["metadata"], "generation": 2}, "spec": {"capacity": 3}}
+    assert set(mapper(Change(key, cfg, bumped))) == {ObjectKey("ns", "cfg-1")}
+    assert set(_instance_to_configuration(Change(ObjectKey("ns", "cfg-1"), None, inst))) == {key}
+    caches.instances.apply(Apply(inst))  # the store still answers by index after an update
+    assert caches.instances.keys_for("config", key) == {ObjectKey("ns", "cfg-1")}

@@ -1,0 +1,165 @@
+"""The controller's cancellation harness: stop it in the middle of creating brokers, start it
+again, and check that it converges to exactly what is wanted, with nothing left behind.
+
+In-process runs hold one broker create at a chosen point (`Hold`, as the agent's harness does
+for claims) and cancel the controller there; afterwards the task tree and the fd table are back
+to where they were, and a fresh controller makes every broker once. A process run SIGKILLs the
+controller while it creates brokers for many Instances, then starts it again.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from akri_trio.controller.run import ControllerSettings, RunningController, run_controller
+from akri_trio.kube import JSON, Client, load_config
+from akri_trio.model.resources import CONFIGURATIONS
+from tests.controller.support import (
+    broker_config,
+    brokers,
+    make_instance,
+    namespace,
+    pod_spec,
+    until,
+)
+from tests.support.cancellation import Hold, all_tasks, fds_return_to, open_fds
+
+STOP_S = 5.0
+REPO = Path(__file__).resolve().parents[2]
+
+
+class GatedPods(Client):
+    """The real client; the `hold_at`-th broker POST parks at `hold` until cancelled."""
+
+    def __init__(self, real: Client, hold: Hold, hold_at: int, reached: trio.Event) -> None:
+        super().__init__(real.http, default_namespace=real.default_namespace)
+        self.hold, self.hold_at = hold, hold_at
+        self.posts = 0
+        self.reached = reached
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> JSON:
+        held = method == "POST" and path.endswith("/pods")
+        if held:
+            self.posts += 1
+            held = self.posts == self.hold_at
+        if held and self.hold is Hold.BEFORE_SEND:
+            self.reached.set()
+            await trio.sleep_forever()
+        answer = await super().request(
+            method, path, params=params, body=body, content_type=content_type
+        )
+        if held:
+            self.reached.set()
+            await trio.sleep_forever()
+        return answer
+
+
+@pytest.fixture
+async def api(cluster: dict[str, str]) -> AsyncIterator[Client]:
+    async with Client.open(load_config(cluster["KUBECONFIG"])) as client:
+        yield client
+
+
+async def _expected(api: Client, ns: str, n: int) -> set[str]:
+    config = await api.create(CONFIGURATIONS, broker_config("cfg", ns, pod=pod_spec(nowhere=True)))
+    names = set()
+    for i in range(n):
+        await make_instance(api, config, f"cfg-{i:06x}", ["node-1"], shared=False)
+        names.add(f"cfg-{i:06x}-pod")
+    return names
+
+
+async def _converged(api: Client, ns: str, want: set[str]) -> bool:
+    pods = await brokers(api, ns)
+    names = [p["metadata"]["name"] for p in pods]
+    assert len(names) == len(set(names))
+    return set(names) == want
+
+
+@pytest.mark.parametrize("hold", [Hold.BEFORE_SEND, Hold.AFTER_ANSWER])
+async def test_cancelled_mid_create_converges_after_restart(
+    api: Client, cluster: dict[str, str], hold: Hold
+) -> None:
+    async with namespace(api, "ctl-cancel") as ns:
+        want = await _expected(api, ns, 6)
+        # One worker: while the held create parks, no other broker is made.
+        settings = ControllerSettings(
+            namespace=ns, leader_elect=False, metrics_port=None, workers=1
+        )
+        tasks_before = len(all_tasks())
+        fds_before = open_fds()
+        reached = trio.Event()
+        async with trio.open_nursery() as nursery:
+            scope = trio.CancelScope()
+
+            async def run(task_status: trio.TaskStatus[RunningController]) -> None:
+                # Its own connections, closed with it: the fd check sees what the run left.
+                with scope:
+                    async with Client.open(load_config(cluster["KUBECONFIG"])) as own:
+                        gated = GatedPods(own, hold, 3, reached)
+                        await run_controller(settings, api=gated, task_status=task_status)
+
+            await nursery.start(run)
+            with trio.fail_after(30):
+                await reached.wait()
+            scope.cancel()
+            stopped = trio.current_time()
+        assert trio.current_time() - stopped < STOP_S
+        assert len(all_tasks()) == tasks_before
+        await fds_return_to(fds_before)
+        made = {p["metadata"]["name"] for p in await brokers(api, ns)}
+        assert made < want  # stopped in the middle
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(lambda **kw: run_controller(settings, api=api, **kw))
+            await until(lambda: _converged(api, ns, want), what="every broker exactly once")
+            nursery.cancel_scope.cancel()
+
+
+async def test_sigkilled_mid_create_converges_after_restart(
+    api: Client, cluster: dict[str, str], tmp_path: Path
+) -> None:
+    async with namespace(api, "ctl-kill") as ns:
+        want = await _expected(api, ns, 60)
+        log = (tmp_path / "controller.log").open("ab")
+        cmd = [
+            sys.executable, "-m", "akri_trio", "controller",
+            "--kubeconfig", cluster["KUBECONFIG"],
+            "--namespace", ns,
+            "--no-leader-elect",
+            "--metrics-port", "-1",
+            "--workers", "2",
+        ]  # fmt: skip
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=log)  # noqa: ASYNC220
+        try:
+
+            async def some() -> bool:
+                return len(await brokers(api, ns)) >= 5
+
+            await until(some, what="the first brokers", poll=0.02)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            made = {p["metadata"]["name"] for p in await brokers(api, ns)}
+            assert made < want, "killed too late to be in the middle"
+            proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=log)  # noqa: ASYNC220
+            await until(lambda: _converged(api, ns, want), what="every broker exactly once")
+        finally:
+            proc.kill()
+            proc.wait()
+            log.close()

@@ -1,0 +1,70 @@
+"""k8s/controller.yaml's RBAC is exactly enough: the controller runs with its ServiceAccount's
+token and nothing more, wins the Lease in `akri`, and makes broker Pods and Services."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from akri_trio.controller.run import ControllerSettings, RunningController, run_controller
+from akri_trio.kube import Client, load_config
+from akri_trio.model.resources import CONFIGURATIONS
+from tests.controller.support import (
+    broker_config,
+    brokers,
+    make_instance,
+    namespace,
+    pod_spec,
+    service_names,
+    set_pod_phase,
+    until,
+)
+from tests.support.rbac import manifest_client
+
+MANIFEST = Path(__file__).parents[2] / "k8s" / "controller.yaml"
+
+
+@pytest.fixture
+async def admin(cluster: dict[str, str]) -> AsyncIterator[Client]:
+    async with Client.open(load_config(cluster["KUBECONFIG"])) as client:
+        yield client
+
+
+@pytest.fixture
+async def controller_api(admin: Client, cluster: dict[str, str]) -> AsyncIterator[Client]:
+    async with manifest_client(admin, cluster, MANIFEST, "akri", "akri-controller-sa") as client:
+        yield client
+
+
+async def test_controller_works_with_exactly_the_manifest_rbac(
+    admin: Client, controller_api: Client
+) -> None:
+    async with namespace(admin, "ctl-rbac") as ns:
+        config = await admin.create(
+            CONFIGURATIONS, broker_config("cfg", ns, pod=pod_spec(nowhere=True))
+        )
+        await make_instance(admin, config, "cfg-aaaaaa", ["node-1"])
+        settings = ControllerSettings(namespace=ns, metrics_port=None, lease_namespace="akri")
+        async with trio.open_nursery() as nursery:
+            running: RunningController = await nursery.start(
+                lambda **kw: run_controller(settings, api=controller_api, **kw)
+            )
+            pods = await until(lambda: brokers(admin, ns), what="a broker Pod")
+            assert running.leading and running.synced
+            await set_pod_phase(admin, pods[0], "Running")
+            want = {"cfg-aaaaaa-svc", "cfg-svc"}
+
+            async def services() -> bool:
+                return await service_names(admin, ns) == want
+
+            await until(services, what=f"Services {want}")
+            await admin.delete(CONFIGURATIONS, "cfg", namespace=ns)
+
+            async def no_brokers() -> bool:
+                return not await brokers(admin, ns)
+
+            await until(no_brokers, what="brokers gone")
+            nursery.cancel_scope.cancel()
