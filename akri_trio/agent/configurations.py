@@ -38,7 +38,7 @@ from akri_trio.discovery.properties import (
 )
 from akri_trio.discovery.registry import OFFLINE_GRACE_S, Registry
 from akri_trio.kube.client import Client, Resource
-from akri_trio.kube.errors import ApiError, Conflict, Invalid, NotFound
+from akri_trio.kube.errors import ApiError, Conflict, Forbidden, Invalid, NotFound
 from akri_trio.kube.queue import Requeue
 from akri_trio.kube.store import Store
 from akri_trio.model.convert import error_messages, structure
@@ -298,7 +298,8 @@ class ConfigurationReconciler:
             except NotFound:
                 self.view.drop_instance(key)
                 return
-            except (Conflict, Invalid):
+            except (Conflict, Invalid, Forbidden):
+                # 403 too: a write to a namespace being deleted, where the Instance may be gone
                 op = None
                 continue
             if op.delete:

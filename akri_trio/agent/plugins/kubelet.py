@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import purerpc
 import trio
 
 from akri_trio.agent.view import Changes
@@ -115,7 +116,19 @@ async def register(
     async with UnixChannel(kubelet_socket) as channel:
         if not still_ours():
             raise SocketReplaced(endpoint)
-        await dp_grpc.RegistrationStub(channel).Register(request)
+        try:
+            await dp_grpc.RegistrationStub(channel).Register(request)
+        except purerpc.RpcFailedError as exc:
+            if not already_connected(str(exc), endpoint):
+                raise
+
+
+def already_connected(message: str, endpoint: str) -> bool:
+    """The kubelet's refusal of a second Register for a socket it is already connected to: the
+    first one held (its answer was lost, or arrived after our deadline), so we are registered.
+    Retrying the same socket would be refused forever."""
+    marker = "device plugin already connected: "
+    return marker in message and message.rsplit(marker, 1)[1].strip().endswith("/" + endpoint)
 
 
 async def _register_once(
