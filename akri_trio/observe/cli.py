@@ -19,6 +19,7 @@ from typing import Any, TextIO
 import trio
 
 from akri_trio.kube import Client, ConfigError, load_config
+from akri_trio.observe.logs import add_log_arguments, setup_logging
 from akri_trio.observe.picture import render_text
 from akri_trio.observe.watcher import ClusterWatch, fetch
 
@@ -45,6 +46,7 @@ def parse_status_args(argv: list[str], env: Mapping[str, str]) -> argparse.Names
     )
     p.add_argument("-o", "--output", choices=("text", "json"), default="text", help="default: text")
     p.add_argument("--watch", "-w", action="store_true", help="redraw on every change")
+    add_log_arguments(p, env)
     return p.parse_args(argv)
 
 
@@ -73,6 +75,7 @@ async def status(args: argparse.Namespace, out: TextIO) -> None:
 
 def status_main(argv: list[str]) -> int:
     args = parse_status_args(argv, os.environ)
+    setup_logging(args.log_level, args.log_format)
     try:
         with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C ends --watch
             trio.run(status, args, sys.stdout)
