@@ -21,6 +21,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "the node agent (DaemonSet): discovery, Instances, plugins",
     ),
     "cluster": ("akri_trio.cluster.cli:main", "a real local Kubernetes: up | down | status | env"),
+    "dashboard": (
+        "akri_trio.observe.dashboard:dashboard_main",
+        "a live web page of the same picture as status (--host 127.0.0.1 --port 8090)",
+    ),
     "discovery-handler": ("akri_trio.discovery.cli:main", "run a discovery handler standalone"),
     "status": (
         "akri_trio.observe.cli:status_main",
