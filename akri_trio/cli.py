@@ -3,9 +3,11 @@
 Each subcommand lives in the package that owns it and is imported only when chosen, so
 `akri-trio cluster status` never pays for importing purerpc or zeep.
 
-A configuration the process cannot start with (a bad kubeconfig: `ConfigError`) is the user's
-to fix, not a crash: whichever subcommand loaded it, and however deep in a nursery, it ends
-the process with exit code 1 and one line on stderr, like kubectl's, instead of a traceback.
+A problem the user must fix is not a crash: a bad kubeconfig (`ConfigError`), the akri.sh CRDs
+not installed (a 404 for the resource type itself), RBAC refusing a request (403), bad
+credentials (401) or an API server that cannot be reached. Whichever subcommand met it, and
+however deep in a nursery, it ends the process with exit code 1 and one line on stderr with a
+hint, like kubectl's, instead of a traceback.
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "the controller (Deployment): broker Pods, Jobs and Services; lost nodes",
     ),
     "cluster": ("akri_trio.cluster.cli:main", "a real local Kubernetes: up | down | status | env"),
+    "dashboard": (
+        "akri_trio.observe.dashboard:dashboard_main",
+        "a live web page of the same picture as status (--host 127.0.0.1 --port 8090)",
+    ),
     "discovery-handler": ("akri_trio.discovery.cli:main", "run a discovery handler standalone"),
     "status": (
         "akri_trio.observe.cli:status_main",
@@ -53,22 +59,40 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(func(args[1:]) or 0)
     except Exception as exc:
-        problem = _config_problem(exc)
+        problem = _user_problem(exc)
         if problem is None:
             raise
         print(f"akri-trio {args[0]}: error: {problem}", file=sys.stderr)
         return 1
 
 
-def _config_problem(exc: BaseException) -> str | None:
-    """The message of a ConfigError, also one that nurseries wrapped in exception groups
-    (and only when nothing else failed alongside it); None for any other failure."""
-    from akri_trio.kube.config import ConfigError  # imported only on the failure path
+def _user_problem(exc: BaseException) -> str | None:
+    """One line for a failure the user fixes, also one that nurseries wrapped in exception
+    groups (and only when nothing else failed alongside it); None for any other failure."""
+    import httpx  # imported only on the failure path
+
+    from akri_trio.kube import ConfigError, Forbidden, NotFound, Unauthorized
 
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
+    text = " ".join(str(exc).split()) or type(exc).__name__
     if isinstance(exc, ConfigError):
-        return " ".join(str(exc).split()) or type(exc).__name__
+        return text
+    if isinstance(exc, Forbidden):
+        return (
+            f"{exc.message} (hint: RBAC forbids it: grant the verb to this user or "
+            "ServiceAccount, as k8s/agent.yaml's ClusterRole does; `kubectl auth can-i` checks)"
+        )
+    if isinstance(exc, NotFound) and not exc.reason and not exc.details.get("name"):
+        # An object that is missing comes with a reason and its name; a type that is not
+        # served is the API server's plain "404 page not found".
+        return (
+            f"{exc.message} (hint: the akri.sh CRDs are not installed: kubectl apply -f k8s/crds/)"
+        )
+    if isinstance(exc, Unauthorized):
+        return f"{text} (hint: the kubeconfig's credentials were refused: renew them)"
+    if isinstance(exc, httpx.TransportError):
+        return f"cannot reach the API server: {text} (hint: is the cluster up? --kubeconfig?)"
     return None
 
 

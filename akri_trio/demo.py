@@ -27,6 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from akri_trio.cluster.exports import parse_exports
+
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "k8s" / "examples" / "debug-echo.yaml"
 CONFIG = "akri-debug-echo-foo"
@@ -119,7 +121,7 @@ def _pod(name: str, resource: str, count: int) -> str:
 def main() -> int:
     _step("starting a real local Kubernetes with one node (the first run builds it)")
     print(_cluster("up", "--node"), end="")
-    env = dict(line.split("=", 1) for line in _cluster("env").splitlines() if "=" in line)
+    env = parse_exports(_cluster("env"))
     node = env["AKRI_TRIO_NODE_NAME"]
     k = Kubectl(env)
 

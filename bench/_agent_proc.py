@@ -16,6 +16,7 @@ import trio
 
 from akri_trio.agent.cli import parse_args
 from akri_trio.agent.run import AgentSettings, run_agent
+from akri_trio.observe.logs import log_level, setup_logging
 from bench._common import BENCH_NS, REPO, bench_api, bench_echo
 
 
@@ -65,6 +66,7 @@ async def _main(settings: AgentSettings) -> None:
 
 def main(argv: list[str]) -> int:
     settings = parse_args(argv, os.environ)
+    setup_logging(log_level(os.environ.get("AKRI_LOG_LEVEL", "INFO")), "text")
     availability = settings.debug_echo_availability or Path("/tmp/debug-echo-availability.txt")
     poll = float(os.environ.get("BENCH_ECHO_POLL", "0.2"))
     echo = bench_echo(availability, poll, shared=settings.debug_echo_shared)

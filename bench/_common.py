@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+from akri_trio.cluster.exports import parse_exports
 from akri_trio.discovery.handlers.debug_echo import DebugEcho
 from akri_trio.kube.client import JSON, Client
 from akri_trio.kube.config import load_config
@@ -43,8 +44,7 @@ def cluster_env() -> dict[str, str]:
     py = [sys.executable, "-m", "akri_trio", "cluster"]
     subprocess.run([*py, "up"], cwd=REPO, check=True, capture_output=True, text=True)
     out = subprocess.run([*py, "env"], cwd=REPO, check=True, capture_output=True, text=True)
-    pairs = (line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
-    return {k.strip(): v.strip() for k, v in pairs}
+    return parse_exports(out.stdout)
 
 
 @asynccontextmanager

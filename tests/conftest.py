@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from akri_trio.cluster.exports import parse_exports
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -38,9 +40,8 @@ def _cli(*args: str) -> str:
 
 
 def _env() -> dict[str, str]:
-    """`akri-trio cluster env` prints KEY=VALUE lines (KUBECONFIG, ...)."""
-    pairs = (line.split("=", 1) for line in _cli("env").splitlines() if "=" in line)
-    return {k.strip(): v.strip() for k, v in pairs}
+    """`akri-trio cluster env` prints `export KEY='value'` lines (KUBECONFIG, ...)."""
+    return parse_exports(_cli("env"))
 
 
 def _running() -> bool:

@@ -11,6 +11,7 @@ import hashlib
 import io
 import json
 import socket
+import subprocess
 import tarfile
 import tomllib
 from pathlib import Path
@@ -22,6 +23,7 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from akri_trio.cluster import cleanup, configs, flags, oci, pki, procs, runner
+from akri_trio.cluster.exports import export_lines, parse_exports
 from akri_trio.cluster.layout import (
     COMPONENTS,
     K8S_VERSION,
@@ -436,6 +438,23 @@ def test_missing_packages_reads_dpkg_query() -> None:
 
 
 def test_env_lines_name_the_documented_keys() -> None:
-    keys = {line.split("=", 1)[0] for line in runner.env_lines(LAY)}
+    keys = set(parse_exports("\n".join(runner.env_lines(LAY))))
     assert {"KUBECONFIG", "AKRI_TRIO_RESTRICTED_KUBECONFIG", "ETCD_ENDPOINT", "KUBECTL"} <= keys
     assert "AKRI_TRIO_NODE_NAME" not in keys  # no kubelet runs under /h
+
+
+def test_env_lines_are_quoted_exports_that_read_back() -> None:
+    pairs = {"A": "/p/with space", "B": "it's", "C": "$HOME `x` \\n", "D": ""}
+    lines = export_lines(pairs)
+    assert lines[0] == "export A='/p/with space'"
+    assert parse_exports("\n".join(["# note", "", *lines, "junk line", "E=bare"])) == {
+        **pairs,
+        "E": "bare",
+    }
+    proc = subprocess.run(
+        ["sh", "-c", "\n".join(lines) + '\nprintf "%s|%s|%s|%s" "$A" "$B" "$C" "$D"'],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert proc.stdout == "|".join(pairs.values())

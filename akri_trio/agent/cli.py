@@ -12,10 +12,12 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+import attrs
 import trio
 
 from akri_trio.agent.run import AgentSettings, run_agent
 from akri_trio.discovery.handlers import BUILTIN
+from akri_trio.observe.logs import add_log_arguments, log_startup, setup_logging
 from akri_trio.shutdown import run_until_signalled
 
 log = logging.getLogger("akri_trio.agent")
@@ -26,6 +28,10 @@ def _truthy(value: str | None) -> bool:
 
 
 def parse_args(argv: list[str], env: Mapping[str, str]) -> AgentSettings:
+    return _parse(argv, env)[0]
+
+
+def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argparse.Namespace]:
     p = argparse.ArgumentParser(prog="akri-trio agent", description=__doc__)
     p.add_argument(
         "--node-name",
@@ -84,18 +90,14 @@ def parse_args(argv: list[str], env: Mapping[str, str]) -> AgentSettings:
     )
     p.add_argument("--reclaim-period", type=float, default=10.0)
     p.add_argument("--reclaim-grace", type=float, default=None)
-    p.add_argument("--log-level", default=env.get("AKRI_LOG_LEVEL", "INFO"))
+    add_log_arguments(p, env)
     args = p.parse_args(argv)
     if not args.node_name:
         p.error("the node name is required: --node-name or AGENT_NODE_NAME")
     unknown = sorted(set(args.embedded_handlers) - set(BUILTIN))
     if unknown:
         p.error(f"unknown discovery handler(s) {unknown}; built in: {sorted(BUILTIN)}")
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per API request is noise
-    return AgentSettings(
+    settings = AgentSettings(
         node=args.node_name,
         discovery_handlers_directory=args.discovery_handlers_directory,
         device_plugin_dir=args.device_plugin_dir,
@@ -110,6 +112,7 @@ def parse_args(argv: list[str], env: Mapping[str, str]) -> AgentSettings:
         reclaim_period=args.reclaim_period,
         reclaim_grace=args.reclaim_grace,
     )
+    return settings, args
 
 
 async def _main(settings: AgentSettings) -> None:
@@ -117,7 +120,11 @@ async def _main(settings: AgentSettings) -> None:
 
 
 def main(argv: list[str]) -> int:
-    settings = parse_args(argv, os.environ)
+    settings, args = _parse(argv, os.environ)
+    # Every line of an agent is about its node: the field lets one query span a DaemonSet.
+    setup_logging(args.log_level, args.log_format, defaults={"node": settings.node})
+    logs = {"log_level": args.log_level, "log_format": args.log_format}
+    log_startup(log, "agent", {**attrs.asdict(settings, recurse=False), **logs})
     trio.run(_main, settings)
     log.info("agent stopped")
     return 0

@@ -43,8 +43,15 @@ from akri_trio.kube.queue import Requeue
 from akri_trio.kube.store import Store
 from akri_trio.model.convert import error_messages, structure
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES, JSON, Configuration, Instance
+from akri_trio.observe.logs import fields
 
 log = logging.getLogger(__name__)
+
+
+def _about(namespace: str, instance: str) -> dict[str, str]:
+    """The log fields of a line about one Instance."""
+    return fields(instance=ObjectKey(namespace, instance))
+
 
 SECRETS = Resource.core("secrets", "Secret")
 CONFIG_MAPS = Resource.core("configmaps", "ConfigMap")
@@ -164,7 +171,12 @@ class ConfigurationReconciler:
         try:
             config = structure(obj, Configuration)
         except Exception as exc:  # the CRD schema should prevent this; never crash on it
-            log.error("Configuration %s is malformed: %s", key, "; ".join(error_messages(exc)))
+            log.error(
+                "Configuration %s is malformed: %s",
+                key,
+                "; ".join(error_messages(exc)),
+                extra=fields(configuration=key),
+            )
             return None
         unsolvable: str | None = None
         try:
@@ -254,7 +266,7 @@ class ConfigurationReconciler:
         match op:
             case plan_.Apply(name, body):
                 await self._apply(namespace, body)
-                log.info("applied Instance %s/%s", namespace, name)
+                log.info("applied Instance %s/%s", namespace, name, extra=_about(namespace, name))
             case plan_.Leave() | plan_.Guarded():
                 await self._depart(namespace, op)
 
@@ -268,7 +280,9 @@ class ConfigurationReconciler:
                 pass  # this node held the last copy of a required field, or it is gone
             else:
                 if self.node not in inst.spec.nodes and self.node not in inst.metadata.finalizers:
-                    log.info("left Instance %s/%s", namespace, op.name)
+                    log.info(
+                        "left Instance %s/%s", namespace, op.name, extra=_about(namespace, op.name)
+                    )
                     if not inst.spec.nodes and inst.metadata.deletion_timestamp is None:
                         await self._delete_unchanged(inst)
                     return
@@ -305,7 +319,7 @@ class ConfigurationReconciler:
             if op.delete:
                 await self._delete_unchanged(inst)
             else:
-                log.info("left Instance %s/%s", namespace, name)
+                log.info("left Instance %s/%s", namespace, name, extra=_about(namespace, name))
             return
         raise RuntimeError(f"Instance {namespace}/{name} kept changing while leaving it")
 
@@ -323,7 +337,12 @@ class ConfigurationReconciler:
                     uid=meta.uid,
                     resource_version=meta.resource_version,
                 )
-                log.info("deleted Instance %s/%s (no node left)", meta.namespace, meta.name)
+                log.info(
+                    "deleted Instance %s/%s (no node left)",
+                    meta.namespace,
+                    meta.name,
+                    extra=_about(meta.namespace, meta.name),
+                )
                 return
             except NotFound:
                 return
@@ -396,4 +415,10 @@ class ConfigurationReconciler:
         except NotFound:
             pass
         except (ApiError, httpx.HTTPError) as exc:
-            log.warning("could not write status of Configuration %s/%s: %s", namespace, name, exc)
+            log.warning(
+                "could not write status of Configuration %s/%s: %s",
+                namespace,
+                name,
+                exc,
+                extra=fields(configuration=ObjectKey(namespace, name)),
+            )

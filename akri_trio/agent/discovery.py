@@ -40,6 +40,7 @@ from akri_trio.discovery.registry import (
 from akri_trio.discovery.wire import request_to_proto, response_from_proto
 from akri_trio.kube.backoff import Backoff
 from akri_trio.model.device import Device
+from akri_trio.observe.logs import fields
 from akri_trio.rpc.gen.discovery_grpc import DiscoveryHandlerStub
 from akri_trio.rpc.uds import open_channel
 
@@ -238,7 +239,12 @@ class _Discovery:
                 else:
                     await self._remote(registration, accept)
                 outcome = "lost"  # a Discover stream is meant to last: its end is a loss
-                log.info("discovery stream from %s ended (%s)", endpoint, user)
+                log.warning(
+                    "discovery stream from %s ended (%s)",
+                    endpoint,
+                    user,
+                    extra=fields(configuration=user, handler=name, endpoint=endpoint),
+                )
             # purerpc's task groups wrap errors: sort the leaves. Cancellation matches neither
             # clause and passes through untouched.
             except* (InvalidDetails, purerpc.InvalidArgumentError) as group:
@@ -246,7 +252,13 @@ class _Discovery:
                 self.invalid[endpoint] = _message(group.exceptions[0])
             except* Exception as group:
                 outcome = "lost"
-                log.info("discovery stream from %s failed (%s): %r", endpoint, user, group)
+                log.warning(
+                    "discovery stream from %s failed (%s): %r",
+                    endpoint,
+                    user,
+                    group,
+                    extra=fields(configuration=user, handler=name, endpoint=endpoint),
+                )
         except BaseException:
             # Being cancelled wins (the Configuration is gone; errors alongside are moot).
             cancelled = True

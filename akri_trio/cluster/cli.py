@@ -26,7 +26,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub.add_parser("down", help="stop everything `up` started and clean up")
     sub.add_parser("status", help="show what runs; exit 0 when the control plane is up")
-    sub.add_parser("env", help="print KEY=VALUE lines (KUBECONFIG, ...)")
+    sub.add_parser(
+        "env", help="print `export KEY='value'` lines (KUBECONFIG, ...): eval \"$(... env)\""
+    )
     return p
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import httpx
 
 from akri_trio.cluster import cleanup, configs, flags, oci, pki, procs
+from akri_trio.cluster.exports import export_lines
 from akri_trio.cluster.layout import (
     BUSYBOX_IMAGE,
     CNI_BRIDGE,
@@ -663,7 +664,7 @@ def env_lines(lay: Layout) -> list[str]:
             "AKRI_TRIO_KUBELET_ROOT_DIR": KUBELET_ROOT,
             "AKRI_TRIO_CDI_DIR": lay.cdi_dir,
         }
-    return [f"{k}={v}" for k, v in pairs.items()]
+    return export_lines(pairs)
 
 
 def main_error(exc: ClusterError) -> int:

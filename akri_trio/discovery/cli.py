@@ -18,6 +18,7 @@ import trio
 
 from akri_trio.discovery.handlers import BUILTIN, UnknownHandler, load_handler
 from akri_trio.discovery.standalone import REGISTRATION_SOCKET, handlers_directory, run_standalone
+from akri_trio.observe.logs import add_log_arguments, log_startup, setup_logging
 
 
 def _host_port(text: str) -> tuple[str, int]:
@@ -28,7 +29,7 @@ def _host_port(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="akri-trio discovery-handler",
         description="Serve a discovery handler and register it with the node's agent.",
@@ -53,17 +54,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--advertise-host", help="host to register for --network (default: the bound host)"
     )
-    parser.add_argument("--log-level", default="INFO")
+    add_log_arguments(parser, os.environ if env is None else env)
     return parser
 
 
 def main(argv: list[str], env: Mapping[str, str] | None = None) -> int:
     environ = os.environ if env is None else env
-    parser = build_parser()
+    parser = build_parser(environ)
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    setup_logging(args.log_level, args.log_format, defaults={"handler": args.name})
     try:
         handler = load_handler(args.name, environ)
     except UnknownHandler as exc:
@@ -72,6 +71,11 @@ def main(argv: list[str], env: Mapping[str, str] | None = None) -> int:
     socket_path = args.socket
     if args.network is None and socket_path is None:
         socket_path = directory / f"{handler.name}.sock"
+    log_startup(
+        logging.getLogger("akri_trio.discovery"),
+        "discovery-handler",
+        {**vars(args), "socket": socket_path, "handlers_directory": directory},
+    )
     run = functools.partial(
         run_standalone,
         handler,

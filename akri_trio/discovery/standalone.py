@@ -159,7 +159,7 @@ async def keep_registered(
         except Exception as exc:  # any failure: the agent may be starting, or a new one coming
             delay = backoff.delay(attempt)
             attempt += 1
-            log.info("registering %s failed (%r); retry in %.1f s", request.name, exc, delay)
+            log.warning("registering %s failed (%r); retry in %.1f s", request.name, exc, delay)
             await trio.sleep(delay)
             continue
         attempt = 0

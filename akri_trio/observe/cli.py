@@ -19,18 +19,15 @@ from typing import Any, TextIO
 import trio
 
 from akri_trio.kube import Client, ConfigError, load_config
+from akri_trio.observe.logs import add_log_arguments, setup_logging
 from akri_trio.observe.picture import render_text
 from akri_trio.observe.watcher import ClusterWatch, fetch
 
 CLEAR = "\x1b[H\x1b[2J"
 
 
-def parse_status_args(argv: list[str], env: Mapping[str, str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="akri-trio status",
-        description="Configurations, per-node conditions, Instances, slots and the Pods "
-        "holding them, brokers.",
-    )
+def add_picture_arguments(p: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+    """--kubeconfig and -n: where the picture comes from (status and dashboard)."""
     p.add_argument(
         "--kubeconfig",
         type=Path,
@@ -43,8 +40,18 @@ def parse_status_args(argv: list[str], env: Mapping[str, str]) -> argparse.Names
         default=None,
         help="only this namespace's Configurations and Instances (default: all namespaces)",
     )
+
+
+def parse_status_args(argv: list[str], env: Mapping[str, str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="akri-trio status",
+        description="Configurations, per-node conditions, Instances, slots and the Pods "
+        "holding them, brokers.",
+    )
+    add_picture_arguments(p, env)
     p.add_argument("-o", "--output", choices=("text", "json"), default="text", help="default: text")
     p.add_argument("--watch", "-w", action="store_true", help="redraw on every change")
+    add_log_arguments(p, env)
     return p.parse_args(argv)
 
 
@@ -73,6 +80,7 @@ async def status(args: argparse.Namespace, out: TextIO) -> None:
 
 def status_main(argv: list[str]) -> int:
     args = parse_status_args(argv, os.environ)
+    setup_logging(args.log_level, args.log_format)
     try:
         with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C ends --watch
             trio.run(status, args, sys.stdout)

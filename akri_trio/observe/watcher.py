@@ -62,6 +62,13 @@ async def fetch(api: Client, namespace: str | None) -> tuple[dict[str, Any], lis
     return picture(**lists), notes
 
 
+async def check_access(api: Client, namespace: str | None) -> None:
+    """List Configurations and Instances once (one item each): a missing CRD or an RBAC
+    refusal is then an error at start, not a watch that retries forever behind a blank view."""
+    for resource in (CONFIGURATIONS, INSTANCES):
+        await api.list_page(resource, namespace=namespace, limit=1)
+
+
 class ClusterWatch:
     """One store per resource, kept by watches; `changes()` yields a picture per settled burst."""
 
@@ -73,6 +80,7 @@ class ClusterWatch:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Watch until cancelled; started once every store has its first list."""
+        await check_access(self.api, self.namespace)
         async with trio.open_nursery() as nursery:
             for name, source in SOURCES.items():
                 store = self.stores[name]

@@ -15,6 +15,7 @@ import argparse
 import datetime as dt
 import functools
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -22,6 +23,7 @@ import trio
 import yaml
 
 from akri_trio.kube import ConfigError, load_config
+from akri_trio.observe.logs import add_log_arguments, log_startup, setup_logging
 from akri_trio.shutdown import run_until_signalled
 from akri_trio.webhook.certs import serving_certs, webhook_configuration
 from akri_trio.webhook.server import REQUEST_TIMEOUT, run_webhook, server_ssl_context
@@ -50,16 +52,14 @@ def parse_serve_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--host", default="0.0.0.0")
     p.add_argument("--kubeconfig", type=Path, default=None, help="default: kubectl's search")
     p.add_argument("--request-timeout", type=float, default=REQUEST_TIMEOUT)
-    p.add_argument("--log-level", default="INFO")
+    add_log_arguments(p, os.environ)
     return p.parse_args(argv)
 
 
 def serve(argv: list[str]) -> int:
     args = parse_serve_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    setup_logging(args.log_level, args.log_format)
+    log_startup(log, "webhook", vars(args))
     try:
         context = server_ssl_context(args.tls_cert_file, args.tls_key_file)
         kube = load_config(args.kubeconfig)

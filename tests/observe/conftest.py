@@ -118,6 +118,32 @@ async def until(check: Any) -> Any:
         await trio.sleep(0.05)
 
 
+PODS = Resource.core("pods", "Pod")
+
+
+async def first_instance(space: Space) -> Any:
+    """The one Instance in the test's namespace, or None while there is not exactly one."""
+    items = (await space.api.list(INSTANCES, namespace=space.name)).items
+    return items[0] if len(items) == 1 else None
+
+
+async def admit_user_pod(space: Space, node: str, resource: str, name: str = "user") -> None:
+    """The Pod the kubelet would have admitted: bound to `node`, asking for one `resource`
+    (akri.sh/<instance>); nothing runs it, which is all the pictures need."""
+    container = {
+        "name": "c",
+        "image": "registry.k8s.io/pause:3.10.2",
+        "resources": {"limits": {resource: "1"}},
+    }
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": space.name},
+        "spec": {"nodeName": node, "containers": [container]},
+    }
+    await space.api.create(PODS, pod, namespace=space.name)
+
+
 def run_cli(space: Space, *argv: str) -> str:
     """Run a command line against the test's cluster; its stdout (it must succeed)."""
     proc = subprocess.run(

@@ -11,8 +11,15 @@ import pytest
 import trio
 
 from akri_trio.kube import Resource
-from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
-from tests.observe.conftest import RunningAgent, Space, run_cli, until
+from akri_trio.model.resources import CONFIGURATIONS
+from tests.observe.conftest import (
+    RunningAgent,
+    Space,
+    admit_user_pod,
+    first_instance,
+    run_cli,
+    until,
+)
 from tests.support.akri_cluster import debug_echo_config
 
 pytestmark = pytest.mark.k8s
@@ -32,38 +39,15 @@ async def test_status_shows_slot_holders_and_why_nothing_appeared(
     missing["spec"]["discoveryHandler"]["name"] = "noSuchHandler"
     await api.create(CONFIGURATIONS, missing)
 
-    async def one_instance() -> Any:
-        items = (await api.list(INSTANCES, namespace=ns)).items
-        return items[0] if len(items) == 1 else None
-
     with trio.fail_after(20):
-        inst = await until(one_instance)
+        inst = await until(lambda: first_instance(space))
     name = inst["metadata"]["name"]
     with trio.fail_after(20):
         await trio.to_thread.run_sync(
             agent.kubelet.wait_for, lambda k: len(k.healthy(f"akri.sh/{name}")) == 2, 20.0
         )
     await trio.to_thread.run_sync(agent.kubelet.allocate, f"akri.sh/{name}", [[f"{name}-1"]])
-    # The Pod the kubelet would have admitted: bound to the agent's node, asking for the device.
-    await api.create(
-        PODS,
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": "user", "namespace": ns},
-            "spec": {
-                "nodeName": agent.node,
-                "containers": [
-                    {
-                        "name": "c",
-                        "image": "registry.k8s.io/pause:3.10.2",
-                        "resources": {"limits": {f"akri.sh/{name}": "1"}},
-                    }
-                ],
-            },
-        },
-        namespace=ns,
-    )
+    await admit_user_pod(space, agent.node, f"akri.sh/{name}")
 
     async def reported() -> dict[str, Any] | None:
         pic: dict[str, Any] = json.loads(await trio.to_thread.run_sync(status, space, "-o", "json"))
