@@ -17,6 +17,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     ),
     "cluster": ("akri_trio.cluster.cli:main", "a real local Kubernetes: up | down | status | env"),
     "discovery-handler": ("akri_trio.discovery.cli:main", "run a discovery handler standalone"),
+    "teardown": (
+        "akri_trio.teardown:main",
+        "delete every Configuration and wait for its Instances to go (before an uninstall)",
+    ),
     "webhook": (
         "akri_trio.webhook.cli:main",
         "the Configuration admission webhook (HTTPS); `webhook certs` makes its TLS files",
