@@ -278,6 +278,20 @@ def test_webhook_by_url_and_with_a_given_ca() -> None:
     ]
     assert hook["clientConfig"]["url"] == "https://127.0.0.1:18443/validate"
     assert "service" not in hook["clientConfig"]
+    scoped = render(
+        {
+            "webhookConfiguration": {
+                "enabled": True,
+                "namespaceSelector": {"matchLabels": {"team": "a"}},
+                "failurePolicy": "Ignore",
+            }
+        }
+    )
+    (hook,) = one(scoped, "ValidatingWebhookConfiguration", "akri-webhook-configuration")[
+        "webhooks"
+    ]
+    assert hook["namespaceSelector"] == {"matchLabels": {"team": "a"}}
+    assert hook["failurePolicy"] == "Ignore"
     given = render({"webhookConfiguration": {"enabled": True, "caBundle": "Q0E="}})
     assert "Secret" not in {o["kind"] for o in given}  # the user's Secret, not ours
     (hook,) = one(given, "ValidatingWebhookConfiguration", "akri-webhook-configuration")["webhooks"]
