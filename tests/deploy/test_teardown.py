@@ -16,7 +16,6 @@ from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
 from akri_trio.teardown import remaining, teardown
 from tests.support.akri_cluster import (
     NAMESPACES,
-    debug_echo_config,
     ensure_namespace,
     install_crds,
     purge_akri,
@@ -25,6 +24,17 @@ from tests.support.akri_cluster import (
 pytestmark = pytest.mark.k8s
 
 FINALIZER = "akri.sh/teardown-test"
+
+
+def _configuration(name: str, namespace: str) -> dict[str, Any]:
+    """A Configuration for a handler no agent has: agents of other test sessions watching every
+    namespace leave it and its Instances alone."""
+    return {
+        "apiVersion": "akri.sh/v0",
+        "kind": "Configuration",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"discoveryHandler": {"name": "teardown-test"}, "capacity": 1},
+    }
 
 
 @pytest.fixture
@@ -64,11 +74,9 @@ async def test_teardown_deletes_waits_for_finalizers_and_keeps_other_namespaces(
     for name in (ns, other):
         await ensure_namespace(api, name)
     try:
-        a = await api.create(CONFIGURATIONS, debug_echo_config("a", ns, ["x"]), namespace=ns)
-        await api.create(CONFIGURATIONS, debug_echo_config("b", ns, ["y"]), namespace=ns)
-        kept = await api.create(
-            CONFIGURATIONS, debug_echo_config("c", other, ["z"]), namespace=other
-        )
+        a = await api.create(CONFIGURATIONS, _configuration("a", ns), namespace=ns)
+        await api.create(CONFIGURATIONS, _configuration("b", ns), namespace=ns)
+        kept = await api.create(CONFIGURATIONS, _configuration("c", other), namespace=other)
         await api.create(INSTANCES, _instance("a-1", ns, a), namespace=ns)
         await api.create(INSTANCES, _instance("c-1", other, kept), namespace=other)
 
