@@ -30,6 +30,20 @@ bench:
     python -m bench.discovery_latency
     python -m bench.scale
 
+# build the container image offline (podman + a debootstrap base) and import it into the node
+image:
+    python -m akri_trio.cluster.image
+
+# pin the image's Python packages: constraints.txt from a fresh venv holding only the runtime deps
+lock:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    tmp=$(mktemp -d); trap 'rm -rf "$tmp" build' EXIT
+    python -m venv "$tmp/venv"
+    "$tmp/venv/bin/pip" install -q . 'setuptools>=77'
+    { echo "# The image's Python packages, pinned (just lock). setuptools is the build backend."
+      "$tmp/venv/bin/pip" freeze --all --exclude pip --exclude akri-trio; } > constraints.txt
+
 # start the local control plane and a Ready node (builds Kubernetes, etcd, containerd once)
 cluster-up:
     python -m akri_trio cluster up --node

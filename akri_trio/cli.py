@@ -36,6 +36,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "akri_trio.observe.cli:status_main",
         "Configurations, nodes, Instances, slots and who holds them, brokers (-o json, --watch)",
     ),
+    "teardown": (
+        "akri_trio.teardown:main",
+        "delete every Configuration and wait for its Instances to go (before an uninstall)",
+    ),
     "webhook": (
         "akri_trio.webhook.cli:main",
         "the Configuration admission webhook (HTTPS); `webhook certs` makes its TLS files",

@@ -1,7 +1,10 @@
 """`akri-trio discovery-handler <name> ...`: run one built-in handler as a standalone process.
 
 Upstream ships a binary per handler for its DaemonSets; this is ours. It parses flags and the
-environment into `run_standalone`'s arguments and nothing more.
+environment into `run_standalone`'s arguments and nothing more. Like upstream's handlers, one
+started with `POD_IP` in its environment (a DaemonSet sets it from `status.podIP`) and neither
+`--socket` nor `--network` serves on that address, port 10000, and registers it as a network
+endpoint, so agents can reach it across the Pod network.
 """
 
 from __future__ import annotations
@@ -19,6 +22,9 @@ import trio
 from akri_trio.discovery.handlers import BUILTIN, UnknownHandler, load_handler
 from akri_trio.discovery.standalone import REGISTRATION_SOCKET, handlers_directory, run_standalone
 from akri_trio.observe.logs import add_log_arguments, log_startup, setup_logging
+
+# upstream's handlers listen here when registering over the network (POD_IP)
+POD_IP_PORT = 10000
 
 
 def _host_port(text: str) -> tuple[str, int]:
@@ -68,24 +74,44 @@ def main(argv: list[str], env: Mapping[str, str] | None = None) -> int:
     except UnknownHandler as exc:
         parser.error(str(exc))
     directory = handlers_directory(environ)
-    socket_path = args.socket
-    if args.network is None and socket_path is None:
-        socket_path = directory / f"{handler.name}.sock"
+    socket_path, network, advertise = serving_endpoint(
+        args.socket,
+        args.network,
+        args.advertise_host,
+        environ.get("POD_IP", ""),
+        directory / f"{handler.name}.sock",
+    )
     log_startup(
         logging.getLogger("akri_trio.discovery"),
         "discovery-handler",
-        {**vars(args), "socket": socket_path, "handlers_directory": directory},
+        {**vars(args), "socket": socket_path, "network": network, "handlers_directory": directory},
     )
     run = functools.partial(
         run_standalone,
         handler,
         registration_socket=args.registration_socket or directory / REGISTRATION_SOCKET,
         socket_path=socket_path,
-        network=args.network,
-        advertise_host=args.advertise_host,
+        network=network,
+        advertise_host=advertise,
     )
     trio.run(_until_signalled, run)
     return 0
+
+
+def serving_endpoint(
+    socket: Path | None,
+    network: tuple[str, int] | None,
+    advertise_host: str | None,
+    pod_ip: str,
+    default_socket: Path,
+) -> tuple[Path | None, tuple[str, int] | None, str | None]:
+    """(socket path, network address, advertised host): the flags win, then POD_IP, then the
+    default socket under the discovery handlers directory."""
+    if socket is not None or network is not None:
+        return socket, network, advertise_host
+    if pod_ip.strip():
+        return None, (pod_ip.strip(), POD_IP_PORT), advertise_host
+    return default_socket, None, advertise_host
 
 
 async def _until_signalled(run: Callable[[], Awaitable[None]]) -> None:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
-from akri_trio.discovery.cli import _host_port, build_parser, main
+from akri_trio.discovery.cli import POD_IP_PORT, _host_port, build_parser, main, serving_endpoint
 from akri_trio.discovery.handlers import BUILTIN
 
 
@@ -31,3 +32,24 @@ def test_unknown_handler_is_a_usage_error(capsys: pytest.CaptureFixture[str]) ->
     assert info.value.code == 2
     known = ", ".join(sorted(BUILTIN))
     assert f"unknown discovery handler 'nope' (known: {known})" in capsys.readouterr().err
+
+
+def test_serving_endpoint_flags_then_pod_ip_then_socket() -> None:
+    default = Path("/var/lib/akri/debugEcho.sock")
+    given = Path("/x.sock")
+    # flags win over POD_IP
+    assert serving_endpoint(given, None, None, "10.1.2.3", default) == (given, None, None)
+    assert serving_endpoint(None, ("0.0.0.0", 9), "h", "10.1.2.3", default) == (
+        None,
+        ("0.0.0.0", 9),
+        "h",
+    )
+    # POD_IP: upstream's network registration on port 10000
+    assert serving_endpoint(None, None, None, "10.1.2.3", default) == (
+        None,
+        ("10.1.2.3", POD_IP_PORT),
+        None,
+    )
+    assert POD_IP_PORT == 10000
+    # neither: the socket beside the agent's
+    assert serving_endpoint(None, None, None, "", default) == (default, None, None)

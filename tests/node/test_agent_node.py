@@ -11,12 +11,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,8 @@ import pytest
 import yaml
 
 from akri_trio.model import naming
+from tests.support.kubectl import Kubectl, busybox_pod, free_port
+from tests.support.polling import until
 
 pytestmark = pytest.mark.node
 
@@ -37,25 +38,17 @@ class Env:
         self.env = env
         self.node = env["AKRI_TRIO_NODE_NAME"]
         self.kubectl_env = {**os.environ, "KUBECONFIG": env["KUBECONFIG"]}
+        self._kubectl = Kubectl(env)
         self.availability = tmp / "availability"
         self.tmp = tmp
         self.agent: subprocess.Popen[bytes] | None = None
-        self.metrics_port = _free_port()
+        self.metrics_port = free_port()
         self.instances = {
             d: naming.instance_name(CONFIG, naming.device_hash(d, self.node)) for d in DESCRIPTIONS
         }
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
-        proc = subprocess.run(
-            [self.env["KUBECTL"], *args],
-            env=self.kubectl_env,
-            input=input,
-            capture_output=True,
-            text=True,
-        )
-        if check and proc.returncode != 0:
-            raise AssertionError(f"kubectl {' '.join(args)}: {proc.stderr}")
-        return proc.stdout
+        return self._kubectl(*args, stdin=input, check=check)
 
     def json(self, *args: str) -> Any:
         return json.loads(self.kubectl(*args, "-o", "json"))
@@ -128,25 +121,8 @@ class Env:
         return {i["metadata"]["name"]: i["spec"].get("deviceUsage", {}) for i in items}
 
     def pod(self, name: str, resources: dict[str, int]) -> None:
-        pod = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "namespace": NS},
-            "spec": {
-                "terminationGracePeriodSeconds": 1,
-                "restartPolicy": "Never",
-                "containers": [
-                    {
-                        "name": "c",
-                        "image": "docker.io/library/busybox:latest",
-                        "imagePullPolicy": "Never",
-                        "command": ["sh", "-c", "env | grep ^DEBUG_ECHO | sort; sleep 3600"],
-                        "resources": {"limits": {k: str(v) for k, v in resources.items()}},
-                    }
-                ],
-            },
-        }
-        self.kubectl("apply", "-f", "-", input=json.dumps(pod))
+        script = "env | grep ^DEBUG_ECHO | sort; sleep 3600"
+        self._kubectl.apply(busybox_pod(name, NS, script, resources))
 
     def pod_phase(self, name: str) -> str:
         return str(self.json("get", "pod", name, "-n", NS).get("status", {}).get("phase", ""))
@@ -165,23 +141,6 @@ def _alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return state != "Z"  # this VM's init does not reap: a zombie has exited
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def until(check: Callable[[], Any], seconds: float = 60, what: str = "") -> Any:
-    deadline = time.monotonic() + seconds
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.5)
-    raise AssertionError(f"not within {seconds}s: {what or check} (last: {last!r})")
 
 
 @pytest.fixture(scope="module")

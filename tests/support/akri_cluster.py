@@ -43,10 +43,11 @@ async def ensure_namespace(api: Client, name: str) -> None:
     await api.apply(NAMESPACES, body, field_manager="akri-trio-tests")
 
 
-async def purge_akri(api: Client) -> None:
-    """Delete every Configuration and Instance, stripping finalizers of agents that are gone."""
+async def purge_akri(api: Client, namespace: str | None = None) -> None:
+    """Delete every Configuration and Instance (of `namespace`; None: all), stripping
+    finalizers of agents that are gone."""
     for res in (CONFIGURATIONS, INSTANCES):
-        listed = await api.list(res)
+        listed = await api.list(res, namespace=namespace)
         for obj in listed.items:
             meta = obj["metadata"]
             try:
@@ -61,7 +62,9 @@ async def purge_akri(api: Client) -> None:
             except NotFound:
                 pass
     with trio.fail_after(30):
-        while (await api.list(INSTANCES)).items or (await api.list(CONFIGURATIONS)).items:  # noqa: ASYNC110  (polling the API server)
+        while (await api.list(INSTANCES, namespace=namespace)).items or (  # noqa: ASYNC110  (polling the API server)
+            await api.list(CONFIGURATIONS, namespace=namespace)
+        ).items:
             await trio.sleep(0.1)
 
 

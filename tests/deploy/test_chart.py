@@ -1,0 +1,419 @@
+"""The Helm chart k8s/helm/akri-trio, linted and rendered by Helm's own engine: which objects each
+values key makes, the hardening every Pod gets, and that upstream Akri's values keys mean here
+what they mean there. Installing it on the node is tests/deploy/test_pods.py."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+from typing import Any
+
+import helm_python
+import pytest
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives.serialization import Encoding
+
+from akri_trio.webhook.certs import webhook_configuration
+from tests.support.chart import CHART, by_kind, crds, env_of, one, pod_spec, render, workloads
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Every optional part on, as a values file of upstream Akri's shape would ask for it.
+EVERYTHING: dict[str, Any] = {
+    "agent": {"allowDebugEcho": True, "full": True},
+    "webhookConfiguration": {"enabled": True},
+    "prometheus": {"enabled": True},
+    "debugEcho": {
+        "configuration": {"enabled": True, "brokerPod": {"image": {"repository": "nginx"}}},
+        "discovery": {"enabled": True, "useNetworkConnection": True},
+    },
+    "udev": {
+        "configuration": {
+            "enabled": True,
+            "discoveryDetails": {"udevRules": ['KERNEL=="video[0-9]*"']},
+            "brokerJob": {"image": {"repository": "busybox"}, "command": ["sh", "-c", "true"]},
+        },
+        "discovery": {"enabled": True},
+    },
+    "onvif": {"discovery": {"enabled": True}},
+    "opcua": {"discovery": {"enabled": True}},
+    "zeroconf": {"discovery": {"enabled": True}},
+    "custom": {
+        "configuration": {
+            "enabled": True,
+            "discoveryHandlerName": "mine",
+            "discoveryDetails": "a: b",
+        },
+        "discovery": {"enabled": True, "image": {"repository": "me/handler"}},
+    },
+}
+OVERRIDE = {"kubernetesApiOverride": {"enabled": True, "host": "127.0.0.1", "port": 16443}}
+
+
+def kinds_and_names(objects: list[dict[str, Any]]) -> set[tuple[str, str]]:
+    return {(o["kind"], o["metadata"]["name"]) for o in objects}
+
+
+def test_lint_is_clean() -> None:
+    for values in ({}, EVERYTHING, OVERRIDE):
+        report = helm_python.lint(CHART, values, strict=True, kube_version="v1.37.2")
+        assert report["errors"] == []
+        # severity 2 = warning, 3 = error; infos (e.g. "icon is recommended") are fine
+        assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+def test_defaults_make_the_agent_the_controller_and_the_cleanup_hook() -> None:
+    objects = render()
+    assert kinds_and_names(objects) == {
+        ("ServiceAccount", "akri-agent-sa"),
+        ("ClusterRole", "akri-agent-role"),
+        ("ClusterRoleBinding", "akri-agent-binding"),
+        ("DaemonSet", "akri-agent-daemonset"),
+        ("ServiceAccount", "akri-controller-sa"),
+        ("ClusterRole", "akri-controller-role"),
+        ("ClusterRoleBinding", "akri-controller-binding"),
+        ("Role", "akri-controller-leader-election"),
+        ("RoleBinding", "akri-controller-leader-election"),
+        ("Deployment", "akri-controller-deployment"),
+        ("ServiceAccount", "akri-teardown-sa"),
+        ("ClusterRole", "akri-teardown-role"),
+        ("ClusterRoleBinding", "akri-teardown-binding"),
+        ("Job", "akri-teardown"),
+    }
+    for obj in objects:
+        labels = obj["metadata"]["labels"]
+        assert labels["app.kubernetes.io/part-of"] == "akri-trio"
+        assert labels["app.kubernetes.io/instance"] == "akri"
+        if obj["kind"] not in ("ClusterRole", "ClusterRoleBinding"):
+            assert obj["metadata"]["namespace"] == "akri"
+
+
+def test_every_pod_is_locked_down() -> None:
+    for obj in workloads(render({**EVERYTHING, **OVERRIDE})):
+        spec = pod_spec(obj)
+        name = obj["metadata"]["name"]
+        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, name
+        for c in spec["containers"]:
+            sc = c["securityContext"]
+            assert sc["capabilities"] == {"drop": ["ALL"]}, name
+            assert sc["allowPrivilegeEscalation"] is False, name
+            assert sc["readOnlyRootFilesystem"] is True, name
+            root = obj["kind"] == "DaemonSet"  # the agent and handlers use root's sockets
+            assert sc["runAsNonRoot"] is (not root), name
+            assert sc["runAsUser"] == (0 if root else 65532), name
+            assert "privileged" not in sc, name
+
+
+def test_agent_daemonset() -> None:
+    ds = one(render(), "DaemonSet", "akri-agent-daemonset")
+    spec = pod_spec(ds)
+    assert "hostNetwork" not in spec  # only when asked
+    assert spec["serviceAccountName"] == "akri-agent-sa"
+    assert spec["nodeSelector"] == {"kubernetes.io/os": "linux"}
+    (agent,) = spec["containers"]
+    assert agent["args"] == ["agent"]
+    assert agent["image"] == "akri-trio:0.1.0"
+    env = env_of(agent)
+    assert env["AGENT_NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert env["DISCOVERY_HANDLERS_DIRECTORY"] == "/var/lib/akri"
+    assert "ENABLE_DEBUG_ECHO" not in env and "KUBERNETES_SERVICE_HOST" not in env
+    mounts = {m["mountPath"]: m.get("readOnly", False) for m in agent["volumeMounts"]}
+    assert mounts == {
+        "/var/lib/akri": False,
+        "/var/lib/kubelet/device-plugins": False,
+        "/var/lib/kubelet/pod-resources": True,
+        "/run/udev": True,
+        "/tmp": False,
+    }
+    host = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    assert host == {
+        "/var/lib/akri",
+        "/var/lib/kubelet/device-plugins",
+        "/var/lib/kubelet/pod-resources",
+        "/run/udev",
+    }
+    assert agent["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert agent["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert agent["ports"] == [{"name": "metrics", "containerPort": 8080}]
+
+
+def test_agent_full_debug_echo_and_host_network() -> None:
+    (agent_ds,) = [o for o in render(EVERYTHING) if o["metadata"]["name"] == "akri-agent-daemonset"]
+    spec = pod_spec(agent_ds)
+    assert spec["hostNetwork"] is True and spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+    env = env_of(spec["containers"][0])
+    assert env["AKRI_EMBEDDED_HANDLERS"] == "udev,onvif,opcua,zeroconf"
+    assert env["ENABLE_DEBUG_ECHO"] == "1"
+    assert env["DEBUG_ECHO_INSTANCES_SHARED"] == "true"
+    only_host = pod_spec(
+        one(render({"agent": {"hostNetwork": True}}), "DaemonSet", "akri-agent-daemonset")
+    )
+    assert only_host["hostNetwork"] is True
+    assert "AKRI_EMBEDDED_HANDLERS" not in env_of(only_host["containers"][0])
+    scoped = pod_spec(
+        one(
+            render({"agent": {"watchNamespace": "team-a", "metricsPort": 18080}}),
+            "DaemonSet",
+            "akri-agent-daemonset",
+        )
+    )["containers"][0]
+    assert env_of(scoped)["AKRI_NAMESPACE"] == "team-a"
+    assert env_of(scoped)["METRICS_PORT"] == "18080"
+    assert scoped["ports"][0]["containerPort"] == 18080
+
+
+def test_agent_rbac_is_the_tested_manifests() -> None:
+    """The chart's agent and webhook roles are the ones their RBAC tests run with."""
+    objects = render({"webhookConfiguration": {"enabled": True}})
+    for manifest, role in (
+        ("agent.yaml", "akri-agent-role"),
+        ("webhook.yaml", "akri-webhook-role"),
+    ):
+        docs = list(yaml.safe_load_all((REPO / "k8s" / manifest).read_text()))
+        (tested,) = [d for d in docs if d["kind"] == "ClusterRole"]
+        assert one(objects, "ClusterRole", role)["rules"] == tested["rules"]
+
+
+def test_api_override_puts_api_clients_on_the_host_network() -> None:
+    objects = render({**EVERYTHING, **OVERRIDE})
+    api_clients = {
+        "akri-agent-daemonset",
+        "akri-controller-deployment",
+        "akri-webhook-configuration",
+        "akri-teardown",
+    }
+    for obj in workloads(objects):
+        spec = pod_spec(obj)
+        env = env_of(spec["containers"][0])
+        if obj["metadata"]["name"] in api_clients:
+            assert spec["hostNetwork"] is True
+            assert env["KUBERNETES_SERVICE_HOST"] == "127.0.0.1"
+            assert env["KUBERNETES_SERVICE_PORT"] == "16443"
+        else:  # handlers talk only to the agent
+            assert "KUBERNETES_SERVICE_HOST" not in env
+            assert spec["automountServiceAccountToken"] is False
+    for obj in workloads(render()):
+        assert "KUBERNETES_SERVICE_HOST" not in env_of(pod_spec(obj)["containers"][0])
+
+
+def test_controller_two_replicas_with_leader_election() -> None:
+    objects = render()
+    deploy = one(objects, "Deployment", "akri-controller-deployment")
+    assert deploy["spec"]["replicas"] == 2
+    (c,) = pod_spec(deploy)["containers"]
+    assert c["args"] == ["controller", "--metrics-port=8080", "--leader-elect"]
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    lease = one(objects, "Role", "akri-controller-leader-election")
+    assert {"resourceNames": ["akri-controller"]}.items() <= lease["rules"][1].items()
+    assert lease["rules"][1]["apiGroups"] == ["coordination.k8s.io"]
+    single = pod_spec(
+        one(
+            render({"controller": {"leaderElect": False, "watchNamespace": "x", "replicas": 1}}),
+            "Deployment",
+            "akri-controller-deployment",
+        )
+    )["containers"][0]
+    assert single["args"] == [
+        "controller",
+        "--metrics-port=8080",
+        "--no-leader-elect",
+        "--namespace=x",
+    ]
+    assert not [
+        o
+        for o in render({"controller": {"enabled": False}})
+        if "controller" in o["metadata"]["name"]
+    ]
+
+
+def _webhook_cert(objects: list[dict[str, Any]]) -> tuple[x509.Certificate, x509.Certificate]:
+    secret = one(objects, "Secret", "akri-webhook-configuration-tls")
+    ca = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["ca.crt"]))
+    cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+    return ca, cert
+
+
+def test_webhook_certificate_and_registration() -> None:
+    objects = render({"webhookConfiguration": {"enabled": True}})
+    ca, cert = _webhook_cert(objects)
+    cert.verify_directly_issued_by(ca)
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert {
+        "akri-webhook-configuration",
+        "akri-webhook-configuration.akri",
+        "akri-webhook-configuration.akri.svc",
+    } <= set(sans.get_values_for_type(x509.DNSName))
+    vwc = one(objects, "ValidatingWebhookConfiguration", "akri-webhook-configuration")
+    (hook,) = vwc["webhooks"]
+    assert base64.b64decode(hook["clientConfig"]["caBundle"]) == ca.public_bytes(Encoding.PEM)
+    # the same registration `akri-trio webhook certs` writes, but for the name and the CA
+    (expected,) = webhook_configuration(
+        "akri-webhook-configuration.akri.sh", b"", service=("akri-webhook-configuration", "akri")
+    )["webhooks"]
+    assert {**hook, "clientConfig": {**hook["clientConfig"], "caBundle": ""}} == expected
+    deploy = one(objects, "Deployment", "akri-webhook-configuration")
+    (c,) = pod_spec(deploy)["containers"]
+    assert c["args"][0] == "webhook" and "--port=8443" in c["args"]
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "https", "scheme": "HTTPS"}
+    service = one(objects, "Service", "akri-webhook-configuration")
+    assert service["spec"]["selector"] == deploy["spec"]["selector"]["matchLabels"]
+
+
+def test_webhook_by_url_and_with_a_given_ca() -> None:
+    objects = render(
+        {
+            "webhookConfiguration": {
+                "enabled": True,
+                "url": "https://127.0.0.1:18443/validate",
+                "certIPs": ["127.0.0.1"],
+            }
+        }
+    )
+    _, cert = _webhook_cert(objects)
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+    (hook,) = one(objects, "ValidatingWebhookConfiguration", "akri-webhook-configuration")[
+        "webhooks"
+    ]
+    assert hook["clientConfig"]["url"] == "https://127.0.0.1:18443/validate"
+    assert "service" not in hook["clientConfig"]
+    scoped = render(
+        {
+            "webhookConfiguration": {
+                "enabled": True,
+                "namespaceSelector": {"matchLabels": {"team": "a"}},
+                "failurePolicy": "Ignore",
+            }
+        }
+    )
+    (hook,) = one(scoped, "ValidatingWebhookConfiguration", "akri-webhook-configuration")[
+        "webhooks"
+    ]
+    assert hook["namespaceSelector"] == {"matchLabels": {"team": "a"}}
+    assert hook["failurePolicy"] == "Ignore"
+    given = render({"webhookConfiguration": {"enabled": True, "caBundle": "Q0E="}})
+    assert "Secret" not in {o["kind"] for o in given}  # the user's Secret, not ours
+    (hook,) = one(given, "ValidatingWebhookConfiguration", "akri-webhook-configuration")["webhooks"]
+    assert hook["clientConfig"]["caBundle"] == "Q0E="
+
+
+def test_a_daemonset_per_enabled_discovery_handler() -> None:
+    objects = render(EVERYTHING)
+    daemonsets = by_kind(objects, "DaemonSet")
+    assert set(daemonsets) == {
+        "akri-agent-daemonset",
+        "akri-debug-echo-discovery-daemonset",
+        "akri-udev-discovery-daemonset",
+        "akri-onvif-discovery-daemonset",
+        "akri-opcua-discovery-daemonset",
+        "akri-zeroconf-discovery-daemonset",
+        "akri-custom-discovery-daemonset",
+    }
+    echo = pod_spec(daemonsets["akri-debug-echo-discovery-daemonset"])
+    (c,) = echo["containers"]
+    assert c["args"] == ["discovery-handler", "debugEcho"]
+    env = env_of(c)
+    assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}  # useNetworkConnection
+    assert c["ports"] == [{"name": "discovery", "containerPort": 10000}]
+    assert env["DEBUG_ECHO_INSTANCES_SHARED"] == "true"
+    assert "hostNetwork" not in echo
+    udev = pod_spec(daemonsets["akri-udev-discovery-daemonset"])
+    assert udev["hostNetwork"] is True  # netlink uevents
+    assert "POD_IP" not in env_of(udev["containers"][0])  # over the socket
+    assert {"name": "udev", "mountPath": "/run/udev", "readOnly": True} in udev["containers"][0][
+        "volumeMounts"
+    ]
+    custom = pod_spec(daemonsets["akri-custom-discovery-daemonset"])["containers"][0]
+    assert custom["image"] == "me/handler:latest" and "args" not in custom
+    other_port = render(
+        {"opcua": {"discovery": {"enabled": True, "useNetworkConnection": True, "port": 10001}}}
+    )
+    (c,) = pod_spec(one(other_port, "DaemonSet", "akri-opcua-discovery-daemonset"))["containers"]
+    assert c["args"] == ["discovery-handler", "opcua", "--network=$(POD_IP):10001"]
+
+
+def test_sample_configurations_map_upstream_fields() -> None:
+    configurations = by_kind(render(EVERYTHING), "Configuration")
+    assert set(configurations) == {"akri-debug-echo", "akri-udev", "akri-custom"}
+    echo = configurations["akri-debug-echo"]["spec"]
+    assert echo["discoveryHandler"]["name"] == "debugEcho"
+    assert yaml.safe_load(echo["discoveryHandler"]["discoveryDetails"]) == {
+        "descriptions": ["foo0", "foo1"]
+    }
+    assert echo["capacity"] == 2
+    (broker,) = echo["brokerSpec"]["brokerPodSpec"]["containers"]
+    assert broker["image"] == "nginx:latest"
+    assert broker["resources"]["limits"]["{{PLACEHOLDER}}"] == "1"
+    assert echo["instanceServiceSpec"]["ports"][0]["port"] == 6052
+    assert echo["configurationServiceSpec"]["type"] == "ClusterIP"
+    udev = configurations["akri-udev"]["spec"]
+    assert yaml.safe_load(udev["discoveryHandler"]["discoveryDetails"]) == {
+        "udevRules": ['KERNEL=="video[0-9]*"']
+    }
+    job = udev["brokerSpec"]["brokerJobSpec"]
+    assert job["backoffLimit"] == 2
+    assert job["template"]["spec"]["containers"][0]["command"] == ["sh", "-c", "true"]
+    assert "instanceServiceSpec" not in udev  # Services front broker Pods only
+    custom = configurations["akri-custom"]["spec"]
+    assert custom["discoveryHandler"] == {"name": "mine", "discoveryDetails": "a: b"}
+    assert "brokerSpec" not in custom
+    with pytest.raises(helm_python.HelmError, match="discoveryHandlerName"):
+        render({"custom": {"configuration": {"enabled": True}}})
+
+
+def test_podmonitors_select_the_metrics_ports() -> None:
+    objects = render({"prometheus": {"enabled": True}})
+    monitors = by_kind(objects, "PodMonitor")
+    assert set(monitors) == {"akri-agent-metrics", "akri-controller-metrics"}
+    agent = one(objects, "DaemonSet", "akri-agent-daemonset")
+    selector = monitors["akri-agent-metrics"]["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= agent["spec"]["template"]["metadata"]["labels"].items()
+    assert monitors["akri-agent-metrics"]["spec"]["podMetricsEndpoints"] == [
+        {"port": "metrics", "path": "/metrics"}
+    ]
+
+
+def test_cleanup_hook_is_a_pre_delete_job() -> None:
+    job = one(render({"cleanupHook": {"namespaces": ["a", "b"]}}), "Job", "akri-teardown")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+    (c,) = pod_spec(job)["containers"]
+    assert c["args"] == ["teardown", "--timeout=120", "--namespace=a", "--namespace=b"]
+    role = one(render(), "ClusterRole", "akri-teardown-role")
+    assert role["rules"] == [
+        {"apiGroups": ["akri.sh"], "resources": ["configurations"], "verbs": ["list", "delete"]},
+        {"apiGroups": ["akri.sh"], "resources": ["instances"], "verbs": ["list"]},
+    ]
+    assert not by_kind(render({"cleanupHook": {"enabled": False}}), "Job")
+
+
+def test_images_follow_the_top_level_image_unless_a_component_names_its_own() -> None:
+    objects = render(
+        {
+            "image": {"repository": "localhost/akri-trio", "tag": "abc", "pullPolicy": "Never"},
+            "controller": {"image": {"tag": "other"}},
+        }
+    )
+    images = {o["metadata"]["name"]: pod_spec(o)["containers"][0] for o in workloads(objects)}
+    assert images["akri-agent-daemonset"]["image"] == "localhost/akri-trio:abc"
+    assert images["akri-agent-daemonset"]["imagePullPolicy"] == "Never"
+    assert images["akri-controller-deployment"]["image"] == "localhost/akri-trio:other"
+
+
+def test_upstream_only_keys_are_accepted() -> None:
+    """Keys that pick upstream's separate images or runtime sockets change nothing here."""
+    upstream = {
+        "useLatestContainers": True,
+        "useDevelopmentContainers": False,
+        "kubernetesDistro": "k8s",
+        "agent": {
+            "image": {"fullRepository": "ghcr.io/x/agent-full"},
+            "host": {"containerRuntimeSocket": "/run/containerd/containerd.sock"},
+        },
+    }
+    assert render(upstream) == render()
+
+
+def test_crds_are_the_repository_crds() -> None:
+    ours = [yaml.safe_load(p.read_text()) for p in sorted((REPO / "k8s" / "crds").glob("*.yaml"))]
+    assert crds() == ours

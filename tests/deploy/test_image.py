@@ -1,0 +1,112 @@
+"""The image's inputs, without building it: what goes into the build context and its hash, the
+podman command, the pins in constraints.txt, and the Dockerfile's promises (multi-stage, BASE,
+the CA bundle only as a build secret, an unprivileged default user). The build itself runs in
+tests/deploy/test_pods.py, on the node."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from akri_trio.cluster.image import (
+    BASE_IMAGE,
+    IMAGE_REPOSITORY,
+    PACKAGE_EXCLUDED,
+    build_command,
+    content_hash,
+    context_files,
+    image_ref,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_context_leaves_out_the_test_bed_and_caches() -> None:
+    files = context_files(REPO)
+    assert {"Dockerfile", "constraints.txt", "pyproject.toml", "akri_trio/cli.py"} <= set(files)
+    assert "akri_trio/agent/run.py" in files
+    assert not [f for f in files if f.startswith("akri_trio/cluster/")]
+    assert "akri_trio/demo.py" not in files
+    assert not [f for f in files if "__pycache__" in f or f.endswith(".pyc")]
+    assert not [f for f in files if f.startswith(("tests/", "bench/", ".venv/"))]
+
+
+def test_dockerignore_excludes_what_the_hash_leaves_out() -> None:
+    lines = (REPO / ".dockerignore").read_text().split()
+    assert "*" in lines  # everything out, then only what the Dockerfile copies back in
+    for excluded in PACKAGE_EXCLUDED:
+        assert excluded in lines
+
+
+def test_content_hash_changes_with_any_byte_path_or_base() -> None:
+    files = [("a.py", b"x = 1\n"), ("b.py", b"")]
+    h = content_hash(files, "base:1")
+    assert h == content_hash(list(reversed(files)), "base:1")  # order does not matter
+    assert h != content_hash([("a.py", b"x = 2\n"), ("b.py", b"")], "base:1")
+    assert h != content_hash([("c.py", b"x = 1\n"), ("b.py", b"")], "base:1")
+    assert h != content_hash(files, "base:2")
+    # path and contents are delimited: moving bytes between them changes the hash
+    assert content_hash([("ab", b"c")], "b") != content_hash([("a", b"bc")], "b")
+    assert len(h) == 16
+
+
+def test_image_ref_is_stable_for_the_same_tree() -> None:
+    ref = image_ref(REPO)
+    assert ref == image_ref(REPO)
+    assert ref.startswith(f"{IMAGE_REPOSITORY}:")
+
+
+def test_build_command_passes_the_ca_as_a_secret_and_the_base_as_an_arg() -> None:
+    cmd = build_command(
+        repo=REPO, ref="r:1", base=BASE_IMAGE, ca_bundle=Path("/ca.pem"), tags=["r:latest"]
+    )
+    assert cmd[:2] == ["podman", "build"]
+    at = cmd.index("--secret")
+    assert cmd[at + 1] == "id=cacert,src=/ca.pem"
+    assert f"BASE={BASE_IMAGE}" in cmd
+    assert cmd[-1] == str(REPO)
+    assert {"r:1", "r:latest"} <= set(cmd)
+    no_ca = build_command(repo=REPO, ref="r:1", base=BASE_IMAGE, ca_bundle=None)
+    assert "--secret" not in no_ca
+
+
+def test_constraints_pin_every_runtime_dependency() -> None:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    pins: dict[str, str] = {}
+    for line in (REPO / "constraints.txt").read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            name, sep, version = line.partition("==")
+            assert sep, f"not an exact pin: {line}"
+            pins[canonicalize_name(name)] = version
+    for spec in project["dependencies"]:
+        req = Requirement(spec)
+        name = canonicalize_name(req.name)
+        assert name in pins, f"{req.name} is not pinned in constraints.txt (just lock)"
+        assert req.specifier.contains(pins[name], prereleases=True), (spec, pins[name])
+    build = tomllib.loads((REPO / "pyproject.toml").read_text())["build-system"]["requires"]
+    for spec in build:  # the builder stage installs the project without build isolation
+        req = Requirement(spec)
+        assert req.specifier.contains(pins[canonicalize_name(req.name)])
+
+
+def test_dockerfile_promises() -> None:
+    text = (REPO / "Dockerfile").read_text()
+    instructions = [line for line in text.splitlines() if line and not line.startswith("#")]
+    froms = [line for line in instructions if line.startswith("FROM ")]
+    assert froms == ["FROM ${BASE} AS builder", "FROM ${BASE}"]
+    assert instructions[0].startswith("ARG BASE=")
+    # the CA bundle reaches pip only through the secret mount, never a COPY or an ENV
+    assert "--mount=type=secret,id=cacert" in text
+    assert not [
+        line
+        for line in instructions
+        if "cacert" in line and line.startswith(("COPY", "ENV", "ADD"))
+    ]
+    user = [line for line in instructions if line.startswith("USER ")]
+    assert user == ["USER 65532:65532"]
+    assert 'ENTRYPOINT ["akri-trio"]' in instructions
+    assert "libudev1" in text

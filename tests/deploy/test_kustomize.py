@@ -1,0 +1,69 @@
+"""`kubectl apply -k k8s/` deploys what the Helm chart deploys with its defaults: rendered with
+the cluster's own kubectl (`kubectl kustomize`, offline) and compared object by object with the
+chart, for people who install without Helm."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.support.chart import crds, one, pod_spec, render
+
+pytestmark = pytest.mark.k8s  # for `cluster env`'s KUBECTL, built with the cluster
+
+REPO = Path(__file__).resolve().parents[2]
+# Helm-only (a pre-delete hook) or not in the tree yet (the controller's manifest).
+CHART_ONLY = {"akri-teardown", "akri-controller"}
+
+
+@pytest.fixture(scope="module")
+def kustomized(cluster: dict[str, str]) -> list[dict[str, Any]]:
+    out = subprocess.run(
+        [cluster["KUBECTL"], "kustomize", str(REPO / "k8s")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def _comparable(container: dict[str, Any]) -> dict[str, Any]:
+    keys = ("args", "env", "ports", "securityContext", "volumeMounts")
+    probes = {p: container[p]["httpGet"]["path"] for p in ("livenessProbe", "readinessProbe")}
+    return {**{k: container.get(k) for k in keys}, **probes}
+
+
+def test_same_objects_as_the_chart_defaults(kustomized: list[dict[str, Any]]) -> None:
+    ours = {(o["kind"], o["metadata"]["name"]) for o in kustomized}
+    chart = {
+        (o["kind"], o["metadata"]["name"])
+        for o in render()
+        if o["metadata"]["labels"]["app.kubernetes.io/name"] not in CHART_ONLY
+    }
+    crd_names = {("CustomResourceDefinition", c["metadata"]["name"]) for c in crds()}
+    assert ours == chart | crd_names | {("Namespace", "akri")}
+    by_key = {(o["kind"], o["metadata"]["name"]): o for o in kustomized}
+    for crd in crds():
+        assert by_key["CustomResourceDefinition", crd["metadata"]["name"]] == crd
+
+
+def test_agent_daemonset_matches_the_chart(kustomized: list[dict[str, Any]]) -> None:
+    ours = pod_spec(one(kustomized, "DaemonSet", "akri-agent-daemonset"))
+    chart = pod_spec(one(render(), "DaemonSet", "akri-agent-daemonset"))
+    for key in ("serviceAccountName", "nodeSelector", "securityContext", "volumes"):
+        assert ours.get(key) == chart.get(key), key
+    (mine,) = ours["containers"]
+    (theirs,) = chart["containers"]
+    assert _comparable(mine) == _comparable(theirs)
+    assert mine["resources"] == theirs["resources"]
+    assert mine["image"] == theirs["image"] == "akri-trio:0.1.0"
+    rbac = {"ClusterRole", "ClusterRoleBinding", "ServiceAccount"}
+    for obj in kustomized:
+        if obj["kind"] in rbac:
+            chart_obj = one(render(), obj["kind"], obj["metadata"]["name"])
+            for key in ("rules", "roleRef", "subjects"):
+                assert obj.get(key) == chart_obj.get(key), (obj["metadata"]["name"], key)
