@@ -17,6 +17,8 @@ import trio
 
 from akri_trio.agent.run import AgentSettings, run_agent
 from akri_trio.discovery.handlers import BUILTIN
+from akri_trio.kube.client import Client
+from akri_trio.kube.config import KubeConfig, load_config
 from akri_trio.observe.logs import add_log_arguments, log_startup, setup_logging
 from akri_trio.shutdown import run_until_signalled
 
@@ -115,16 +117,18 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
     return settings, args
 
 
-async def _main(settings: AgentSettings) -> None:
-    await run_until_signalled(functools.partial(run_agent, settings), log)
+async def _main(settings: AgentSettings, config: KubeConfig) -> None:
+    async with Client.open(config) as api:
+        await run_until_signalled(functools.partial(run_agent, settings, api=api), log)
 
 
 def main(argv: list[str]) -> int:
     settings, args = _parse(argv, os.environ)
+    config = load_config(settings.kubeconfig)  # a bad kubeconfig is one error line, first
     # Every line of an agent is about its node: the field lets one query span a DaemonSet.
     setup_logging(args.log_level, args.log_format, defaults={"node": settings.node})
     logs = {"log_level": args.log_level, "log_format": args.log_format}
     log_startup(log, "agent", {**attrs.asdict(settings, recurse=False), **logs})
-    trio.run(_main, settings)
+    trio.run(_main, settings, config)
     log.info("agent stopped")
     return 0

@@ -58,14 +58,14 @@ def parse_serve_args(argv: list[str]) -> argparse.Namespace:
 
 def serve(argv: list[str]) -> int:
     args = parse_serve_args(argv)
-    setup_logging(args.log_level, args.log_format)
-    log_startup(log, "webhook", vars(args))
     try:
         context = server_ssl_context(args.tls_cert_file, args.tls_key_file)
         kube = load_config(args.kubeconfig)
     except (OSError, ConfigError) as exc:  # ssl.SSLError is an OSError
         print(f"akri-trio webhook: {exc}", file=sys.stderr)
         return 1
+    setup_logging(args.log_level, args.log_format)
+    log_startup(log, "webhook", vars(args))
     main_task = functools.partial(
         run_webhook, kube, context, args.host, args.port, request_timeout=args.request_timeout
     )
