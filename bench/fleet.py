@@ -93,6 +93,11 @@ class Recreations:
                     if name in self.deleted:
                         self.deleted.discard(name)
                         self.count += 1
+                        managers = [
+                            (f.get("manager"), f.get("operation"))
+                            for f in event.obj["metadata"].get("managedFields") or []
+                        ]
+                        print(f"  {name} created again by {managers}", flush=True)
 
 
 class Fleet:

@@ -293,8 +293,8 @@ class ConfigurationReconciler:
     async def _depart_guarded(
         self, namespace: str, name: str, op: plan_.Guarded | None = None
     ) -> None:
-        """The rare path (the last node, or a refused Leave): every write carries the read
-        resourceVersion; on 409 or 422, re-read and decide again."""
+        """The rare path (the last node, or a refused Leave): every write is a JSON patch that
+        tests the read resourceVersion; on 409 or 422, re-read and decide again."""
         key = ObjectKey(namespace, name)
         for _ in range(MAX_DEPART_ATTEMPTS):
             if op is None:
@@ -307,8 +307,13 @@ class ConfigurationReconciler:
                 if self.node not in fresh.spec.nodes and self.node not in fresh.metadata.finalizers:
                     return
                 op = plan_.guarded_departure(fresh, self.node)
+            inst = op.read
             try:
-                inst = await self._apply(namespace, op.body)
+                if op.ops:
+                    obj = await self.api.json_patch(
+                        INSTANCES, name, op.ops, field_manager=self.node, namespace=namespace
+                    )
+                    inst = self.view.put_instance(obj)
             except NotFound:
                 self.view.drop_instance(key)
                 return

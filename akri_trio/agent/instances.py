@@ -15,7 +15,8 @@ server removes what only this node owned and keeps what other nodes own. That ne
 resourceVersion, so any number of nodes join and leave one Instance at once, each with one
 request and no conflict; and since the body lacks the required fields, it can never create an
 Instance that is gone. Only the last node's departure is guarded by a resourceVersion (see
-`Guarded`): it deletes the Instance, once.
+`Guarded`): it deletes the Instance, once. A guarded write is a JSON patch, never an apply: the
+API server creates a missing object from an apply even when it carries a resourceVersion.
 """
 
 from __future__ import annotations
@@ -62,13 +63,16 @@ class Leave:
 
 @attrs.frozen
 class Guarded:
-    """A departure decided from a fresh read and guarded by its resourceVersion (the API server
-    refuses it with 409 if anyone wrote since): apply `body`, then, when `delete` (this node was
-    the last one), delete the Instance with the uid and resourceVersion the apply returned."""
+    """A departure decided from a read (`read`) and guarded by its resourceVersion: a JSON patch
+    (`ops`, possibly empty) that `test`s the resourceVersion and removes this node's finalizer
+    (and, when others stay, its `nodes` entry) — refused with 422 if anyone wrote since, 404 if
+    it is gone, never a creation; then, when `delete` (this node was the last one), delete the
+    Instance with the uid and resourceVersion the patch left."""
 
     name: str
-    body: JSON
+    ops: list[JSON]
     delete: bool
+    read: Instance
 
 
 Operation = Apply | Leave | Guarded
@@ -181,17 +185,39 @@ def departure(current: Instance, node: str) -> Leave | Guarded:
     others = set(current.spec.nodes) - {node}
     if current.metadata.deletion_timestamp is not None or others:
         return Leave(current.metadata.name, leave_body(current))
-    return Guarded(current.metadata.name, unfinalize_body(current, node), delete=True)
+    return Guarded(current.metadata.name, guarded_ops(current, node, False), True, current)
 
 
 def guarded_departure(current: Instance, node: str) -> Guarded:
     """The same decision from a fresh read, every write guarded by its resourceVersion."""
     others = set(current.spec.nodes) - {node}
     if current.metadata.deletion_timestamp is not None:
-        return Guarded(current.metadata.name, unfinalize_body(current, node), delete=False)
+        return Guarded(current.metadata.name, guarded_ops(current, node, False), False, current)
     if others:
-        return Guarded(current.metadata.name, _copy(current, []), delete=False)
-    return Guarded(current.metadata.name, unfinalize_body(current, node), delete=True)
+        return Guarded(current.metadata.name, guarded_ops(current, node, True), False, current)
+    return Guarded(current.metadata.name, guarded_ops(current, node, False), True, current)
+
+
+def guarded_ops(current: Instance, node: str, drop_entry: bool) -> list[JSON]:
+    """JSON patch removing this node's finalizer (and its `nodes` entry when `drop_entry`) from
+    `current` as read, after testing nothing changed since; empty when there is nothing to
+    remove. The last node keeps its entry: the Instance is deleted next."""
+    removals = [
+        {"op": "remove", "path": f"{path}/{items.index(node)}"}
+        for path, items, wanted in (
+            ("/metadata/finalizers", current.metadata.finalizers, True),
+            ("/spec/nodes", current.spec.nodes, drop_entry),
+        )
+        if wanted and node in items
+    ]
+    if not removals:
+        return []
+    test = {
+        "op": "test",
+        "path": "/metadata/resourceVersion",
+        "value": current.metadata.resource_version,
+    }
+    return [test, *removals]
 
 
 def leave_body(current: Instance) -> JSON:
@@ -204,33 +230,3 @@ def leave_body(current: Instance) -> JSON:
         "metadata": {"name": meta.name, "namespace": meta.namespace},
         "spec": {"nodes": []},
     }
-
-
-def _copy(current: Instance, nodes: list[str]) -> JSON:
-    """`current` as this node would apply it: every spec field co-owned as it is now."""
-    meta = current.metadata
-    owners = [ref for ref in meta.owner_references if ref.get("controller")]
-    return {
-        "apiVersion": naming.API_VERSION,
-        "kind": "Instance",
-        "metadata": {
-            "name": meta.name,
-            "namespace": meta.namespace,
-            # A precondition: never re-create an Instance that was deleted meanwhile.
-            "resourceVersion": meta.resource_version,
-            **({"ownerReferences": owners} if owners else {}),
-        },
-        "spec": {
-            "configurationName": current.spec.configuration_name,
-            "cdiName": current.spec.cdi_name,
-            "capacity": current.spec.capacity,
-            "brokerProperties": dict(current.spec.broker_properties),
-            "shared": current.spec.shared,
-            "nodes": nodes,
-        },
-    }
-
-
-def unfinalize_body(current: Instance, node: str) -> JSON:
-    """Drops only this node's finalizer; its `nodes` entry stays until the Instance is gone."""
-    return _copy(current, [node] if node in current.spec.nodes else [])

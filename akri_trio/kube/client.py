@@ -15,9 +15,8 @@ Namespaces: single-object verbs take `namespace=`, else the object's own
 
 from __future__ import annotations
 
-import builtins
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from contextlib import aclosing, asynccontextmanager
 from typing import Any
 
@@ -258,7 +257,7 @@ class Client:
         self,
         res: Resource,
         name: str,
-        operations: builtins.list[Mapping[str, Any]],
+        operations: Sequence[Mapping[str, Any]],
         *,
         namespace: str | None = None,
         subresource: str | None = None,

@@ -105,15 +105,20 @@ def test_vanished_device_is_left_with_a_body_that_states_only_an_empty_nodes() -
     # no resourceVersion: any number of nodes leave at once without a conflict
 
 
-def test_guarded_leave_co_owns_all_but_its_entry_and_carries_the_read_version() -> None:
+def test_guarded_leave_is_a_json_patch_testing_the_read_version() -> None:
+    """Never an apply: the API server creates a missing object from an apply even when it
+    carries a resourceVersion; a JSON patch of a missing object is a 404."""
     cfg = config()
     body = desired_body(cfg, found("a"), NODE)
-    current = as_cluster(body, nodes=[NODE, "node-b"])
+    current = as_cluster(body, nodes=["node-b", NODE])
     op = guarded_departure(current, NODE)
     assert not op.delete
-    assert op.body["spec"] == {**body["spec"], "nodes": []}
-    assert "finalizers" not in op.body["metadata"]
-    assert op.body["metadata"]["resourceVersion"] == current.metadata.resource_version
+    rv = current.metadata.resource_version
+    assert op.ops == [
+        {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
+        {"op": "remove", "path": "/metadata/finalizers/0"},
+        {"op": "remove", "path": "/spec/nodes/1"},
+    ]
 
 
 def test_last_node_drops_its_finalizer_then_deletes() -> None:
@@ -121,9 +126,11 @@ def test_last_node_drops_its_finalizer_then_deletes() -> None:
     current = as_cluster(desired_body(cfg, found("a"), NODE))
     (op,) = plan(NODE, cfg, [], {current.metadata.name: current})
     assert isinstance(op, Guarded) and op.delete
-    assert op.body["spec"]["nodes"] == [NODE]
-    assert "finalizers" not in op.body["metadata"]
-    assert op.body["metadata"]["resourceVersion"] == current.metadata.resource_version
+    rv = current.metadata.resource_version
+    assert op.ops == [  # the node entry stays: the Instance is deleted next
+        {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
+        {"op": "remove", "path": "/metadata/finalizers/0"},
+    ]
 
 
 def test_instances_of_other_nodes_are_not_touched() -> None:
