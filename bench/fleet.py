@@ -275,12 +275,12 @@ async def bench(args: argparse.Namespace) -> str:
                 granted = [r for r in results if r[2] is None]
                 doubles = len(granted) - len({slot for slot, _, _ in granted})
                 latencies = [r[1] for r in results]
-                p50 = percentile(latencies, 0.5)
+                p50 = percentile(latencies, 50)
                 notes.append(
                     f"storm: {len(granted)} granted, {len(results) - len(granted)} refused, "
                     f"{doubles} double claims ({len(usage)} slots held by "
                     f"{len(set(usage.values()))} nodes); Allocate p50 {ms(p50)}, p99 "
-                    f"{ms(percentile(latencies, 0.99))}; one node alone {ms(solo[0])} "
+                    f"{ms(percentile(latencies, 99))}; one node alone {ms(solo[0])} "
                     f"(ratio {p50 / solo[0]:.2f})"
                 )
                 for slot, _, error in results:
