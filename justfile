@@ -13,9 +13,10 @@ demo:
 test: lint test-deps
     python -m pytest -q -p no:cacheprovider {{ if env("CI", "") != "" { "-ra" } else { "" } }}
 
-# Debian packages the tests use as real peers (avahi: an independent mDNS responder)
+# Debian packages the tests use as real peers (avahi: an independent mDNS responder; chromium:
+# the browser the dashboard's page is tested in)
 test-deps:
-    @command -v avahi-daemon >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends avahi-daemon >/dev/null; }
+    @{ command -v avahi-daemon && command -v chromium; } >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends avahi-daemon chromium >/dev/null; }
 
 # ruff (lint + format) and mypy --strict
 lint:

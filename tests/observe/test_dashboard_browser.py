@@ -27,9 +27,8 @@ from tests.observe.conftest import (
     until,
 )
 from tests.support.akri_cluster import debug_echo_config
-from tests.support.browser import Page, chromium, open_page
+from tests.support.browser import Page, open_page
 
-pytestmark = pytest.mark.skipif(chromium() is None, reason="needs chromium (apt-get install)")
 PODS = Resource.core("pods", "Pod")
 SHOWN_WITHIN_S = 1.0
 
