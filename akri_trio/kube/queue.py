@@ -149,7 +149,16 @@ class ReconcileQueue(Generic[K]):
             key = next(iter(self._pending))
             del self._pending[key]
             self._running.add(key)
-            workers.start_soon(self._work, key, slots)
+            try:
+                workers.start_soon(self._work, key, slots)
+            except RuntimeError:
+                # The workers' nursery closed while this task was being woken: `run` is being
+                # cancelled, or a reconcile raised past it. Put the key back and wait for that
+                # cancellation (or error) to arrive here.
+                self._running.discard(key)
+                self._pending[key] = None
+                slots.release()
+                await trio.sleep_forever()
 
     async def _work(self, key: K, slots: trio.Semaphore) -> None:
         try:
