@@ -169,5 +169,14 @@ def write_run(name: str, text: str, results: Path = RESULTS) -> None:
     results.write_text(new)
 
 
+def record_run(name: str, report: str, write: bool) -> None:
+    """Append a run to RESULTS.md unless asked not to, or unless it is void: a run whose
+    objects someone else's test fixture deleted underneath it says so in its report."""
+    if "purged by someone else: True" in report:
+        print("VOID run (our objects were deleted underneath us): not written")
+    elif write:
+        write_run(name, report)
+
+
 def env_kubeconfig(env: Mapping[str, str]) -> str:
     return env["KUBECONFIG"]

@@ -63,9 +63,9 @@ from bench._common import (
     now,
     prepare_namespace,
     purge_namespace,
+    record_run,
     summary,
     table,
-    write_run,
 )
 from tests.support.kubelet_standin import KubeletStandin
 
@@ -455,10 +455,7 @@ def main() -> None:
     args = p.parse_args()
     report = trio.run(bench, args)
     print(report)
-    if "purged by someone else: True" in report:
-        print("VOID run (our objects were deleted underneath us): not written")
-    elif not args.no_write:
-        write_run("allocate_latency", report)
+    record_run("allocate_latency", report, write=not args.no_write)
 
 
 if __name__ == "__main__":

@@ -51,9 +51,9 @@ from bench._common import (
     machine,
     ms,
     now,
+    record_run,
     summary,
     table,
-    write_run,
 )
 from tests.support.akri_cluster import NAMESPACES, ensure_namespace, install_crds
 
@@ -412,10 +412,7 @@ def main() -> None:
     args = p.parse_args()
     report = trio.run(bench, args)
     print(report)
-    if "purged by someone else: True" in report:
-        print("VOID run (our objects were deleted underneath us): not written")
-    elif not args.no_write:
-        write_run("controller_latency", report)
+    record_run("controller_latency", report, write=not args.no_write)
 
 
 if __name__ == "__main__":

@@ -8,8 +8,12 @@ set -euo pipefail
 go_env "${AKRI_TRIO_HOME:-$HOME/.cache/akri-trio}/go"
 export GOFLAGS="-mod=mod -buildvcs=false"
 
+gomod_of() {  # module@version -> the path of its go.mod in the module cache
+  "$GO" mod download -json "$1" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p'
+}
+
 k=${KUBERNETES#v}
-kmod=$("$GO" mod download -json "k8s.io/kubernetes@$KUBERNETES" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+kmod=$(gomod_of "k8s.io/kubernetes@$KUBERNETES")
 goline=$(grep -m1 '^go ' "$kmod")
 staging=$(sed -n 's#^\s*\(k8s.io/[a-z0-9-]*\) => ./staging/.*#\1#p' "$kmod")
 
@@ -26,6 +30,6 @@ replaces=""
 for m in $staging; do replaces+=$'\t'"$m => $m v0.${k#1.}"$'\n'; done
 write_mod kubernetes kubernetes "$goline" "k8s.io/kubernetes $KUBERNETES" "$replaces"
 write_mod etcd etcd "$goline" "go.etcd.io/etcd/server/v3 $ETCD"
-cgoline=$(grep -m1 '^go ' "$("$GO" mod download -json "github.com/containerd/containerd/v2@$CONTAINERD" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')")
+cgoline=$(grep -m1 '^go ' "$(gomod_of "github.com/containerd/containerd/v2@$CONTAINERD")")
 write_mod containerd containerd "$cgoline" "github.com/containerd/containerd/v2 $CONTAINERD"
 echo "[pin] kubernetes $KUBERNETES (${staging//$'\n'/ }), etcd $ETCD, containerd $CONTAINERD"
