@@ -15,10 +15,13 @@ from pathlib import Path
 import attrs
 import trio
 
+from akri_trio.agent.configurations import Limits
 from akri_trio.agent.run import AgentSettings, run_agent
+from akri_trio.discovery.device_rules import KUBELET_ROOT, DeviceRules
 from akri_trio.discovery.handlers import BUILTIN
 from akri_trio.kube.client import Client
 from akri_trio.kube.config import KubeConfig, load_config
+from akri_trio.model import limits
 from akri_trio.observe.logs import add_log_arguments, log_startup, setup_logging
 from akri_trio.shutdown import run_until_signalled
 
@@ -90,6 +93,37 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         help="debugEcho availability file (env DEBUG_ECHO_AVAILABILITY_PATH, as the standalone "
         "handler; default /tmp/debug-echo-availability.txt)",
     )
+    p.add_argument(
+        "--metrics-host",
+        default=env.get("METRICS_HOST", "0.0.0.0"),
+        help="address the health and metrics server binds (env METRICS_HOST; default 0.0.0.0)",
+    )
+    p.add_argument(
+        "--configuration-selector",
+        default=env.get("AKRI_CONFIGURATION_SELECTOR") or None,
+        metavar="LABELS",
+        help="serve only the Configurations this label selector matches (default: all)",
+    )
+    p.add_argument(
+        "--max-capacity",
+        type=int,
+        default=limits.MAX_CAPACITY,
+        help=f"refuse Configurations with a larger capacity (default {limits.MAX_CAPACITY})",
+    )
+    p.add_argument(
+        "--max-devices-per-handler",
+        type=int,
+        default=limits.MAX_DEVICES_PER_HANDLER,
+        help="devices taken from one handler's list, lowest ids first "
+        f"(default {limits.MAX_DEVICES_PER_HANDLER})",
+    )
+    p.add_argument(
+        "--max-devices-per-configuration",
+        type=int,
+        default=limits.MAX_DEVICES_PER_CONFIGURATION,
+        help="devices (Instances) per Configuration on this node, lowest ids first "
+        f"(default {limits.MAX_DEVICES_PER_CONFIGURATION})",
+    )
     p.add_argument("--reclaim-period", type=float, default=10.0)
     p.add_argument("--reclaim-grace", type=float, default=None)
     add_log_arguments(p, env)
@@ -111,6 +145,25 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         debug_echo_shared=args.debug_echo_shared,
         debug_echo_availability=args.debug_echo_availability,
         metrics_port=None if args.metrics_port < 0 else args.metrics_port,
+        metrics_host=args.metrics_host,
+        configuration_selector=args.configuration_selector,
+        limits=Limits(
+            max_capacity=args.max_capacity,
+            devices=DeviceRules(
+                max_devices=args.max_devices_per_handler,
+                max_configuration_devices=args.max_devices_per_configuration,
+                # No handler may hand a container the kubelet's sockets.
+                refused_host_dirs=tuple(
+                    dict.fromkeys(
+                        (
+                            KUBELET_ROOT,
+                            str(args.device_plugin_dir),
+                            str(args.pod_resources_socket.parent),
+                        )
+                    )
+                ),
+            ),
+        ),
         reclaim_period=args.reclaim_period,
         reclaim_grace=args.reclaim_grace,
     )

@@ -30,7 +30,7 @@ from pathlib import Path
 import attrs
 import trio
 
-from akri_trio.agent.configurations import ConfigurationReconciler
+from akri_trio.agent.configurations import CONFIG_INDEXES, ConfigurationReconciler, Limits
 from akri_trio.agent.events import AgentEvents
 from akri_trio.agent.metrics import AgentMetrics
 from akri_trio.agent.plugins.claims import Claims
@@ -72,6 +72,7 @@ class AgentSettings:
     pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
     kubeconfig: Path | None = None
     namespace: str | None = None  # watch Configurations/Instances in this namespace only
+    configuration_selector: str | None = None  # watch only the Configurations it selects
     embedded_handlers: tuple[str, ...] = ()  # built-in handlers to run in-process, by name
     # Handler objects to run in-process (programmatic embedding: custom handlers, tests).
     handlers: tuple[AnyHandler, ...] = ()
@@ -82,6 +83,7 @@ class AgentSettings:
     metrics_host: str = "0.0.0.0"
     reclaim_period: float = DEFAULT_PERIOD_S
     reclaim_grace: float | None = None
+    limits: Limits = attrs.field(factory=Limits)  # what one Configuration may cost this node
 
 
 @attrs.define
@@ -167,7 +169,7 @@ async def run_agent(
     metrics = AgentMetrics()
     registry.subscribe(lambda _: metrics.update_handlers(registry))
     metrics.update_handlers(registry)
-    configs = Store(transform=drop_managed_fields)
+    configs = Store(transform=drop_managed_fields, indexes=CONFIG_INDEXES)
     instances = Store(transform=drop_managed_fields)
     claims = Claims(api, view)
     recorder = EventRecorder(api, "akri-agent", settings.node)
@@ -220,7 +222,16 @@ async def run_agent(
             settings.discovery_handlers_directory / REGISTRATION_SOCKET,
         )
         ns = settings.namespace
-        root.start_soon(functools.partial(reflect, api, CONFIGURATIONS, configs, namespace=ns))
+        root.start_soon(
+            functools.partial(
+                reflect,
+                api,
+                CONFIGURATIONS,
+                configs,
+                namespace=ns,
+                label_selector=settings.configuration_selector,
+            )
+        )
         root.start_soon(functools.partial(reflect, api, INSTANCES, instances, namespace=ns))
         with trio.fail_after(60):
             await configs.wait_synced()
@@ -235,6 +246,7 @@ async def run_agent(
             discovery_nursery,
             lambda key: controller.queue.enqueue(key),
             metrics,
+            settings.limits,
         )
         reconciler.events = events
         # No drain: the reconcile is cancel-safe (a restarted agent redoes every write), and
