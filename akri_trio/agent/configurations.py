@@ -179,8 +179,18 @@ class ConfigurationReconciler:
         if elsewhere:
             # Checked before any read: the agent's own rights must not lend a tenant another
             # namespace's credentials.
+            names = [
+                p.name
+                for p in props
+                if p.value is None
+                and p.value_from is not None
+                and any(
+                    ref is not None and ref.namespace != namespace
+                    for ref in (p.value_from.secret_key_ref, p.value_from.config_map_key_ref)
+                )
+            ]
             raise OtherNamespace(
-                "*",
+                ", ".join(names),
                 ", ".join(elsewhere),
                 f"not in the Configuration's namespace {namespace!r}; a Configuration may only "
                 "read Secrets and ConfigMaps of its own namespace (an omitted namespace is "
