@@ -99,6 +99,15 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         help="address the health and metrics server binds (env METRICS_HOST; default 0.0.0.0)",
     )
     p.add_argument(
+        "--handler-group",
+        type=int,
+        default=int(env["AKRI_HANDLER_GROUP"]) if env.get("AKRI_HANDLER_GROUP") else None,
+        metavar="GID",
+        help="let discovery handlers of this group register and serve (they then run as "
+        "non-root; the agent must be a member): the handlers directory becomes group GID, "
+        "mode 2770, the registration socket 0660 (env AKRI_HANDLER_GROUP; default: root only)",
+    )
+    p.add_argument(
         "--configuration-selector",
         default=env.get("AKRI_CONFIGURATION_SELECTOR") or None,
         metavar="LABELS",
@@ -147,6 +156,7 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         metrics_port=None if args.metrics_port < 0 else args.metrics_port,
         metrics_host=args.metrics_host,
         configuration_selector=args.configuration_selector,
+        handler_group=args.handler_group,
         limits=Limits(
             max_capacity=args.max_capacity,
             devices=DeviceRules(

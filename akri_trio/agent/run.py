@@ -41,7 +41,12 @@ from akri_trio.agent.view import NodeView, config_key
 from akri_trio.discovery.handlers import load_handler
 from akri_trio.discovery.handlers.debug_echo import DebugEcho
 from akri_trio.discovery.interface import AnyHandler
-from akri_trio.discovery.registration import serve_registration
+from akri_trio.discovery.registration import (
+    GROUP_SOCKET_MODE,
+    SOCKET_MODE,
+    serve_registration,
+    share_with_group,
+)
 from akri_trio.discovery.registry import Registry, embedded
 from akri_trio.kube import (
     Change,
@@ -73,6 +78,7 @@ class AgentSettings:
     kubeconfig: Path | None = None
     namespace: str | None = None  # watch Configurations/Instances in this namespace only
     configuration_selector: str | None = None  # watch only the Configurations it selects
+    handler_group: int | None = None  # discovery handlers of this group may register (non-root)
     embedded_handlers: tuple[str, ...] = ()  # built-in handlers to run in-process, by name
     # Handler objects to run in-process (programmatic embedding: custom handlers, tests).
     handlers: tuple[AnyHandler, ...] = ()
@@ -200,6 +206,8 @@ async def run_agent(
         on_slots_freed=events.slots_reclaimed,
     )
     settings.discovery_handlers_directory.mkdir(parents=True, exist_ok=True)
+    if settings.handler_group is not None:
+        share_with_group(settings.discovery_handlers_directory, settings.handler_group)
     async with trio.open_nursery() as root:
         root.start_soon(recorder.run)
         port = None
@@ -217,7 +225,10 @@ async def run_agent(
                 )
             )
         await root.start(
-            serve_registration,
+            functools.partial(
+                serve_registration,
+                mode=SOCKET_MODE if settings.handler_group is None else GROUP_SOCKET_MODE,
+            ),
             registry,
             settings.discovery_handlers_directory / REGISTRATION_SOCKET,
         )

@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -78,14 +79,20 @@ class Agent:
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
         self.kubelet.stop()
+
+
+def stop_process(proc: subprocess.Popen[bytes] | None) -> None:
+    """SIGTERM (the agent then removes its sockets), SIGKILL after 20 s."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 async def _prepare(env: dict[str, str]) -> None:
@@ -104,8 +111,19 @@ async def _clean(env: dict[str, str]) -> None:
 
 
 @pytest.fixture(scope="module")
-def agent(cluster: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
+def namespaces(cluster: dict[str, str]) -> Iterator[None]:
+    """The CRDs and this module's two namespaces; emptied and deleted at the end."""
     trio.run(_prepare, cluster)
+    try:
+        yield
+    finally:
+        trio.run(_clean, cluster)
+
+
+@pytest.fixture(scope="module")
+def agent(
+    cluster: dict[str, str], namespaces: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Agent]:
     # Unix socket paths must stay short: pytest's tmp dirs are too deep.
     tmp = Path(tmp_path_factory.mktemp("hostile", numbered=True))
     short = Path("/tmp") / f"hostile-{TAG}"
@@ -116,7 +134,6 @@ def agent(cluster: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> 
     finally:
         running.stop()
         short.unlink()
-        trio.run(_clean, cluster)
 
 
 def config(
@@ -373,3 +390,88 @@ async def test_a_poisoned_device_usage_key_leaves_every_call_working(
     await trio.to_thread.run_sync(agent.kubelet.allocate, config_resource, [[f"{name}-0"]])
     assert agent.log().count("is not a slot; ignored") == 2  # once per key, however often seen
     assert agent.proc.poll() is None
+
+
+HANDLER_GID = 65532
+HANDLER = """
+import functools, pathlib, sys, trio
+from akri_trio.discovery.handlers.debug_echo import DebugEcho
+from akri_trio.discovery.standalone import run_standalone
+directory, name = pathlib.Path(sys.argv[1]), sys.argv[2]
+echo = DebugEcho(name=name, availability_path=directory / "availability", poll_interval=0.2)
+trio.run(functools.partial(
+    run_standalone, echo, registration_socket=directory / "agent-registration.sock",
+    socket_path=directory / f"{name}.sock"))
+"""
+
+
+async def test_a_non_root_handler_serves_an_agent_without_capabilities(
+    cluster: dict[str, str], namespaces: None, api: Client, tmp_path: Path
+) -> None:
+    """The DaemonSets' shape: the agent is root with every capability dropped and the handlers'
+    group as a supplementary one; the handler runs as that non-root user and group."""
+    node, name = f"{NODE}-nonroot", f"nonroot-{TAG}"
+    handler_name = f"{ECHO}NonRoot"
+    directory = Path("/tmp") / f"hostile-h-{TAG}"
+    directory.mkdir(mode=0o755)
+    plugins = Path("/tmp") / f"hostile-p-{TAG}"
+    kubelet = KubeletStandin(plugins).start()
+    env = {**os.environ, "KUBECONFIG": cluster["KUBECONFIG"], "PYTHONUNBUFFERED": "1"}
+    setpriv = ["setpriv", "--reuid=0", "--regid=0", f"--groups={HANDLER_GID}"]
+    no_caps = ["--inh-caps=-all", "--bounding-set=-all"]
+    log = open(tmp_path / "agent.log", "wb")  # noqa: SIM115, ASYNC230  (closed below)
+    agent = subprocess.Popen(  # noqa: ASYNC220  (a process for the whole test)
+        [
+            *setpriv, *no_caps, sys.executable, "-m", "akri_trio", "agent",
+            "--node-name", node,
+            "--configuration-selector", f"hostile-test={TAG}",
+            "--device-plugin-dir", str(plugins),
+            "--pod-resources-socket", str(tmp_path / "pod-resources.sock"),
+            "--discovery-handlers-directory", str(directory),
+            "--handler-group", str(HANDLER_GID),
+            "--metrics-port", "-1",
+        ],
+        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    handler: subprocess.Popen[bytes] | None = None
+    try:
+        registration = directory / "agent-registration.sock"
+        await eventually(lambda: _returns(registration.exists()), 30)
+        non_root = [f"--reuid={HANDLER_GID}", f"--regid={HANDLER_GID}", "--clear-groups"]
+        handler = subprocess.Popen(  # noqa: ASYNC220  (a process for the whole test)
+            ["setpriv", *non_root, *no_caps, sys.executable, "-c", HANDLER, str(directory),
+             handler_name],
+            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        cfg = config(name, NS_A, ["n0"])
+        cfg["spec"]["discoveryHandler"]["name"] = handler_name
+        await api.create(CONFIGURATIONS, cfg, namespace=NS_A)
+        made = await eventually(lambda: _instances_on(api, node, name), 60)
+        assert list(made) == [naming.instance_name(name, naming.device_hash("n0", node))]
+        info = directory.stat()
+        assert (info.st_gid, oct(info.st_mode & 0o7777)) == (HANDLER_GID, oct(0o2770))
+        assert oct(registration.stat().st_mode & 0o777) == oct(0o660)
+        served = (directory / f"{handler_name}.sock").stat()
+        assert (served.st_uid, served.st_gid) == (HANDLER_GID, HANDLER_GID)
+        assert oct(served.st_mode & 0o777) == oct(0o660)
+    finally:
+        stop_process(handler)
+        stop_process(agent)
+        log.close()
+        kubelet.stop()
+        print((tmp_path / "agent.log").read_text()[-3000:])
+        shutil.rmtree(directory, ignore_errors=True)
+        shutil.rmtree(plugins, ignore_errors=True)
+
+
+async def _returns(value: Any) -> Any:
+    return value
+
+
+async def _instances_on(api: Client, node: str, config_name: str) -> dict[str, Any]:
+    items = (await api.list(INSTANCES, namespace=NS_A)).items
+    return {
+        i["metadata"]["name"]: i
+        for i in items
+        if i["spec"]["configurationName"] == config_name and node in i["spec"].get("nodes", [])
+    }

@@ -99,10 +99,34 @@ def test_every_pod_is_locked_down() -> None:
             assert sc["capabilities"] == {"drop": ["ALL"]}, name
             assert sc["allowPrivilegeEscalation"] is False, name
             assert sc["readOnlyRootFilesystem"] is True, name
-            root = obj["kind"] == "DaemonSet"  # the agent and handlers use root's sockets
+            root = name == "akri-agent-daemonset"  # the kubelet's sockets are root's
             assert sc["runAsNonRoot"] is (not root), name
             assert sc["runAsUser"] == (0 if root else 65532), name
             assert "privileged" not in sc, name
+
+
+def test_handlers_run_as_the_agents_handler_group_or_as_root_without_it() -> None:
+    objects = render({**EVERYTHING, "agent": {"metricsHost": "10.1.2.3"}})
+    agent = pod_spec(one(objects, "DaemonSet", "akri-agent-daemonset"))
+    assert agent["securityContext"]["supplementalGroups"] == [65532]
+    env = env_of(agent["containers"][0])
+    assert env["AKRI_HANDLER_GROUP"] == "65532" and env["METRICS_HOST"] == "10.1.2.3"
+    handlers = [
+        o for o in by_kind(objects, "DaemonSet").values()
+        if o["metadata"]["name"] != "akri-agent-daemonset"
+    ]  # fmt: skip
+    assert len(handlers) == 6
+    for ds in handlers:
+        (c,) = pod_spec(ds)["containers"]
+        sc = c["securityContext"]
+        assert (sc["runAsNonRoot"], sc["runAsUser"], sc["runAsGroup"]) == (True, 65532, 65532)
+        assert sc["readOnlyRootFilesystem"] is True and sc["capabilities"] == {"drop": ["ALL"]}
+    as_root = render({**EVERYTHING, "agent": {"handlerGroup": ""}})
+    agent = pod_spec(one(as_root, "DaemonSet", "akri-agent-daemonset"))
+    assert "supplementalGroups" not in agent["securityContext"]
+    assert "AKRI_HANDLER_GROUP" not in env_of(agent["containers"][0])
+    udev = pod_spec(one(as_root, "DaemonSet", "akri-udev-discovery-daemonset"))
+    assert udev["containers"][0]["securityContext"]["runAsUser"] == 0
 
 
 def test_agent_daemonset() -> None:
