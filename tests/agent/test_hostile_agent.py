@@ -28,12 +28,14 @@ import trio
 import yaml
 
 from akri_trio.kube.client import Client, Resource
-from akri_trio.kube.config import load_config
-from akri_trio.kube.errors import NotFound
+from akri_trio.kube.config import KubeConfig, load_config
+from akri_trio.kube.errors import Forbidden, NotFound
 from akri_trio.model import naming
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
 from tests.support.akri_cluster import ensure_namespace, install_crds, purge_namespace
+from tests.support.chart import render
 from tests.support.kubelet_standin import KubeletStandin
+from tests.support.rbac import RBAC_KINDS, account_token
 
 TAG = secrets.token_hex(3)
 NODE = f"hostile-{TAG}"
@@ -475,3 +477,51 @@ async def _instances_on(api: Client, node: str, config_name: str) -> dict[str, A
         for i in items
         if i["spec"]["configurationName"] == config_name and node in i["spec"].get("nodes", [])
     }
+
+
+async def test_the_chart_can_grant_secrets_per_namespace_only(
+    cluster: dict[str, str], namespaces: None, api: Client
+) -> None:
+    """rbac.secretsNamespaces on the real API server: the agent's ServiceAccount reads the
+    Secrets of the namespaces listed, and of no other."""
+    release = f"hostile-{TAG}"
+    objects = [
+        o
+        for o in render({"rbac": {"secretsNamespaces": [NS_A]}}, namespace=NS_B, release=release)
+        if o["kind"] in RBAC_KINDS and o["metadata"]["name"].startswith(("akri-agent", release))
+        and "agent" in o["metadata"]["name"]
+    ]  # fmt: skip
+    for ns in (NS_A, NS_B):
+        secret = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "rbac-probe", "namespace": ns},
+            "stringData": {"k": "v"},
+        }
+        await api.apply(SECRETS, secret, field_manager="hostile-tests", namespace=ns)
+    try:
+        for obj in objects:
+            await api.apply(RBAC_KINDS[obj["kind"]], obj, field_manager="hostile-tests", force=True)
+        token = await account_token(api, NS_B, "akri-agent-sa")
+        config = KubeConfig(
+            server=cluster["AKRI_TRIO_APISERVER"],
+            token=token,
+            ca_pem=await trio.Path(cluster["AKRI_TRIO_CA_CERT"]).read_bytes(),
+        )
+        async with Client.open(config) as agent_api:
+
+            async def readable() -> bool:
+                with contextlib.suppress(Forbidden):
+                    await agent_api.get(SECRETS, "rbac-probe", namespace=NS_A)
+                    return True
+                return False
+
+            await eventually(readable, 30)  # RBAC is cached by the API server for a moment
+            with pytest.raises(Forbidden):
+                await agent_api.get(SECRETS, "rbac-probe", namespace=NS_B)
+            await agent_api.list(CONFIGURATIONS)  # the rest of its rights are cluster-wide
+    finally:
+        for obj in objects:
+            if not RBAC_KINDS[obj["kind"]].namespaced:
+                with contextlib.suppress(NotFound):
+                    await api.delete(RBAC_KINDS[obj["kind"]], obj["metadata"]["name"])

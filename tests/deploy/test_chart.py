@@ -69,6 +69,8 @@ def test_defaults_make_the_agent_the_controller_and_the_cleanup_hook() -> None:
         ("ServiceAccount", "akri-agent-sa"),
         ("ClusterRole", "akri-agent-role"),
         ("ClusterRoleBinding", "akri-agent-binding"),
+        ("ClusterRole", "akri-agent-secrets-role"),
+        ("ClusterRoleBinding", "akri-agent-secrets-binding"),
         ("DaemonSet", "akri-agent-daemonset"),
         ("ServiceAccount", "akri-controller-sa"),
         ("ClusterRole", "akri-controller-role"),
@@ -195,8 +197,42 @@ def test_agent_rbac_is_the_tested_manifests() -> None:
         ("webhook.yaml", "akri-webhook-role"),
     ):
         docs = list(yaml.safe_load_all((REPO / "k8s" / manifest).read_text()))
-        (tested,) = [d for d in docs if d["kind"] == "ClusterRole"]
-        assert one(objects, "ClusterRole", role)["rules"] == tested["rules"]
+        tested = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ClusterRole"}
+        assert role in tested
+        for name, cluster_role in tested.items():
+            assert one(objects, "ClusterRole", name)["rules"] == cluster_role["rules"]
+
+
+def test_agent_secrets_are_readable_everywhere_or_per_namespace() -> None:
+    """Secrets and ConfigMaps apart from the rest: a RoleBinding per rbac.secretsNamespaces
+    entry, else one ClusterRoleBinding (k8s/agent.yaml's)."""
+    everywhere = render()
+    role = one(everywhere, "ClusterRole", "akri-agent-secrets-role")
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["secrets", "configmaps"], "verbs": ["get"]}
+    ]
+    rules = one(everywhere, "ClusterRole", "akri-agent-role")["rules"]
+    assert not any("secrets" in r["resources"] for r in rules)
+    binding = one(everywhere, "ClusterRoleBinding", "akri-agent-secrets-binding")
+    assert binding["roleRef"]["name"] == "akri-agent-secrets-role"
+    assert "akri-agent-secrets" not in by_kind(everywhere, "RoleBinding")
+    scoped = render({"rbac": {"secretsNamespaces": ["team-a", "team-b"]}})
+    bindings = [
+        o
+        for o in scoped
+        if o["kind"] == "RoleBinding" and o["metadata"]["name"] == "akri-agent-secrets"
+    ]
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    for b in bindings:
+        assert b["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": "akri-agent-secrets-role",
+        }
+        assert b["subjects"] == [
+            {"kind": "ServiceAccount", "name": "akri-agent-sa", "namespace": "akri"}
+        ]
+    assert "akri-agent-secrets-binding" not in by_kind(scoped, "ClusterRoleBinding")
 
 
 def test_api_override_puts_api_clients_on_the_host_network() -> None:
