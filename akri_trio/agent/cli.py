@@ -139,6 +139,9 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
     args = p.parse_args(argv)
     if not args.node_name:
         p.error("the node name is required: --node-name or AGENT_NODE_NAME")
+    for flag in ("max_capacity", "max_devices_per_handler", "max_devices_per_configuration"):
+        if getattr(args, flag) < 1:
+            p.error(f"--{flag.replace('_', '-')} must be at least 1")
     unknown = sorted(set(args.embedded_handlers) - set(BUILTIN))
     if unknown:
         p.error(f"unknown discovery handler(s) {unknown}; built in: {sorted(BUILTIN)}")
