@@ -187,6 +187,11 @@ async def instances(api: Client, namespace: str, config_name: str) -> dict[str, 
     }
 
 
+async def kubelet_until(agent: Agent, predicate: Callable[[KubeletStandin], bool]) -> None:
+    """Wait (in a thread) for the kubelet stand-in to see what `predicate` asks; 60 s at most."""
+    await trio.to_thread.run_sync(agent.kubelet.wait_for, predicate, 60.0)
+
+
 def instance_for(config_name: str, device: str) -> str:
     return naming.instance_name(config_name, naming.device_hash(device, NODE))
 
@@ -266,8 +271,8 @@ async def test_a_second_configuration_of_the_same_name_is_refused_until_the_firs
 
     await eventually(accepted)
     b0 = instance_for(name, "b0")
-    await trio.to_thread.run_sync(
-        agent.kubelet.wait_for,
+    await kubelet_until(
+        agent,
         lambda k: (
             k.healthy(f"akri.sh/{b0}") == [f"{b0}-0", f"{b0}-1"]
             and k.healthy(resource) == [f"{name}-0"]
@@ -315,9 +320,7 @@ async def test_bad_devices_are_dropped_with_reasons_and_collisions_pick_one_devi
     assert set(made) == {shared, instance_for(name, "dup")}
     # The Instance describes the lowest id, and Allocate hands out the same device.
     assert made[shared]["spec"]["brokerProperties"] == {"DEBUG_ECHO_DESCRIPTION": low}
-    await trio.to_thread.run_sync(
-        agent.kubelet.wait_for, lambda k: len(k.healthy(f"akri.sh/{shared}")) == 2
-    )
+    await kubelet_until(agent, lambda k: len(k.healthy(f"akri.sh/{shared}")) == 2)
     response = await trio.to_thread.run_sync(
         agent.kubelet.allocate, f"akri.sh/{shared}", [[f"{shared}-0"]]
     )
@@ -370,13 +373,11 @@ async def test_a_poisoned_device_usage_key_leaves_every_call_working(
     inst = instance_for(name, "p0")
     await eventually(lambda: instances(api, NS_A, name))
     resource = f"akri.sh/{inst}"
-    await trio.to_thread.run_sync(agent.kubelet.wait_for, lambda k: len(k.healthy(resource)) == 3)
+    await kubelet_until(agent, lambda k: len(k.healthy(resource)) == 3)
     poison = {f"{inst}-{'9' * 5000}": NODE, f"{inst}-x": "C:junk", f"{inst}-1": "someone"}
     await api.merge_patch(INSTANCES, inst, {"spec": {"deviceUsage": poison}}, namespace=NS_A)
     # ListAndWatch: the real slot someone holds turns unhealthy; the junk is no slot at all.
-    await trio.to_thread.run_sync(
-        agent.kubelet.wait_for, lambda k: k.healthy(resource) == [f"{inst}-0", f"{inst}-2"]
-    )
+    await kubelet_until(agent, lambda k: k.healthy(resource) == [f"{inst}-0", f"{inst}-2"])
     chosen = await trio.to_thread.run_sync(
         agent.kubelet.preferred, resource, [f"{inst}-0", f"{inst}-2"], 1
     )
@@ -386,9 +387,7 @@ async def test_a_poisoned_device_usage_key_leaves_every_call_working(
     assert usage[chosen[0]] == NODE and set(poison) <= set(usage)
     # The configuration-level plugin answers too, and Allocate maps onto the free slot.
     config_resource = f"akri.sh/{name}"
-    await trio.to_thread.run_sync(
-        agent.kubelet.wait_for, lambda k: k.healthy(config_resource) == [f"{name}-0"]
-    )
+    await kubelet_until(agent, lambda k: k.healthy(config_resource) == [f"{name}-0"])
     await trio.to_thread.run_sync(agent.kubelet.allocate, config_resource, [[f"{name}-0"]])
     assert agent.log().count("is not a slot; ignored") == 2  # once per key, however often seen
     assert agent.proc.poll() is None

@@ -17,6 +17,12 @@ from akri_trio.agent import tenants
 from akri_trio.agent.discovery import DiscoveredDevice, DiscoveryRequest
 from akri_trio.agent.instances import Apply, assign, desired_body, plan
 from akri_trio.agent.plugins import slots, vdevs
+from akri_trio.agent.plugins.manager import (
+    ConfigPlugin,
+    InstancePlugin,
+    Plugin,
+    one_per_resource,
+)
 from akri_trio.agent.plugins.service import (
     HEALTHY,
     UNHEALTHY,
@@ -265,3 +271,20 @@ def test_status_conditions_for_refused_devices_and_a_refused_configuration() -> 
     assert (status, reason) == ("False", "DevicesRefused")
     assert message.endswith("device 9 dropped; and 15 more")
     assert bad["PropertiesResolved"] == ("False", "OtherNamespace", "x in other namespace")
+
+
+# --- kubelet resources are one namespace: never two plugins on one ---------------------------
+
+
+def test_two_plugins_never_share_a_kubelet_resource() -> None:
+    victim = InstancePlugin(ObjectKey("a", "cam-8120fe"), "cam")
+    lookalike = ConfigPlugin("b", "cam-8120fe")  # a Configuration named like a's Instance
+    same_name = ConfigPlugin("b", "cam")
+    owner = ConfigPlugin("a", "cam")
+    desired: set[Plugin] = {victim, lookalike, same_name, owner}
+    kept, dropped = one_per_resource(desired, running=[])
+    assert kept == {victim, owner}
+    assert len(dropped) == 2 and all("not served" in line for line in dropped)
+    kept, _ = one_per_resource(desired, running=[lookalike, same_name])  # the running one stays
+    assert kept == {lookalike, same_name}
+    assert one_per_resource({owner}, []) == ({owner}, [])
