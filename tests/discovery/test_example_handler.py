@@ -4,7 +4,8 @@ process of its own (grpcio, nothing of akri-trio), registering with a real agent
 real control plane. Its devices become Instances; bad discoveryDetails reach the
 Configuration's status in the handler's own words.
 
-The agent watches only this test's namespace, for a made-up node, with a kubelet stand-in."""
+The agent watches only this test's namespace, for a made-up node, with a kubelet stand-in.
+README's Python handler runs as written too, against the agent's registration server."""
 
 from __future__ import annotations
 
@@ -21,8 +22,13 @@ from typing import Any, TypeVar
 import pytest
 import trio
 
+from akri_trio.discovery.registration import serve_registration
+from akri_trio.discovery.registry import Registry
+from akri_trio.discovery.wire import request_to_proto, response_from_proto
 from akri_trio.kube import Client, NotFound, Resource, load_config
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
+from akri_trio.rpc.gen.discovery_grpc import DiscoveryHandlerStub
+from akri_trio.rpc.uds import open_channel
 from tests.support.akri_cluster import (
     debug_echo_config,
     ensure_namespace,
@@ -36,8 +42,6 @@ EXAMPLE = REPO / "k8s" / "examples" / "custom-handler" / "file_devices.py"
 NAMESPACES = Resource.core("namespaces", "Namespace", namespaced=False)
 T = TypeVar("T")
 WAIT_S = 60  # generous: the machine is shared; it takes seconds
-
-pytestmark = pytest.mark.k8s
 
 
 def generate_stubs(out: Path) -> None:
@@ -88,6 +92,7 @@ def configuration(name: str, namespace: str, details: str) -> dict[str, Any]:
     return config
 
 
+@pytest.mark.k8s
 async def test_example_handler_devices_become_instances(
     cluster: dict[str, str], sock_dir: Path
 ) -> None:
@@ -191,3 +196,40 @@ async def test_example_handler_devices_become_instances(
 async def _when(get: Callable[[], Awaitable[T]], ok: Callable[[T], bool]) -> T | None:
     value = await get()
     return value if ok(value) else None
+
+
+def readme_handler(directory: Path) -> str:
+    """The Python block of README's "Writing your own discovery handler", serving under
+    `directory` instead of /var/lib/akri."""
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("### Writing your own discovery handler", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert 'Path("/var/lib/akri")' in code
+    return code.replace('Path("/var/lib/akri")', f"Path({str(directory)!r})")
+
+
+async def test_readme_python_handler_registers_and_discovers(sock_dir: Path) -> None:
+    script = sock_dir / "thermometers.py"
+    script.write_text(readme_handler(sock_dir))
+    registry = Registry(clock=trio.current_time)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(serve_registration, registry, sock_dir / "agent-registration.sock")
+        with process([sys.executable, str(script)], dict(os.environ), sock_dir / "handler.log"):
+
+            async def registered() -> list[str] | None:
+                return list(registry.get("thermometers")) or None
+
+            (endpoint,) = await until(registered, "README's handler to register")
+            assert registry.registrations("thermometers")[0].shared is True
+            async with open_channel(endpoint) as channel:
+                stream = DiscoveryHandlerStub(channel).Discover(
+                    request_to_proto("hosts: [t1, t2]", {})
+                )
+                first = await stream.__anext__()
+                await stream.aclose()  # type: ignore[attr-defined]
+            devices = response_from_proto(first)
+            assert [(d.id, d.properties) for d in devices] == [
+                ("t1", {"THERMOMETER_HOST": "t1"}),
+                ("t2", {"THERMOMETER_HOST": "t2"}),
+            ]
+        nursery.cancel_scope.cancel()
