@@ -233,3 +233,19 @@ async def test_readme_python_handler_registers_and_discovers(sock_dir: Path) -> 
                 ("t2", {"THERMOMETER_HOST": "t2"}),
             ]
         nursery.cancel_scope.cancel()
+
+
+def test_example_image_copies_only_what_its_ignore_file_lets_in() -> None:
+    """Its build context is the repository, whose own .dockerignore keeps protos/ and k8s/ out."""
+    here = EXAMPLE.parent
+    lines = (here / "Dockerfile").read_text().splitlines()
+    sources = [
+        src
+        for line in lines
+        if line.startswith("COPY ") and "--from" not in line
+        for src in line.split()[1:-1]
+    ]
+    ignore = (here / "Dockerfile.dockerignore").read_text().splitlines()
+    let_in = {line[1:] for line in ignore if line.startswith("!")}
+    assert sources and set(sources) <= let_in
+    assert all((REPO / src).is_file() for src in sources)
