@@ -116,9 +116,7 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         help="debugEcho availability file, as the standalone handler's "
         "(default /tmp/debug-echo-availability.txt)",
     )
-    p.add_argument(
-        "--reclaim-period", type=float, default=10.0, help="seconds between slot reclaim passes"
-    )
+    p.add_argument("--reclaim-period", type=float, default=10.0)
     p.add_argument(
         "--reclaim-grace",
         type=float,
