@@ -19,6 +19,13 @@ from akri_trio.agent.configurations import Limits
 from akri_trio.agent.run import AgentSettings, run_agent
 from akri_trio.discovery.device_rules import KUBELET_ROOT, DeviceRules
 from akri_trio.discovery.handlers import BUILTIN
+from akri_trio.flaghelp import (
+    Parser,
+    add_env_argument,
+    add_kubeconfig_argument,
+    comma_list,
+    truthy,
+)
 from akri_trio.kube.client import Client
 from akri_trio.kube.config import KubeConfig, load_config
 from akri_trio.model import limits
@@ -28,30 +35,34 @@ from akri_trio.shutdown import run_until_signalled
 log = logging.getLogger("akri_trio.agent")
 
 
-def _truthy(value: str | None) -> bool:
-    return (value or "").strip().lower() in ("1", "true", "yes", "on")
-
-
 def parse_args(argv: list[str], env: Mapping[str, str]) -> AgentSettings:
     return _parse(argv, env)[0]
 
 
 def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argparse.Namespace]:
-    p = argparse.ArgumentParser(prog="akri-trio agent", description=__doc__)
-    p.add_argument(
+    p = Parser(prog="akri-trio agent", description=__doc__)
+    add_env_argument(
+        p,
         "--node-name",
-        default=env.get("AGENT_NODE_NAME"),
-        help="this node's name (env AGENT_NODE_NAME)",
+        env=env,
+        var="AGENT_NODE_NAME",
+        help="this node's name (required)",
     )
-    p.add_argument(
+    add_env_argument(
+        p,
         "--discovery-handlers-directory",
+        env=env,
+        var="DISCOVERY_HANDLERS_DIRECTORY",
         type=Path,
-        default=Path(env.get("DISCOVERY_HANDLERS_DIRECTORY", "/var/lib/akri")),
+        default=Path("/var/lib/akri"),
+        help="where discovery handlers register and serve their sockets",
     )
-    p.add_argument("--kubeconfig", type=Path, default=None)
-    p.add_argument(
+    add_kubeconfig_argument(p)
+    add_env_argument(
+        p,
         "--namespace",
-        default=env.get("AKRI_NAMESPACE") or None,
+        env=env,
+        var="AKRI_NAMESPACE",
         help="watch Configurations and Instances in this namespace only "
         "(default: all namespaces, as upstream)",
     )
@@ -63,35 +74,50 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         type=Path,
         default=Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
     )
-    p.add_argument(
+    add_env_argument(
+        p,
         "--metrics-port",
+        env=env,
+        var="METRICS_PORT",
         type=int,
-        default=int(env.get("METRICS_PORT", "8080")),
+        default=8080,
         help="health and Prometheus metrics port; 0 picks one, -1 disables",
     )
-    p.add_argument(
+    add_env_argument(
+        p,
         "--embedded-handler",
+        env=env,
+        var="AKRI_EMBEDDED_HANDLERS",
+        from_env=comma_list,
         action="append",
         dest="embedded_handlers",
-        default=[h for h in env.get("AKRI_EMBEDDED_HANDLERS", "").split(",") if h],
+        default=[],
         metavar="NAME",
-        help="run this built-in discovery handler in-process (repeatable; env "
-        "AKRI_EMBEDDED_HANDLERS=udev,opcua,...)",
+        help="run this built-in discovery handler in-process (repeatable; the env var takes "
+        "a list: udev,opcua,...)",
     )
-    p.add_argument(
-        "--enable-debug-echo", action="store_true", default=_truthy(env.get("ENABLE_DEBUG_ECHO"))
-    )
-    p.add_argument(
-        "--debug-echo-shared",
-        action="store_true",
-        default=_truthy(env.get("DEBUG_ECHO_INSTANCES_SHARED")),
-    )
-    p.add_argument(
+    for flag, var, what in (
+        ("--enable-debug-echo", "ENABLE_DEBUG_ECHO", "run the debugEcho test handler in-process"),
+        ("--debug-echo-shared", "DEBUG_ECHO_INSTANCES_SHARED", "debugEcho's devices are shared"),
+    ):
+        add_env_argument(
+            p,
+            flag,
+            env=env,
+            var=var,
+            from_env=truthy,
+            action="store_true",
+            default=False,
+            help=what,
+        )
+    add_env_argument(
+        p,
         "--debug-echo-availability",
+        env=env,
+        var="DEBUG_ECHO_AVAILABILITY_PATH",
         type=Path,
-        default=env.get("DEBUG_ECHO_AVAILABILITY_PATH") or None,
-        help="debugEcho availability file (env DEBUG_ECHO_AVAILABILITY_PATH, as the standalone "
-        "handler; default /tmp/debug-echo-availability.txt)",
+        help="debugEcho availability file, as the standalone handler's "
+        "(default /tmp/debug-echo-availability.txt)",
     )
     p.add_argument(
         "--metrics-host",
@@ -134,7 +160,13 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         f"(default {limits.MAX_DEVICES_PER_CONFIGURATION})",
     )
     p.add_argument("--reclaim-period", type=float, default=10.0)
-    p.add_argument("--reclaim-grace", type=float, default=None)
+    p.add_argument(
+        "--reclaim-grace",
+        type=float,
+        default=None,
+        help="seconds a held slot must be missing from the kubelet's pod resources before it "
+        "is freed (default 20, as upstream)",
+    )
     add_log_arguments(p, env)
     args = p.parse_args(argv)
     if not args.node_name:
