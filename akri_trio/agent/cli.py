@@ -119,23 +119,30 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         help="debugEcho availability file, as the standalone handler's "
         "(default /tmp/debug-echo-availability.txt)",
     )
-    p.add_argument(
+    add_env_argument(
+        p,
         "--metrics-host",
-        default=env.get("METRICS_HOST", "0.0.0.0"),
-        help="address the health and metrics server binds (env METRICS_HOST; default 0.0.0.0)",
+        env=env,
+        var="METRICS_HOST",
+        default="0.0.0.0",
+        help="address the health and metrics server binds",
     )
-    p.add_argument(
+    add_env_argument(
+        p,
         "--handler-group",
+        env=env,
+        var="AKRI_HANDLER_GROUP",
         type=int,
-        default=int(env["AKRI_HANDLER_GROUP"]) if env.get("AKRI_HANDLER_GROUP") else None,
         metavar="GID",
-        help="let discovery handlers of this group register and serve (they then run as "
-        "non-root; the agent must be a member): the handlers directory becomes group GID, "
-        "mode 2770, the registration socket 0660 (env AKRI_HANDLER_GROUP; default: root only)",
+        help="let discovery handlers of this group register and serve, as non-root (the agent "
+        "must be a member): the handlers directory becomes group GID, mode 2770, the "
+        "registration socket 0660 (default: none, root's handlers only)",
     )
-    p.add_argument(
+    add_env_argument(
+        p,
         "--configuration-selector",
-        default=env.get("AKRI_CONFIGURATION_SELECTOR") or None,
+        env=env,
+        var="AKRI_CONFIGURATION_SELECTOR",
         metavar="LABELS",
         help="serve only the Configurations this label selector matches (default: all)",
     )
@@ -143,21 +150,19 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         "--max-capacity",
         type=int,
         default=limits.MAX_CAPACITY,
-        help=f"refuse Configurations with a larger capacity (default {limits.MAX_CAPACITY})",
+        help="refuse Configurations with a larger capacity",
     )
     p.add_argument(
         "--max-devices-per-handler",
         type=int,
         default=limits.MAX_DEVICES_PER_HANDLER,
-        help="devices taken from one handler's list, lowest ids first "
-        f"(default {limits.MAX_DEVICES_PER_HANDLER})",
+        help="devices taken from one handler endpoint's list, lowest ids first",
     )
     p.add_argument(
         "--max-devices-per-configuration",
         type=int,
         default=limits.MAX_DEVICES_PER_CONFIGURATION,
-        help="devices (Instances) per Configuration on this node, lowest ids first "
-        f"(default {limits.MAX_DEVICES_PER_CONFIGURATION})",
+        help="devices (Instances) per Configuration on this node, lowest ids first",
     )
     p.add_argument("--reclaim-period", type=float, default=10.0)
     p.add_argument(
@@ -203,7 +208,7 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
                         (
                             KUBELET_ROOT,
                             str(args.device_plugin_dir),
-                            str(args.pod_resources_socket.parent),
+                            str(args.pod_resources_socket),
                         )
                     )
                 ),

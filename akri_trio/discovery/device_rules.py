@@ -8,8 +8,9 @@ kubelet as host paths. So before a device reaches an Instance or an Allocate ans
 - property names are environment variable names (`[A-Za-z_][A-Za-z0-9_]*`), values hold no NUL;
 - device-node permissions are a non-empty subset of `rwm`;
 - host and container paths are absolute and normalised (no `..`, `.`, `//` or trailing `/`);
-- a host path is not `/`, and neither inside nor above one of the refused directories (the
-  kubelet's by default: its device-plugin and pod-resources sockets are the node's keys);
+- a host path is not `/`, and neither inside nor above one of the refused paths (the
+  kubelet's directory by default; the agent adds the device-plugin directory and the
+  pod-resources socket it was given: the kubelet's sockets are the node's keys);
 - no more than `max_devices` devices per list (the lowest ids are kept); the agent applies
   `max_configuration_devices` the same way to a Configuration's merged lists.
 

@@ -34,7 +34,7 @@ def test_limits_and_least_privilege_flags() -> None:
     assert default.limits.devices.refused_host_dirs == (
         "/var/lib/kubelet",
         "/var/lib/kubelet/device-plugins",
-        "/var/lib/kubelet/pod-resources",
+        "/var/lib/kubelet/pod-resources/kubelet.sock",
     )
     assert (default.metrics_host, default.handler_group, default.enable_debug_echo) == (
         "0.0.0.0",
