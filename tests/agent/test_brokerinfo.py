@@ -122,6 +122,7 @@ def test_keys_are_per_node_and_a_node_sees_only_its_own() -> None:
     body = apply_body("ns", "cam-1", {"node-a/x": "1"})
     assert body["spec"] == {"brokerInfo": {"node-a/x": "1"}}
     assert "configurationName" not in body["spec"]  # never creates a deleted Instance
+    assert apply_body("ns", "cam-1", {})["spec"] == {}
 
 
 def test_the_newest_file_wins_a_name_two_workloads_share() -> None:

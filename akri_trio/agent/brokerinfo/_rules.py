@@ -148,12 +148,13 @@ def desired_entries(node: str, files: Mapping[str, str]) -> dict[str, str]:
 def apply_body(namespace: str, instance: str, entries: Mapping[str, str]) -> dict[str, object]:
     """This node's whole intent for the map. Keys it wrote before and leaves out are removed by
     the API server (they are its manager's alone). The body has no required spec fields, so
-    it can never create an Instance that is gone: that write is refused instead."""
+    it can never create an Instance that is gone: that write is refused instead. No entries:
+    no `brokerInfo` at all (an empty map would be stored as null, which the schema refuses)."""
     return {
         "apiVersion": "akri.sh/v0",
         "kind": "Instance",
         "metadata": {"name": instance, "namespace": namespace},
-        "spec": {"brokerInfo": dict(entries)},
+        "spec": {"brokerInfo": dict(entries)} if entries else {},
     }
 
 
