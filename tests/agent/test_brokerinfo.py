@@ -28,9 +28,13 @@ from akri_trio.agent.brokerinfo import (
 )
 from akri_trio.agent.brokerinfo._disk import carry_out, make_workload_dir, read_workload
 from akri_trio.agent.brokerinfo._rules import DirPlan, apply_body, parse_dir
+from akri_trio.agent.cli import parse_args
+from akri_trio.agent.events import condition_events
 from akri_trio.agent.plugins.service import container_response
+from akri_trio.agent.status import node_entry
 from akri_trio.agent.view import NodeView
 from akri_trio.kube.client import Client
+from akri_trio.model.resources import JSON
 
 LIMITS = Limits(max_files=3, max_file_bytes=8, max_total_bytes=12)
 
@@ -296,3 +300,58 @@ def test_without_brokerinfo_allocate_mounts_nothing() -> None:
     )
     response = container_response([inst], view)
     assert not response.mounts and not response.envs
+
+
+# --- reporting and flags -------------------------------------------------------------------------
+
+
+def _entry(problems: list[str] | None, previous: dict[str, object] | None = None) -> JSON:
+    return node_entry(
+        node="n",
+        handler="debugEcho",
+        handlers={},
+        invalid_details=[],
+        unsolvable=None,
+        other_problems=[],
+        instances=1,
+        previous=previous,
+        now="t1",
+        to_wall=str,
+        broker_info_problems=problems,
+    )
+
+
+def test_skipped_files_turn_the_status_condition_false_and_record_an_event() -> None:
+    ok = _entry([])
+    cond = {c["type"]: c for c in ok["conditions"]}["BrokerInfoValid"]
+    assert (cond["status"], cond["reason"]) == ("True", "Valid")
+    bad = _entry(["cam-1: 'raw': not UTF-8"], previous=ok)
+    cond = {c["type"]: c for c in bad["conditions"]}["BrokerInfoValid"]
+    assert (cond["status"], cond["reason"], cond["message"]) == (
+        "False",
+        "FileSkipped",
+        "cam-1: 'raw': not UTF-8",
+    )
+    assert condition_events(ok, bad) == [("BrokerInfoSkipped", "n: cam-1: 'raw': not UTF-8")]
+
+
+def test_without_brokerinfo_the_status_has_no_condition_for_it() -> None:
+    assert "BrokerInfoValid" not in {c["type"] for c in _entry(None)["conditions"]}
+
+
+def test_flags_and_environment() -> None:
+    off = parse_args(["--node-name", "n"], {})
+    assert off.broker_info_dir is None
+    on = parse_args(
+        ["--node-name", "n", "--broker-info-max-files", "2", "--broker-info-period", "0.5"],
+        {"BROKER_INFO_DIRECTORY": "/var/lib/akri/broker-info"},
+    )
+    assert on.broker_info_dir == Path("/var/lib/akri/broker-info")
+    assert on.broker_info_limits == Limits(max_files=2)
+    assert on.broker_info_period == 0.5
+
+
+def test_limits_beyond_the_crd_are_refused_at_start(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--node-name", "n", "--broker-info-max-file-bytes", "5000"], {})
+    assert "maxLength" in capsys.readouterr().err
