@@ -266,6 +266,7 @@ async def run_agent(
                 limits=settings.broker_info_limits,
                 generation=lambda k: _field(configs.get(k), "metadata", "generation"),
                 current=lambda k: _field(instances.get(k), "spec", "brokerInfo"),
+                known=lambda: instances.snapshot().keys(),
                 namespace=ns,
                 period=settings.broker_info_period,
                 on_problems=lambda k: controller.queue.enqueue(k),

@@ -167,3 +167,20 @@ async def test_an_ended_workload_leaves_its_report_until_the_next_one(
     a.workload(0)
     await a.sync(api)
     assert await _broker_info(api) == {}
+
+
+async def test_a_restarted_agent_removes_entries_whose_directories_are_gone(
+    api: Client, ns: str, tmp_path: Path
+) -> None:
+    old = Node(api, "bi-a", tmp_path / "old")
+    await old.sync(api)
+    (old.workload(0) / "firmware").write_text("1.0")
+    await old.sync(api)
+    assert await _broker_info(api) == {"bi-a/firmware": "1.0"}
+    obj = await api.get(INSTANCES, INST.name, namespace=NS)
+
+    restarted = Node(api, "bi-a", tmp_path / "new")  # its directory root is empty
+    restarted.info.known = lambda: [INST]
+    restarted.info.current = lambda _: obj["spec"]["brokerInfo"]
+    await restarted.sync(api)
+    assert await _broker_info(api) == {}

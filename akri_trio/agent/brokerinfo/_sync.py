@@ -17,7 +17,7 @@ Configuration's status (a `BrokerInfoValid` condition; turning False records an 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 import attrs
@@ -58,13 +58,14 @@ class BrokerInfo:
         limits: _rules.Limits = _rules.Limits(),  # noqa: B008  (frozen)
         generation: Callable[[ObjectKey], int | None],
         current: Callable[[ObjectKey], Mapping[str, str] | None],
+        known: Callable[[], Iterable[ObjectKey]] = tuple,
         namespace: str | None = None,
         period: float = DEFAULT_PERIOD_S,
         on_problems: Callable[[ObjectKey], None] = lambda _: None,
     ) -> None:
         """`generation(config key)`: its metadata.generation (None: gone). `current(instance
-        key)`: its spec.brokerInfo as the watch cache has it (None: unknown). `on_problems`:
-        the problems of that Configuration changed."""
+        key)`: its spec.brokerInfo as the watch cache has it (None: unknown). `known()`: the
+        Instances in that cache. `on_problems`: the problems of that Configuration changed."""
         self.api = api
         self.view = view
         self.node = view.node
@@ -72,6 +73,7 @@ class BrokerInfo:
         self.limits = limits
         self.generation = generation
         self.current = current
+        self.known = known
         self.namespace = namespace
         self.period = period
         self.on_problems = on_problems
@@ -79,6 +81,7 @@ class BrokerInfo:
         # What this process last wrote (or found) per Instance: a pass writes only a change.
         self.written: dict[ObjectKey, dict[str, str]] = {}
         self._problems: dict[ObjectKey, tuple[str, ...]] = {}  # per Instance
+        self._started = False
 
     # --- Allocate ------------------------------------------------------------------------------
 
@@ -120,6 +123,13 @@ class BrokerInfo:
             await trio.sleep(self.period)
 
     async def pass_once(self) -> None:
+        if not self._started:
+            # Entries this node wrote before a restart whose directories are gone (the host
+            # directory was wiped, or the agent now has another one) go on the first pass.
+            self._started = True
+            for key in self.known():
+                if mine := _rules.node_entries(self.current(key), self.node):
+                    self.written.setdefault(key, mine)
         found = await trio.to_thread.run_sync(_disk.instance_dirs, self.root, self.namespace)
         plans = {key: self._plan(key, names) for key, names in found.items()}
         reads = await trio.to_thread.run_sync(self._carry_out_and_read, plans)
