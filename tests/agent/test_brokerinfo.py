@@ -27,7 +27,7 @@ from akri_trio.agent.brokerinfo import (
     select,
 )
 from akri_trio.agent.brokerinfo._disk import carry_out, make_workload_dir, read_workload
-from akri_trio.agent.brokerinfo._rules import DirPlan, apply_body, parse_dir
+from akri_trio.agent.brokerinfo._rules import DirPlan, apply_body, parse_dir, superseded
 from akri_trio.agent.cli import parse_args
 from akri_trio.agent.events import condition_events
 from akri_trio.agent.plugins.service import container_response
@@ -212,12 +212,24 @@ def test_a_node_reports_from_live_or_ended_directories_never_both(
 
 def test_a_workload_directory_starts_empty_and_writable_by_anyone(tmp_path: Path) -> None:
     key = ObjectKey("ns", "cam-1")
-    path = make_workload_dir(tmp_path, key, "cam-1-0.g1")
+    path = make_workload_dir(tmp_path, key, WorkloadDir("cam-1-0", 1))
     (path / "left-over").write_text("x")
-    path = make_workload_dir(tmp_path, key, "cam-1-0.g1")
+    path = make_workload_dir(tmp_path, key, WorkloadDir("cam-1-0", 1))
     assert list(path.iterdir()) == []
     assert path.stat().st_mode & 0o777 == 0o777
     assert path == tmp_path / "ns" / "cam-1" / "cam-1-0.g1"
+
+
+def test_a_new_workload_on_a_slot_ends_the_one_before(tmp_path: Path) -> None:
+    key = ObjectKey("ns", "cam-1")
+    make_workload_dir(tmp_path, key, WorkloadDir("cam-1-0", 1))  # a Job of generation 1
+    make_workload_dir(tmp_path, key, WorkloadDir("cam-1-1", 1))
+    # The kubelet gives slot 0 to generation 2's Job before the reclaimer freed it.
+    make_workload_dir(tmp_path, key, WorkloadDir("cam-1-0", 2))
+    assert sorted(os.listdir(tmp_path / "ns" / "cam-1")) == ["cam-1-0.g2", "cam-1-1.g1"]
+    assert superseded(["cam-1-0.g1", "ended-cam-1-0.g1", "cam-1-00.g1"], "cam-1-0") == [
+        "cam-1-0.g1"
+    ]
 
 
 def test_symlinks_fifos_and_directories_are_not_read(tmp_path: Path) -> None:

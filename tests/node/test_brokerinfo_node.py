@@ -5,7 +5,8 @@ The agent (debugEcho embedded as `biEcho`, see tests/support/echo_agent.py, with
 `--broker-info-dir`) and the controller run as real processes watching only this module's
 namespace. The Job's script writes a report, a progress file it removes later, a file over the
 per-file limit and one that is not UTF-8; the test watches the Instance and the Configuration's
-status through it all, and after the Job has completed and its slot was freed.
+status through it all, and after the Job has completed and its slot was freed. Then a new
+Configuration generation's Job replaces that report with its own.
 """
 
 from __future__ import annotations
@@ -149,12 +150,12 @@ def env(node_cluster: dict[str, str], tmp_path_factory: pytest.TempPathFactory) 
         e.kubectl("delete", "namespace", NS, "--wait=false", check=False)
 
 
-def test_a_job_broker_reports_through_brokerinfo(env: Env) -> None:
+def _config(script: str) -> dict[str, Any]:
     container = {
         "name": "broker",
         "image": BUSYBOX,
         "imagePullPolicy": "Never",
-        "command": ["sh", "-c", SCRIPT],
+        "command": ["sh", "-c", script],
         "resources": {"limits": {"{{PLACEHOLDER}}": "1"}},
     }
     template = {
@@ -164,7 +165,7 @@ def test_a_job_broker_reports_through_brokerinfo(env: Env) -> None:
             "terminationGracePeriodSeconds": 1,
         }
     }
-    config = {
+    return {
         "apiVersion": "akri.sh/v0",
         "kind": "Configuration",
         "metadata": {"name": CONFIG, "namespace": NS},
@@ -177,6 +178,10 @@ def test_a_job_broker_reports_through_brokerinfo(env: Env) -> None:
             "brokerSpec": {"brokerJobSpec": {"template": template, "backoffLimit": 0}},
         },
     }
+
+
+def test_a_job_broker_reports_through_brokerinfo(env: Env) -> None:
+    config = _config(SCRIPT)
     env.ensure_schema()
     env.kubectl("apply", "-f", "-", stdin=json.dumps(config))
     firmware, progress = f"{env.node}/firmware", f"{env.node}/progress"
@@ -207,3 +212,16 @@ def test_a_job_broker_reports_through_brokerinfo(env: Env) -> None:
         what="the workload directory ended",
     )
     assert env.broker_info() == {firmware: "1.2.3"}
+
+
+def test_a_new_generation_replaces_the_old_report(env: Env) -> None:
+    script = 'echo -n 2.0.0 > "$AKRI_BROKER_INFO/firmware"; echo -n ok > "$AKRI_BROKER_INFO/result"'
+    env.ensure_schema()
+    env.kubectl("apply", "-f", "-", stdin=json.dumps(_config(script)))
+    want = {f"{env.node}/firmware": "2.0.0", f"{env.node}/result": "ok"}
+    until(lambda: env.broker_info() == want, seconds=120, what="the new Job's report alone")
+    cond = until(
+        lambda: (c := env.condition()) and c["status"] == "True" and c,
+        what="BrokerInfoValid True again",
+    )
+    assert cond["reason"] == "Valid"

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from akri_trio.address import ObjectKey
-from akri_trio.agent.brokerinfo._rules import DirPlan, FileRead, Limits
+from akri_trio.agent.brokerinfo._rules import DirPlan, FileRead, Limits, WorkloadDir, superseded
 
 # A listing longer than this is cut (and the cut reported through the file-count limit).
 LISTING_FACTOR = 4
@@ -31,14 +31,14 @@ def instance_dir(root: Path, key: ObjectKey) -> Path:
     return root / key.namespace / key.name
 
 
-def make_workload_dir(root: Path, key: ObjectKey, name: str) -> Path:
+def make_workload_dir(root: Path, key: ObjectKey, workload: WorkloadDir) -> Path:
     """An empty directory for a new workload, writable by any user the broker runs as (it is
-    mounted into that workload only). One left over under the same name is emptied first."""
+    mounted into that workload only). The directories of the slot's earlier workloads go."""
     parent = instance_dir(root, key)
     parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-    path = parent / name
-    if path.exists():
-        shutil.rmtree(path, ignore_errors=True)
+    for name in superseded(_names(parent), workload.slot):
+        shutil.rmtree(parent / name, ignore_errors=True)
+    path = parent / workload.name
     path.mkdir(mode=0o777)
     path.chmod(0o777)  # the umask narrowed mkdir's mode
     return path

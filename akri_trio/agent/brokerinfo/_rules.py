@@ -182,6 +182,17 @@ def parse_dir(name: str) -> WorkloadDir | None:
     return WorkloadDir(m["slot"], int(m["gen"]), m["ended"] is not None)
 
 
+def superseded(names: Iterable[str], slot: str) -> list[str]:
+    """The running-workload directories of `slot` in `names`: a new workload given that slot
+    means the one before it has ended (the kubelet hands a device on when its container ends,
+    before the reclaimer frees the slot), so they go when the new one's directory is made."""
+    return [
+        name
+        for name in names
+        if (wd := parse_dir(name)) is not None and not wd.ended and wd.slot == slot
+    ]
+
+
 @attrs.frozen
 class DirPlan:
     """What to do with one Instance's directories on this node, and where its entries come

@@ -92,11 +92,11 @@ class BrokerInfo:
             return None
         key = inst.metadata.key
         generation = self.generation(config_key(inst)) or 0
-        name = _rules.WorkloadDir(min(slots), generation).name
+        workload = _rules.WorkloadDir(min(slots), generation)
         try:
-            path = _disk.make_workload_dir(self.root, key, name)
+            path = _disk.make_workload_dir(self.root, key, workload)
         except OSError as exc:
-            log.warning("no brokerInfo directory for %s (%s): %s", key, name, exc)
+            log.warning("no brokerInfo directory for %s (%s): %s", key, workload.name, exc)
             return None
         container_path = f"{CONTAINER_ROOT}/{inst.metadata.name}"
         digest = inst.spec.cdi_name.rpartition("=")[2]
