@@ -139,50 +139,66 @@ def test_the_newest_file_wins_a_name_two_workloads_share() -> None:
 # --- workload directories ------------------------------------------------------------------------
 
 
-@given(st.from_regex(r"[a-z0-9.-]{1,20}", fullmatch=True), st.integers(0, 2**40), st.booleans())
-def test_directory_names_round_trip(slot: str, generation: int, ended: bool) -> None:
-    wd = WorkloadDir(slot, generation, ended)
+@given(
+    st.from_regex(r"[a-z0-9.-]{1,20}", fullmatch=True),
+    st.integers(0, 2**40),
+    st.from_regex(r"[0-9a-f]{1,8}", fullmatch=True),
+    st.booleans(),
+)
+def test_directory_names_round_trip(slot: str, generation: int, token: str, ended: bool) -> None:
+    wd = WorkloadDir(slot, generation, token, ended)
     assert parse_dir(wd.name) == wd
 
 
 def test_a_held_slot_keeps_its_directory_live() -> None:
-    plan = plan_dirs(["cam-0.g3"], held={"cam-0"}, serving=True, generation=3)
-    assert plan == DirPlan(report_from=("cam-0.g3",))
+    plan = plan_dirs(["cam-0.g3.a"], held={"cam-0"}, serving=True, generation=3)
+    assert plan == DirPlan(report_from=("cam-0.g3.a",))
 
 
 def test_a_freed_slot_of_the_current_generation_leaves_its_report() -> None:
-    plan = plan_dirs(["cam-0.g3"], held=set(), serving=True, generation=3)
-    assert plan == DirPlan(end=(("cam-0.g3", "ended-cam-0.g3"),), report_from=("ended-cam-0.g3",))
+    plan = plan_dirs(["cam-0.g3.a"], held=set(), serving=True, generation=3)
+    assert plan == DirPlan(
+        end=(("cam-0.g3.a", "ended-cam-0.g3.a"),), report_from=("ended-cam-0.g3.a",)
+    )
 
 
 def test_a_new_workload_replaces_the_report_of_the_ended_one() -> None:
-    plan = plan_dirs(["cam-1.g3", "ended-cam-0.g3"], held={"cam-1"}, serving=True, generation=3)
-    assert plan == DirPlan(remove=("ended-cam-0.g3",), report_from=("cam-1.g3",))
+    plan = plan_dirs(["cam-1.g3.a", "ended-cam-0.g3.a"], held={"cam-1"}, serving=True, generation=3)
+    assert plan == DirPlan(remove=("ended-cam-0.g3.a",), report_from=("cam-1.g3.a",))
 
 
 def test_a_new_generation_drops_the_old_generation_s_reports() -> None:
-    plan = plan_dirs(["cam-0.g3", "ended-cam-1.g3"], held=set(), serving=True, generation=4)
-    assert plan == DirPlan(remove=("cam-0.g3", "ended-cam-1.g3"))
+    plan = plan_dirs(["cam-0.g3.a", "ended-cam-1.g3.a"], held=set(), serving=True, generation=4)
+    assert plan == DirPlan(remove=("cam-0.g3.a", "ended-cam-1.g3.a"))
 
 
 def test_an_instance_the_node_no_longer_serves_loses_everything() -> None:
-    assert plan_dirs(["cam-0.g3"], held={"cam-0"}, serving=False, generation=3).remove_all
-    assert plan_dirs(["cam-0.g3"], held={"cam-0"}, serving=True, generation=None).remove_all
+    gone = DirPlan(remove_all=True, remove=("cam-0.g3.a",))
+    assert plan_dirs(["cam-0.g3.a"], held={"cam-0"}, serving=False, generation=3) == gone
+    assert plan_dirs(["cam-0.g3.a"], held={"cam-0"}, serving=True, generation=None) == gone
 
 
 def test_unknown_entries_are_removed() -> None:
-    plan = plan_dirs(["junk", "cam-0.g1"], held={"cam-0"}, serving=True, generation=1)
+    plan = plan_dirs(["junk", "cam-0.g1.a"], held={"cam-0"}, serving=True, generation=1)
     assert plan.remove == ("junk",)
 
 
 @given(
     st.lists(
-        st.builds(WorkloadDir, st.sampled_from(["c-0", "c-1", "c-2"]), st.integers(1, 3)),
+        st.builds(
+            WorkloadDir, st.sampled_from(["c-0", "c-1", "c-2"]), st.integers(1, 3), st.just("a")
+        ),
         unique_by=lambda w: w.name,
         max_size=5,
     ),
     st.lists(
-        st.builds(WorkloadDir, st.sampled_from(["c-0", "c-1"]), st.integers(1, 3), st.just(True)),
+        st.builds(
+            WorkloadDir,
+            st.sampled_from(["c-0", "c-1"]),
+            st.integers(1, 3),
+            st.just("a"),
+            st.just(True),
+        ),
         unique_by=lambda w: w.name,
         max_size=3,
     ),
@@ -212,23 +228,21 @@ def test_a_node_reports_from_live_or_ended_directories_never_both(
 
 def test_a_workload_directory_starts_empty_and_writable_by_anyone(tmp_path: Path) -> None:
     key = ObjectKey("ns", "cam-1")
-    path = make_workload_dir(tmp_path, key, WorkloadDir("cam-1-0", 1))
-    (path / "left-over").write_text("x")
-    path = make_workload_dir(tmp_path, key, WorkloadDir("cam-1-0", 1))
+    path = make_workload_dir(tmp_path, key, WorkloadDir("cam-1-0", 1, "a"))
     assert list(path.iterdir()) == []
     assert path.stat().st_mode & 0o777 == 0o777
-    assert path == tmp_path / "ns" / "cam-1" / "cam-1-0.g1"
+    assert path == tmp_path / "ns" / "cam-1" / "cam-1-0.g1.a"
 
 
 def test_a_new_workload_on_a_slot_ends_the_one_before(tmp_path: Path) -> None:
     key = ObjectKey("ns", "cam-1")
-    make_workload_dir(tmp_path, key, WorkloadDir("cam-1-0", 1))  # a Job of generation 1
-    make_workload_dir(tmp_path, key, WorkloadDir("cam-1-1", 1))
+    make_workload_dir(tmp_path, key, WorkloadDir("cam-1-0", 1, "a"))  # a Job of generation 1
+    make_workload_dir(tmp_path, key, WorkloadDir("cam-1-1", 1, "b"))
     # The kubelet gives slot 0 to generation 2's Job before the reclaimer freed it.
-    make_workload_dir(tmp_path, key, WorkloadDir("cam-1-0", 2))
-    assert sorted(os.listdir(tmp_path / "ns" / "cam-1")) == ["cam-1-0.g2", "cam-1-1.g1"]
-    assert superseded(["cam-1-0.g1", "ended-cam-1-0.g1", "cam-1-00.g1"], "cam-1-0") == [
-        "cam-1-0.g1"
+    make_workload_dir(tmp_path, key, WorkloadDir("cam-1-0", 2, "c"))
+    assert sorted(os.listdir(tmp_path / "ns" / "cam-1")) == ["cam-1-0.g2.c", "cam-1-1.g1.b"]
+    assert superseded(["cam-1-0.g1.a", "ended-cam-1-0.g1.a", "cam-1-00.g1.a"], "cam-1-0") == [
+        "cam-1-0.g1.a"
     ]
 
 
@@ -251,12 +265,16 @@ def test_symlinks_fifos_and_directories_are_not_read(tmp_path: Path) -> None:
 
 
 def test_carrying_out_a_plan_renames_and_removes(tmp_path: Path) -> None:
-    for name in ("cam-0.g1", "cam-1.g1", "junk"):
+    for name in ("cam-0.g1.a", "cam-1.g1.a", "junk"):
         (tmp_path / name).mkdir()
-    (tmp_path / "cam-0.g1" / "status").write_text("done")
-    carry_out(tmp_path, DirPlan(end=(("cam-0.g1", "ended-cam-0.g1"),), remove=("cam-1.g1", "junk")))
-    assert sorted(os.listdir(tmp_path)) == ["ended-cam-0.g1"]
-    assert (tmp_path / "ended-cam-0.g1" / "status").read_text() == "done"
+    (tmp_path / "cam-0.g1.a" / "status").write_text("done")
+    carry_out(
+        tmp_path, DirPlan(end=(("cam-0.g1.a", "ended-cam-0.g1.a"),), remove=("cam-1.g1.a", "junk"))
+    )
+    assert sorted(os.listdir(tmp_path)) == ["ended-cam-0.g1.a"]
+    assert (tmp_path / "ended-cam-0.g1.a" / "status").read_text() == "done"
+    carry_out(tmp_path, DirPlan(remove_all=True, remove=("ended-cam-0.g1.a",)))
+    assert not tmp_path.exists()  # and the Instance's directory with it
     carry_out(tmp_path / "x", DirPlan(remove_all=True))  # already gone: nothing to do
 
 
@@ -291,15 +309,21 @@ def test_allocate_mounts_a_directory_per_instance_and_says_where(tmp_path: Path)
     given = {"cam-aaaaaa": ["cam-aaaaaa-1", "cam-aaaaaa-0"], "cam-bbbbbb": ["cam-bbbbbb-1"]}
     response = container_response([a, b], view, info, given)
     assert {(m.container_path, m.host_path, m.read_only) for m in response.mounts} == {
-        ("/akri/broker-info/cam-aaaaaa", str(tmp_path / "ns/cam-aaaaaa/cam-aaaaaa-0.g7"), False),
-        ("/akri/broker-info/cam-bbbbbb", str(tmp_path / "ns/cam-bbbbbb/cam-bbbbbb-1.g7"), False),
+        ("/akri/broker-info/cam-aaaaaa", str(_one(tmp_path / "ns/cam-aaaaaa")), False),
+        ("/akri/broker-info/cam-bbbbbb", str(_one(tmp_path / "ns/cam-bbbbbb")), False),
     }
     assert dict(response.envs) == {
         "AKRI_BROKER_INFO": "/akri/broker-info/cam-bbbbbb",  # the last, like broker properties
         "AKRI_BROKER_INFO_AAAAAA": "/akri/broker-info/cam-aaaaaa",
         "AKRI_BROKER_INFO_BBBBBB": "/akri/broker-info/cam-bbbbbb",
     }
-    assert (tmp_path / "ns/cam-aaaaaa/cam-aaaaaa-0.g7").is_dir()
+    made = parse_dir(_one(tmp_path / "ns/cam-aaaaaa").name)
+    assert made is not None and (made.slot, made.generation) == ("cam-aaaaaa-0", 7)
+
+
+def _one(path: Path) -> Path:
+    (only,) = path.iterdir()
+    return only
 
 
 def test_without_brokerinfo_allocate_mounts_nothing() -> None:

@@ -1,7 +1,7 @@
 """brokerInfo's file-system edge: workload directories under the agent's `--broker-info-dir`.
 
-    <root>/<namespace>/<instance>/<slot>.g<generation>/        a running workload (mounted)
-    <root>/<namespace>/<instance>/ended-<slot>.g<generation>/  what an ended one left
+    <root>/<namespace>/<instance>/<slot>.g<generation>.<token>/        a running workload
+    <root>/<namespace>/<instance>/ended-<slot>.g<generation>.<token>/  what an ended one left
 
 Blocking calls, made from a worker thread (`trio.to_thread`) except for the one mkdir at
 Allocate. Everything a broker put in its directory is untrusted: entries are opened without
@@ -63,11 +63,6 @@ def _names(path: Path) -> list[str]:
 
 def carry_out(path: Path, plan: DirPlan) -> None:
     """Do what `plan` says in the Instance directory `path`."""
-    if plan.remove_all:
-        shutil.rmtree(path, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            path.parent.rmdir()  # the namespace's, once empty
-        return
     for live, ended in plan.end:
         shutil.rmtree(path / ended, ignore_errors=True)
         with contextlib.suppress(FileNotFoundError):
@@ -79,6 +74,10 @@ def carry_out(path: Path, plan: DirPlan) -> None:
         else:
             with contextlib.suppress(FileNotFoundError):
                 target.unlink()
+    if plan.remove_all:
+        with contextlib.suppress(OSError):  # not empty: an Allocate made one meanwhile
+            path.rmdir()
+            path.parent.rmdir()  # the namespace's, once empty
 
 
 def _entries(path: Path, bound: int) -> Iterator[os.DirEntry[str]]:

@@ -163,23 +163,30 @@ def apply_body(namespace: str, instance: str, entries: Mapping[str, str]) -> dic
 
 @attrs.frozen
 class WorkloadDir:
+    """`[ended-]<slot>.g<generation>.<token>`. The token (random hex, one per Allocate) makes
+    every workload's directory a name of its own: a copy pass that listed the directories
+    before an Allocate can never rename or remove the directory that Allocate just made."""
+
     slot: str  # the deviceUsage key the workload holds (its lowest one, for several)
     generation: int  # the Configuration's generation at Allocate
+    token: str
     ended: bool = False
 
     @property
     def name(self) -> str:
-        return f"{ENDED if self.ended else ''}{self.slot}.g{self.generation}"
+        return f"{ENDED if self.ended else ''}{self.slot}.g{self.generation}.{self.token}"
 
 
-_DIR = re.compile(r"(?P<ended>ended-)?(?P<slot>.+)\.g(?P<gen>0|[1-9][0-9]{0,18})")
+_DIR = re.compile(
+    r"(?P<ended>ended-)?(?P<slot>.+)\.g(?P<gen>0|[1-9][0-9]{0,18})\.(?P<token>[0-9a-f]{1,32})"
+)
 
 
 def parse_dir(name: str) -> WorkloadDir | None:
     m = _DIR.fullmatch(name)
     if m is None:
         return None
-    return WorkloadDir(m["slot"], int(m["gen"]), m["ended"] is not None)
+    return WorkloadDir(m["slot"], int(m["gen"]), m["token"], m["ended"] is not None)
 
 
 def superseded(names: Iterable[str], slot: str) -> list[str]:
@@ -198,7 +205,7 @@ class DirPlan:
     """What to do with one Instance's directories on this node, and where its entries come
     from afterwards (directory names as they are once the plan is carried out)."""
 
-    remove_all: bool = False
+    remove_all: bool = False  # `remove` is everything: the Instance's directory goes too
     end: tuple[tuple[str, str], ...] = ()  # (live name, ended name) to rename
     remove: tuple[str, ...] = ()
     report_from: tuple[str, ...] = ()
@@ -212,7 +219,7 @@ def plan_dirs(
     (None: gone). A workload whose slot is no longer held has ended: its directory is renamed
     `ended-*` (current generation) or removed (older)."""
     if not serving or generation is None:
-        return DirPlan(remove_all=True)
+        return DirPlan(remove_all=True, remove=tuple(sorted(names)))
     live: list[str] = []
     ended: dict[str, WorkloadDir] = {}
     end: list[tuple[str, str]] = []

@@ -6,7 +6,8 @@ for the slot it holds and the Configuration's generation) and hands back the mou
 for the container. `run` is one nursery child: every `period` seconds it lists the directories
 (in a worker thread), ends the workloads whose slots this node no longer holds (the reclaimer
 freed them, the Instance went, the node left it; see `_rules.plan_dirs`), reads what counts,
-and server-side applies this node's part of each Instance's `spec.brokerInfo` that changed.
+and server-side applies this node's part of each Instance's `spec.brokerInfo` where it differs
+from what the watch cache shows (level-triggered: an entry lost in any way is written again).
 Work per pass is bounded by the directories that exist and the per-directory limits.
 
 Files that break a rule are skipped and reported: one log line when the set of problems of an
@@ -17,6 +18,7 @@ Configuration's status (a `BrokerInfoValid` condition; turning False records an 
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -78,8 +80,9 @@ class BrokerInfo:
         self.period = period
         self.on_problems = on_problems
         self.manager = _rules.field_manager(self.node)
-        # What this process last wrote (or found) per Instance: a pass writes only a change.
-        self.written: dict[ObjectKey, dict[str, str]] = {}
+        # Instances this node has (or may have) entries on without a directory any more: a
+        # pass checks that they are gone.
+        self.leftover: set[ObjectKey] = set()
         self._problems: dict[ObjectKey, tuple[str, ...]] = {}  # per Instance
         self._started = False
 
@@ -92,7 +95,7 @@ class BrokerInfo:
             return None
         key = inst.metadata.key
         generation = self.generation(config_key(inst)) or 0
-        workload = _rules.WorkloadDir(min(slots), generation)
+        workload = _rules.WorkloadDir(min(slots), generation, secrets.token_hex(4))
         try:
             path = _disk.make_workload_dir(self.root, key, workload)
         except OSError as exc:
@@ -127,33 +130,29 @@ class BrokerInfo:
             # Entries this node wrote before a restart whose directories are gone (the host
             # directory was wiped, or the agent now has another one) go on the first pass.
             self._started = True
-            for key in self.known():
-                if mine := _rules.node_entries(self.current(key), self.node):
-                    self.written.setdefault(key, mine)
+            self.leftover.update(
+                key for key in self.known() if _rules.node_entries(self.current(key), self.node)
+            )
         found = await trio.to_thread.run_sync(_disk.instance_dirs, self.root, self.namespace)
         plans = {key: self._plan(key, names) for key, names in found.items()}
         reads = await trio.to_thread.run_sync(self._carry_out_and_read, plans)
-        for key in sorted(set(plans) | set(self.written)):
+        for key in sorted(set(plans) | self.leftover):
             selections = reads.get(key, [])
             self._report(key, [p for s in selections for p in s.problems])
             inst = self.view.instance(key)
-            if inst is None:
-                self.written.pop(key, None)
-                continue
             files = _rules.merge(selections)
-            await self._write(inst, _rules.desired_entries(self.node, files))
-            if key not in plans and self.written.get(key) == {}:
-                del self.written[key]  # nothing of ours left on it, no directory: forget it
+            if inst is None or await self._write(key, _rules.desired_entries(self.node, files)):
+                self.leftover.discard(key)
+            else:
+                self.leftover.add(key)  # retried next pass, even once its directory is gone
 
     def _plan(self, key: ObjectKey, names: list[str]) -> _rules.DirPlan:
         inst = self.view.instance(key)
-        if inst is None or self.node not in inst.spec.nodes:
-            return _rules.DirPlan(remove_all=True)
         return _rules.plan_dirs(
             names,
-            held=held_by(inst.spec.device_usage, self.node),
-            serving=True,
-            generation=self.generation(config_key(inst)),
+            held=() if inst is None else held_by(inst.spec.device_usage, self.node),
+            serving=inst is not None and self.node in inst.spec.nodes,
+            generation=None if inst is None else self.generation(config_key(inst)),
         )
 
     def _carry_out_and_read(
@@ -183,25 +182,22 @@ class BrokerInfo:
         if inst is not None:
             self.on_problems(config_key(inst))
 
-    async def _write(self, inst: Instance, desired: dict[str, str]) -> None:
-        key = inst.metadata.key
-        before = self.written.get(key)
-        if before is None:
-            before = _rules.node_entries(self.current(key), self.node)
-        if before == desired:
-            self.written[key] = desired
-            return
+    async def _write(self, key: ObjectKey, desired: dict[str, str]) -> bool:
+        """Make this node's part of the Instance's map `desired`, if the watch cache says it
+        is not; level-triggered, so an entry lost by any means is written again. True when it
+        is (or the Instance is gone)."""
+        if _rules.node_entries(self.current(key), self.node) == desired:
+            return True
         body = _rules.apply_body(key.namespace, key.name, desired)
         try:
             await self.api.apply(
                 INSTANCES, body, field_manager=self.manager, namespace=key.namespace
             )
         except NotFound:
-            self.written.pop(key, None)
-            return
+            return True
         except (ApiError, httpx.HTTPError) as exc:
             # Retried on the next pass; a refusal (an entry someone else owns, the CRD's
             # bounds) is said here once per pass until it clears.
             log.warning("could not write brokerInfo of %s: %s", key, exc)
-            return
-        self.written[key] = desired
+            return False
+        return True
