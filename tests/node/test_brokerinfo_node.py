@@ -197,6 +197,13 @@ def test_a_job_broker_reports_through_brokerinfo(env: Env) -> None:
     assert cond["status"] == "False", cond
     assert "'big': over 64 bytes" in cond["message"]
     assert "'raw': not UTF-8" in cond["message"]
+    until(
+        lambda: any(
+            e["reason"] == "BrokerInfoSkipped" and "'raw': not UTF-8" in e["message"]
+            for e in json.loads(env.kubectl("get", "events", "-n", NS, "-o", "json"))["items"]
+        ),
+        what="a BrokerInfoSkipped Event on the Configuration",
+    )
 
     # A removed file leaves the map.
     until(lambda: env.broker_info() == {firmware: "1.2.3"}, what="progress removed")
