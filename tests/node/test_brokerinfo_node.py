@@ -11,6 +11,7 @@ Configuration generation's Job replaces that report with its own.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -146,6 +147,10 @@ def env(node_cluster: dict[str, str], tmp_path_factory: pytest.TempPathFactory) 
         e.kubectl(
             "delete", "configurations.akri.sh", "--all", "-n", NS, "--wait=false", check=False
         )
+        # The agent takes its finalizers off the Instances; stopped first, it would leave the
+        # namespace Terminating for good.
+        with contextlib.suppress(AssertionError):
+            until(lambda: not e.instance_json(), seconds=30, what="the Instance gone")
         e.stop_all()
         e.kubectl("delete", "namespace", NS, "--wait=false", check=False)
 
