@@ -137,30 +137,13 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         "in the agent's container (default: off)",
     )
     limits = Limits()
-    p.add_argument(
-        "--broker-info-max-files",
-        type=int,
-        default=limits.max_files,
-        help="brokerInfo: files per workload directory",
-    )
-    p.add_argument(
-        "--broker-info-max-file-bytes",
-        type=int,
-        default=limits.max_file_bytes,
-        help="brokerInfo: bytes per file (at most 4096, the CRD's bound)",
-    )
-    p.add_argument(
-        "--broker-info-max-total-bytes",
-        type=int,
-        default=limits.max_total_bytes,
-        help="brokerInfo: bytes per workload directory in all",
-    )
-    p.add_argument(
-        "--broker-info-period",
-        type=float,
-        default=BROKER_INFO_PERIOD_S,
-        help="brokerInfo: seconds between looks at the directories",
-    )
+    for flag, kind, default, what in (
+        ("--broker-info-max-files", int, limits.max_files, "files per workload directory"),
+        ("--broker-info-max-file-bytes", int, limits.max_file_bytes, "bytes per file (<= 4096)"),
+        ("--broker-info-max-total-bytes", int, limits.max_total_bytes, "bytes per directory"),
+        ("--broker-info-period", float, BROKER_INFO_PERIOD_S, "seconds between looks"),
+    ):
+        p.add_argument(flag, type=kind, default=default, help=f"brokerInfo: {what}")
     add_log_arguments(p, env)
     args = p.parse_args(argv)
     if not args.node_name:
