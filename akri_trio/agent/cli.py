@@ -15,6 +15,8 @@ from pathlib import Path
 import attrs
 import trio
 
+from akri_trio.agent.brokerinfo import DEFAULT_PERIOD_S as BROKER_INFO_PERIOD_S
+from akri_trio.agent.brokerinfo import Limits
 from akri_trio.agent.run import AgentSettings, run_agent
 from akri_trio.discovery.handlers import BUILTIN
 from akri_trio.flaghelp import (
@@ -124,6 +126,24 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         help="seconds a held slot must be missing from the kubelet's pod resources before it "
         "is freed (default 20, as upstream)",
     )
+    add_env_argument(
+        p,
+        "--broker-info-dir",
+        env=env,
+        var="BROKER_INFO_DIRECTORY",
+        type=Path,
+        help="brokerInfo: a directory per workload under this one, mounted into the broker, "
+        "its files copied into the Instance's spec.brokerInfo; the same path on the node and "
+        "in the agent's container (default: off)",
+    )
+    limits = Limits()
+    for flag, kind, default, what in (
+        ("--broker-info-max-files", int, limits.max_files, "files per workload directory"),
+        ("--broker-info-max-file-bytes", int, limits.max_file_bytes, "bytes per file (<= 4096)"),
+        ("--broker-info-max-total-bytes", int, limits.max_total_bytes, "bytes per directory"),
+        ("--broker-info-period", float, BROKER_INFO_PERIOD_S, "seconds between looks"),
+    ):
+        p.add_argument(flag, type=kind, default=default, help=f"brokerInfo: {what}")
     add_log_arguments(p, env)
     args = p.parse_args(argv)
     if not args.node_name:
@@ -131,6 +151,16 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
     unknown = sorted(set(args.embedded_handlers) - set(BUILTIN))
     if unknown:
         p.error(f"unknown discovery handler(s) {unknown}; built in: {sorted(BUILTIN)}")
+    try:
+        limits = Limits(
+            args.broker_info_max_files,
+            args.broker_info_max_file_bytes,
+            args.broker_info_max_total_bytes,
+        )
+    except ValueError as exc:
+        p.error(f"brokerInfo limits: {exc}")
+    if not args.broker_info_period > 0:
+        p.error("--broker-info-period must be a positive number of seconds")
     settings = AgentSettings(
         node=args.node_name,
         discovery_handlers_directory=args.discovery_handlers_directory,
@@ -145,6 +175,9 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         metrics_port=None if args.metrics_port < 0 else args.metrics_port,
         reclaim_period=args.reclaim_period,
         reclaim_grace=args.reclaim_grace,
+        broker_info_dir=args.broker_info_dir,
+        broker_info_limits=limits,
+        broker_info_period=args.broker_info_period,
     )
     return settings, args
 
