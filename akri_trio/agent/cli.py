@@ -15,7 +15,9 @@ from pathlib import Path
 import attrs
 import trio
 
-from akri_trio.agent.configurations import Limits
+from akri_trio.agent.brokerinfo import DEFAULT_PERIOD_S as BROKER_INFO_PERIOD_S
+from akri_trio.agent.brokerinfo import Limits
+from akri_trio.agent.configurations import ConfigurationLimits
 from akri_trio.agent.run import AgentSettings, run_agent
 from akri_trio.discovery.device_rules import KUBELET_ROOT, DeviceRules
 from akri_trio.discovery.handlers import BUILTIN
@@ -28,7 +30,7 @@ from akri_trio.flaghelp import (
 )
 from akri_trio.kube.client import Client
 from akri_trio.kube.config import KubeConfig, load_config
-from akri_trio.model import limits
+from akri_trio.model import limits as model_limits
 from akri_trio.observe.logs import add_log_arguments, log_startup, setup_logging
 from akri_trio.shutdown import run_until_signalled
 
@@ -146,24 +148,24 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         metavar="LABELS",
         help="serve only the Configurations this label selector matches (default: all)",
     )
-    p.add_argument(
-        "--max-capacity",
-        type=int,
-        default=limits.MAX_CAPACITY,
-        help="refuse Configurations with a larger capacity",
-    )
-    p.add_argument(
-        "--max-devices-per-handler",
-        type=int,
-        default=limits.MAX_DEVICES_PER_HANDLER,
-        help="devices taken from one handler endpoint's list, lowest ids first",
-    )
-    p.add_argument(
-        "--max-devices-per-configuration",
-        type=int,
-        default=limits.MAX_DEVICES_PER_CONFIGURATION,
-        help="devices (Instances) per Configuration on this node, lowest ids first",
-    )
+    for flag, cap, what in (
+        (
+            "--max-capacity",
+            model_limits.MAX_CAPACITY,
+            "refuse Configurations with a larger capacity",
+        ),
+        (
+            "--max-devices-per-handler",
+            model_limits.MAX_DEVICES_PER_HANDLER,
+            "devices taken from one handler endpoint's list, lowest ids first",
+        ),
+        (
+            "--max-devices-per-configuration",
+            model_limits.MAX_DEVICES_PER_CONFIGURATION,
+            "devices (Instances) per Configuration on this node, lowest ids first",
+        ),
+    ):
+        p.add_argument(flag, type=int, default=cap, help=what)
     p.add_argument("--reclaim-period", type=float, default=10.0)
     p.add_argument(
         "--reclaim-grace",
@@ -172,6 +174,24 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         help="seconds a held slot must be missing from the kubelet's pod resources before it "
         "is freed (default 20, as upstream)",
     )
+    add_env_argument(
+        p,
+        "--broker-info-dir",
+        env=env,
+        var="BROKER_INFO_DIRECTORY",
+        type=Path,
+        help="brokerInfo: a directory per workload under this one, mounted into the broker, "
+        "its files copied into the Instance's spec.brokerInfo; the same path on the node and "
+        "in the agent's container (default: off)",
+    )
+    limits = Limits()
+    for flag, kind, default, what in (
+        ("--broker-info-max-files", int, limits.max_files, "files per workload directory"),
+        ("--broker-info-max-file-bytes", int, limits.max_file_bytes, "bytes per file (<= 4096)"),
+        ("--broker-info-max-total-bytes", int, limits.max_total_bytes, "bytes per directory"),
+        ("--broker-info-period", float, BROKER_INFO_PERIOD_S, "seconds between looks"),
+    ):
+        p.add_argument(flag, type=kind, default=default, help=f"brokerInfo: {what}")
     add_log_arguments(p, env)
     args = p.parse_args(argv)
     if not args.node_name:
@@ -182,6 +202,16 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
     unknown = sorted(set(args.embedded_handlers) - set(BUILTIN))
     if unknown:
         p.error(f"unknown discovery handler(s) {unknown}; built in: {sorted(BUILTIN)}")
+    try:
+        limits = Limits(
+            args.broker_info_max_files,
+            args.broker_info_max_file_bytes,
+            args.broker_info_max_total_bytes,
+        )
+    except ValueError as exc:
+        p.error(f"brokerInfo limits: {exc}")
+    if not args.broker_info_period > 0:
+        p.error("--broker-info-period must be a positive number of seconds")
     settings = AgentSettings(
         node=args.node_name,
         discovery_handlers_directory=args.discovery_handlers_directory,
@@ -197,7 +227,7 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         metrics_host=args.metrics_host,
         configuration_selector=args.configuration_selector,
         handler_group=args.handler_group,
-        limits=Limits(
+        limits=ConfigurationLimits(
             max_capacity=args.max_capacity,
             devices=DeviceRules(
                 max_devices=args.max_devices_per_handler,
@@ -216,6 +246,9 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         ),
         reclaim_period=args.reclaim_period,
         reclaim_grace=args.reclaim_grace,
+        broker_info_dir=args.broker_info_dir,
+        broker_info_limits=limits,
+        broker_info_period=args.broker_info_period,
     )
     return settings, args
 

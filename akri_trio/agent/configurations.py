@@ -17,7 +17,7 @@ from __future__ import annotations
 import datetime
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -80,7 +80,7 @@ def _iso(wall: float) -> str:
 
 
 @attrs.frozen
-class Limits:
+class ConfigurationLimits:
     """What one Configuration may make this node do (the agent's flags)."""
 
     max_capacity: int = MAX_CAPACITY
@@ -104,6 +104,8 @@ class _Running:
 
 class ConfigurationReconciler:
     events = AgentEvents()  # records nothing until the agent sets its own
+    # What brokerInfo skipped, per Configuration (None: brokerInfo is off).
+    broker_info_problems: Callable[[ObjectKey], Sequence[str]] | None = None
 
     def __init__(
         self,
@@ -114,9 +116,9 @@ class ConfigurationReconciler:
         discovery_nursery: trio.Nursery,
         enqueue: Callable[[ObjectKey], None],
         metrics: AgentMetrics | None = None,
-        limits: Limits | None = None,
+        limits: ConfigurationLimits | None = None,
     ) -> None:
-        self.limits = limits or Limits()
+        self.limits = limits or ConfigurationLimits()
         # Configurations refused on this node because another namespace owns their name ->
         # that owner, as last decided (a sibling whose decision changes is reconciled again).
         self.name_refused: dict[ObjectKey, ObjectKey] = {}
@@ -520,6 +522,11 @@ class ConfigurationReconciler:
             unsolvable_reason=unsolvable_reason,
             refused_devices=refused_devices or [],
             refused=refused,
+            broker_info_problems=(
+                None
+                if self.broker_info_problems is None
+                else self.broker_info_problems(config.metadata.key)
+            ),
         )
         if previous == entry:
             return

@@ -23,6 +23,7 @@ CONDITION_REASONS = {
     "PropertiesResolved": "PropertiesUnresolved",
     "Accepted": "ConfigurationRefused",
     "DevicesAccepted": "DevicesRefused",
+    "BrokerInfoValid": "BrokerInfoSkipped",
 }
 
 

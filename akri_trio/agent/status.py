@@ -67,12 +67,14 @@ def node_entry(
     unsolvable_reason: str = "UnsolvableProperty",
     refused_devices: Sequence[str] = (),
     refused: tuple[str, str] | None = None,
+    broker_info_problems: Sequence[str] | None = None,
 ) -> JSON:
     """The status entry for `node`; `previous` is its current entry (or None).
 
     `refused_devices`: devices dropped or cut (DevicesAccepted). `refused`: (reason, message)
     when this node serves nothing of the Configuration at all (Accepted), e.g. its name is
     another namespace's on this node's kubelet, or its capacity is over the agent's maximum.
+    `broker_info_problems`: files brokerInfo skipped (None: brokerInfo is off, no condition).
     """
     prev_conditions = {c["type"]: c for c in (previous or {}).get("conditions") or []}
     if unsolvable is not None:
@@ -125,6 +127,18 @@ def node_entry(
         accepted = _condition("Accepted", False, refused[0], refused[1], prev_conditions, now)
     else:
         accepted = _condition("Accepted", True, "Accepted", "", prev_conditions, now)
+    conditions = [accepted, available, details, props, devices]
+    if broker_info_problems is not None:
+        conditions.append(
+            _condition(
+                "BrokerInfoValid",
+                not broker_info_problems,
+                "FileSkipped" if broker_info_problems else "Valid",
+                "; ".join(broker_info_problems),
+                prev_conditions,
+                now,
+            )
+        )
     return {
         "node": node,
         "instances": instances,
@@ -133,5 +147,5 @@ def node_entry(
             for endpoint, status in sorted(handlers.items())
         ],
         "problems": list(other_problems),
-        "conditions": [accepted, available, details, props, devices],
+        "conditions": conditions,
     }
