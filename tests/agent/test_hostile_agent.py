@@ -231,7 +231,11 @@ async def test_a_secret_of_another_namespace_is_refused_and_no_secret_is_ever_sh
     assert f"Secret {NS_B}/creds" in message and "own namespace" in message
     assert await instances(api, NS_A, "thief") == {}
     await eventually(lambda: instances(api, NS_A, "owner"))
-    assert (await conditions(api, "owner", NS_A))["PropertiesResolved"][0] == "True"
+
+    async def owner_resolved() -> bool:  # the status is written after the Instances
+        return (await conditions(api, "owner", NS_A)).get("PropertiesResolved", ("",))[0] == "True"
+
+    await eventually(owner_resolved)
     assert f"Secret {NS_B}/creds" in agent.log()  # the refusal is logged
 
     for name in ("thief", "owner"):
@@ -256,7 +260,11 @@ async def test_a_second_configuration_of_the_same_name_is_refused_until_the_firs
 
     _, reason, message = await eventually(refused)
     assert reason == "NameTaken" and f"{NS_A}/{name}" in message
-    assert (await conditions(api, name, NS_A))["Accepted"][0] == "True"
+
+    async def owner_accepted() -> bool:
+        return (await conditions(api, name, NS_A)).get("Accepted", ("",))[0] == "True"
+
+    await eventually(owner_accepted)
     assert await instances(api, NS_B, name) == {}
     assert list(await instances(api, NS_A, name)) == list(first)
     resource = f"akri.sh/{name}"
