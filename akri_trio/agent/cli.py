@@ -17,7 +17,9 @@ import trio
 
 from akri_trio.agent.brokerinfo import DEFAULT_PERIOD_S as BROKER_INFO_PERIOD_S
 from akri_trio.agent.brokerinfo import Limits
+from akri_trio.agent.configurations import ConfigurationLimits
 from akri_trio.agent.run import AgentSettings, run_agent
+from akri_trio.discovery.device_rules import KUBELET_ROOT, DeviceRules
 from akri_trio.discovery.handlers import BUILTIN
 from akri_trio.flaghelp import (
     Parser,
@@ -28,6 +30,7 @@ from akri_trio.flaghelp import (
 )
 from akri_trio.kube.client import Client
 from akri_trio.kube.config import KubeConfig, load_config
+from akri_trio.model import limits as model_limits
 from akri_trio.observe.logs import add_log_arguments, log_startup, setup_logging
 from akri_trio.shutdown import run_until_signalled
 
@@ -118,6 +121,51 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         help="debugEcho availability file, as the standalone handler's "
         "(default /tmp/debug-echo-availability.txt)",
     )
+    add_env_argument(
+        p,
+        "--metrics-host",
+        env=env,
+        var="METRICS_HOST",
+        default="0.0.0.0",
+        help="address the health and metrics server binds",
+    )
+    add_env_argument(
+        p,
+        "--handler-group",
+        env=env,
+        var="AKRI_HANDLER_GROUP",
+        type=int,
+        metavar="GID",
+        help="let discovery handlers of this group register and serve, as non-root (the agent "
+        "must be a member): the handlers directory becomes group GID, mode 2770, the "
+        "registration socket 0660 (default: none, root's handlers only)",
+    )
+    add_env_argument(
+        p,
+        "--configuration-selector",
+        env=env,
+        var="AKRI_CONFIGURATION_SELECTOR",
+        metavar="LABELS",
+        help="serve only the Configurations this label selector matches (default: all)",
+    )
+    for flag, cap, what in (
+        (
+            "--max-capacity",
+            model_limits.MAX_CAPACITY,
+            "refuse Configurations with a larger capacity",
+        ),
+        (
+            "--max-devices-per-handler",
+            model_limits.MAX_DEVICES_PER_HANDLER,
+            "devices taken from one handler endpoint's list, lowest ids first",
+        ),
+        (
+            "--max-devices-per-configuration",
+            model_limits.MAX_DEVICES_PER_CONFIGURATION,
+            "devices (Instances) per Configuration on this node, lowest ids first",
+        ),
+    ):
+        p.add_argument(flag, type=int, default=cap, help=what)
     p.add_argument("--reclaim-period", type=float, default=10.0)
     p.add_argument(
         "--reclaim-grace",
@@ -148,6 +196,9 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
     args = p.parse_args(argv)
     if not args.node_name:
         p.error("the node name is required: --node-name or AGENT_NODE_NAME")
+    for flag in ("max_capacity", "max_devices_per_handler", "max_devices_per_configuration"):
+        if getattr(args, flag) < 1:
+            p.error(f"--{flag.replace('_', '-')} must be at least 1")
     unknown = sorted(set(args.embedded_handlers) - set(BUILTIN))
     if unknown:
         p.error(f"unknown discovery handler(s) {unknown}; built in: {sorted(BUILTIN)}")
@@ -173,6 +224,26 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         debug_echo_shared=args.debug_echo_shared,
         debug_echo_availability=args.debug_echo_availability,
         metrics_port=None if args.metrics_port < 0 else args.metrics_port,
+        metrics_host=args.metrics_host,
+        configuration_selector=args.configuration_selector,
+        handler_group=args.handler_group,
+        limits=ConfigurationLimits(
+            max_capacity=args.max_capacity,
+            devices=DeviceRules(
+                max_devices=args.max_devices_per_handler,
+                max_configuration_devices=args.max_devices_per_configuration,
+                # No handler may hand a container the kubelet's sockets.
+                refused_host_dirs=tuple(
+                    dict.fromkeys(
+                        (
+                            KUBELET_ROOT,
+                            str(args.device_plugin_dir),
+                            str(args.pod_resources_socket),
+                        )
+                    )
+                ),
+            ),
+        ),
         reclaim_period=args.reclaim_period,
         reclaim_grace=args.reclaim_grace,
         broker_info_dir=args.broker_info_dir,

@@ -26,11 +26,13 @@ import trio
 
 from akri_trio.address import ObjectKey
 from akri_trio.agent import instances as plan_
+from akri_trio.agent import tenants
 from akri_trio.agent.discovery import DiscoveryRequest, DiscoveryResult, run_configuration_discovery
 from akri_trio.agent.events import AgentEvents
 from akri_trio.agent.metrics import AgentMetrics
 from akri_trio.agent.status import node_entry
 from akri_trio.agent.view import NodeView
+from akri_trio.discovery.device_rules import DeviceRules
 from akri_trio.discovery.properties import (
     UnsolvableProperty,
     referenced_objects,
@@ -40,8 +42,9 @@ from akri_trio.discovery.registry import OFFLINE_GRACE_S, Registry
 from akri_trio.kube.client import Client, Resource
 from akri_trio.kube.errors import ApiError, Conflict, Forbidden, Invalid, NotFound
 from akri_trio.kube.queue import Requeue
-from akri_trio.kube.store import Store
+from akri_trio.kube.store import Store, by_field
 from akri_trio.model.convert import error_messages, structure
+from akri_trio.model.limits import MAX_CAPACITY
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES, JSON, Configuration, Instance
 from akri_trio.observe.logs import fields
 
@@ -52,6 +55,10 @@ def _about(namespace: str, instance: str) -> dict[str, str]:
     """The log fields of a line about one Instance."""
     return fields(instance=ObjectKey(namespace, instance))
 
+
+# The Configuration store's index by name: which Configurations share a kubelet resource name.
+BY_NAME = "name"
+CONFIG_INDEXES = {BY_NAME: by_field(lambda obj: (obj.get("metadata") or {}).get("name"))}
 
 SECRETS = Resource.core("secrets", "Secret")
 CONFIG_MAPS = Resource.core("configmaps", "ConfigMap")
@@ -70,6 +77,21 @@ def _departs(op: plan_.Operation) -> bool:
 
 def _iso(wall: float) -> str:
     return datetime.datetime.fromtimestamp(wall, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@attrs.frozen
+class ConfigurationLimits:
+    """What one Configuration may make this node do (the agent's flags)."""
+
+    max_capacity: int = MAX_CAPACITY
+    devices: DeviceRules = attrs.field(factory=DeviceRules)
+
+
+class OtherNamespace(UnsolvableProperty):
+    """A discoveryProperty refers to a Secret or ConfigMap outside the Configuration's
+    namespace: the agent reads none of it (the webhook refuses such a Configuration)."""
+
+    reason = "OtherNamespace"
 
 
 @attrs.define
@@ -94,7 +116,13 @@ class ConfigurationReconciler:
         discovery_nursery: trio.Nursery,
         enqueue: Callable[[ObjectKey], None],
         metrics: AgentMetrics | None = None,
+        limits: ConfigurationLimits | None = None,
     ) -> None:
+        self.limits = limits or ConfigurationLimits()
+        # Configurations refused on this node because another namespace owns their name ->
+        # that owner, as last decided (a sibling whose decision changes is reconciled again).
+        self.name_refused: dict[ObjectKey, ObjectKey] = {}
+        self.collisions: dict[ObjectKey, tuple[str, ...]] = {}
         self.api = api
         self.view = view
         self.node = view.node
@@ -121,7 +149,9 @@ class ConfigurationReconciler:
                 self.enqueue(key)
 
         with running.scope:
-            await run_configuration_discovery(self.registry, running.request, send)
+            await run_configuration_discovery(
+                self.registry, running.request, send, rules=self.limits.devices
+            )
 
     def _observe(self, key: ObjectKey, running: _Running, result: DiscoveryResult) -> None:
         assert self.metrics is not None
@@ -143,7 +173,32 @@ class ConfigurationReconciler:
         props = config.spec.discovery_handler.discovery_properties or ()
         secrets: dict[tuple[str, str], Mapping[str, Any]] = {}
         config_maps: dict[tuple[str, str], Mapping[str, Any]] = {}
-        for ref in referenced_objects(props):
+        refs = referenced_objects(props)
+        namespace = config.metadata.namespace
+        elsewhere = sorted(
+            f"{r.kind} {r.namespace}/{r.name}" for r in refs if r.namespace != namespace
+        )
+        if elsewhere:
+            # Checked before any read: the agent's own rights must not lend a tenant another
+            # namespace's credentials.
+            names = [
+                p.name
+                for p in props
+                if p.value is None
+                and p.value_from is not None
+                and any(
+                    ref is not None and ref.namespace != namespace
+                    for ref in (p.value_from.secret_key_ref, p.value_from.config_map_key_ref)
+                )
+            ]
+            raise OtherNamespace(
+                ", ".join(names),
+                ", ".join(elsewhere),
+                f"not in the Configuration's namespace {namespace!r}; a Configuration may only "
+                "read Secrets and ConfigMaps of its own namespace (an omitted namespace is "
+                "'default')",
+            )
+        for ref in refs:
             res, into = (SECRETS, secrets) if ref.kind == "Secret" else (CONFIG_MAPS, config_maps)
             try:
                 into[(ref.namespace, ref.name)] = await self.api.get(
@@ -169,6 +224,12 @@ class ConfigurationReconciler:
             if self.metrics is not None:
                 self.metrics.forget_configuration(key)
             self.events.forget(key)
+            self.collisions.pop(key, None)
+            if obj is None:
+                # Its name may now belong to a Configuration of another namespace.
+                self.name_refused.pop(key, None)
+                for sibling in tenants.siblings(self._same_name(name), key):
+                    self.enqueue(sibling)
             return None
         try:
             config = structure(obj, Configuration)
@@ -180,30 +241,52 @@ class ConfigurationReconciler:
                 extra=fields(configuration=key),
             )
             return None
+        refused = self._refusal(key, config)
+        if refused is not None:
+            log.warning(
+                "Configuration %s refused on this node: %s",
+                key,
+                refused[1],
+                extra=fields(configuration=key),
+            )
+            self._stop(key)
+            self.view.set_devices(key, {})
+            await self._leave_all(namespace, name)
+            await self._write_status(config, None, None, refused=refused)
+            return None
         unsolvable: str | None = None
         try:
             properties = await self._properties(config)
         except UnsolvableProperty as exc:
             unsolvable = str(exc)
+            reason = exc.reason if isinstance(exc, OtherNamespace) else "UnsolvableProperty"
+            if isinstance(exc, OtherNamespace):
+                log.warning(
+                    "Configuration %s: %s", key, unsolvable, extra=fields(configuration=key)
+                )
             self._stop(key)
             self.view.set_devices(key, {})
-            await self._write_status(config, None, unsolvable)
-            return Requeue(RETRY_UNSOLVABLE_S)
+            await self._write_status(config, None, unsolvable, unsolvable_reason=reason)
+            return None if isinstance(exc, OtherNamespace) else Requeue(RETRY_UNSOLVABLE_S)
         handler = config.spec.discovery_handler
         request = DiscoveryRequest(str(key), handler.name, handler.discovery_details, properties)
         running = self._ensure(key, request)
         result = running.result
         if result is None:
             return None  # the discovery task enqueues us with its first result
+        existing = self._instances_of(namespace, name)
+        # One device per Instance name, the same one the plan writes into the Instance.
+        assignment = plan_.assign(self.node, config, result.devices, existing)
+        if assignment.collisions != self.collisions.get(key, ()):
+            self.collisions[key] = assignment.collisions
+            for line in assignment.collisions:
+                log.warning("Configuration %s: %s", key, line, extra=fields(configuration=key))
         devices = {
-            ObjectKey(
-                namespace, plan_.instance_name_for(name, f.device.id, f.shared, self.node)
-            ): f.device
-            for f in result.devices
+            ObjectKey(namespace, instance): found.device
+            for instance, found in assignment.devices.items()
         }
         self.view.set_devices(key, devices)
         self.events.devices(key, devices)
-        existing = self._instances_of(namespace, name)
         ops = plan_.plan(self.node, config, result.devices, existing)
         requeue = None
         waited = trio.current_time() - running.started_at
@@ -214,10 +297,39 @@ class ConfigurationReconciler:
             ops = [op for op in ops if not _departs(op)]
             requeue = Requeue(HANDLER_GRACE_S - waited)
         await self._execute_all(key, config.metadata.uid, namespace, ops)
-        await self._write_status(config, result, unsolvable)
+        await self._write_status(
+            config, result, unsolvable, refused_devices=[*result.refused, *assignment.collisions]
+        )
         if self.metrics is not None:
             self._count_instances(key, namespace, name)
         return requeue
+
+    def _same_name(self, name: str) -> dict[ObjectKey, JSON]:
+        try:
+            return self.configs.select(BY_NAME, name)
+        except KeyError:  # a store built without the index
+            return {k: o for k, o in self.configs.snapshot().items() if k.name == name}
+
+    def _refusal(self, key: ObjectKey, config: Configuration) -> tuple[str, str] | None:
+        """(reason, message) when this node must serve nothing of `config`."""
+        same_name = self._same_name(key.name)
+        owner = tenants.name_owner(same_name) or key
+        # Siblings whose last decision this one changes are decided again.
+        for sibling in tenants.siblings(same_name, key):
+            if self.name_refused.get(sibling) != (owner if sibling != owner else None):
+                self.enqueue(sibling)
+        if owner != key:
+            self.name_refused[key] = owner
+            return tenants.REASON, tenants.refusal(key, owner)
+        self.name_refused.pop(key, None)
+        capacity = config.spec.capacity
+        if capacity > self.limits.max_capacity:
+            return (
+                "CapacityTooLarge",
+                f"capacity {capacity} is over this agent's maximum {self.limits.max_capacity} "
+                "(--max-capacity): each slot is a kubelet device and a deviceUsage entry",
+            )
+        return None
 
     def _count_instances(self, key: ObjectKey, namespace: str, name: str) -> None:
         assert self.metrics is not None
@@ -376,7 +488,14 @@ class ConfigurationReconciler:
                 await self._depart(namespace, plan_.departure(inst, self.node))
 
     async def _write_status(
-        self, config: Configuration, result: DiscoveryResult | None, unsolvable: str | None
+        self,
+        config: Configuration,
+        result: DiscoveryResult | None,
+        unsolvable: str | None,
+        *,
+        unsolvable_reason: str = "UnsolvableProperty",
+        refused_devices: list[str] | None = None,
+        refused: tuple[str, str] | None = None,
     ) -> None:
         namespace, name = config.metadata.namespace, config.metadata.name
         entries = (config.status or {}).get("nodes") or []
@@ -400,6 +519,9 @@ class ConfigurationReconciler:
             previous=previous,
             now=_iso(time.time()),
             to_wall=lambda t: _iso(t + wall_minus_trio),
+            unsolvable_reason=unsolvable_reason,
+            refused_devices=refused_devices or [],
+            refused=refused,
             broker_info_problems=(
                 None
                 if self.broker_info_problems is None

@@ -3,8 +3,10 @@
 A Configuration names a handler (`discoveryHandler.name`); every endpoint registered under
 that name on this node (embedded, Unix socket or network; including endpoints that register
 later) gets one Discover stream for this Configuration. Each message on a stream is that
-endpoint's full device list and replaces its previous one; the lists are merged (first
-endpoint wins a duplicated id) and each device carries its endpoint's `shared` flag.
+endpoint's full device list and replaces its previous one. Each list is checked first
+(discovery.device_rules: a device that fails is dropped with a reason for the status); the lists
+are then merged (first endpoint wins a duplicated id), cut to the per-Configuration cap, and each
+device carries its endpoint's `shared` flag.
 
 A stream that ends or fails drops its endpoint's devices at once and marks it Offline; we
 reconnect with backoff while it stays registered (a re-registration retries at once). An
@@ -28,6 +30,7 @@ import attrs
 import purerpc
 import trio
 
+from akri_trio.discovery.device_rules import DeviceRules, check_devices
 from akri_trio.discovery.interface import InvalidDetails, discover_changes
 from akri_trio.discovery.registry import (
     EndpointType,
@@ -57,7 +60,10 @@ class DiscoveryRequest:
     key: str
     handler: str
     details: str = ""
-    properties: Mapping[str, bytes | None] = attrs.field(factory=dict)
+    # Values may be resolved Secrets: a repr (a log line, a traceback) names the keys only.
+    properties: Mapping[str, bytes | None] = attrs.field(
+        factory=dict, repr=lambda props: f"<{len(props)} properties: {', '.join(sorted(props))}>"
+    )
 
 
 @attrs.frozen
@@ -80,6 +86,8 @@ class DiscoveryResult:
     pending: tuple[str, ...] = ()
     # The problems (a subset of `problems`) that are handlers rejecting discoveryDetails.
     invalid: tuple[str, ...] = ()
+    # Devices dropped (device_rules) or cut by the per-Configuration cap, one line each.
+    refused: tuple[str, ...] = ()
 
 
 def merge(
@@ -114,11 +122,14 @@ class _Discovery:
         registry: Registry,
         request: DiscoveryRequest,
         backoff: Backoff,
+        rules: DeviceRules,
     ) -> None:
         self.registry = registry
         self.request = request
         self.backoff = backoff
+        self.rules = rules
         self.lists: dict[str, list[Device]] = {}
+        self.refused: dict[str, list[str]] = {}  # endpoint -> devices dropped from its list
         self.invalid: dict[str, str] = {}  # endpoint -> the handler's InvalidArgument message
         self.tasks: dict[str, trio.CancelScope] = {}
         self.retry_now: dict[str, trio.Event] = {}
@@ -141,6 +152,7 @@ class _Discovery:
                 scope.cancel()
                 del self.tasks[endpoint]
                 self.lists.pop(endpoint, None)
+                self.refused.pop(endpoint, None)
                 self.invalid.pop(endpoint, None)
                 self.retry_now.pop(endpoint, None)
         for endpoint in current:
@@ -175,12 +187,27 @@ class _Discovery:
                 and not isinstance(statuses.get(endpoint), Offline)
             )
         )
+        refused = [
+            f"{endpoint}: {line}"
+            for endpoint in sorted(self.refused)
+            if endpoint in registrations
+            for line in self.refused[endpoint]
+        ]
+        devices = merge(self.lists, registrations)
+        cap = self.rules.max_configuration_devices
+        if len(devices) > cap:
+            refused.append(
+                f"{len(devices)} devices discovered; only the first {cap} by id are used "
+                "(the agent's --max-devices-per-configuration)"
+            )
+            devices = devices[:cap]
         return DiscoveryResult(
-            devices=merge(self.lists, registrations),
+            devices=devices,
             problems=tuple(problems),
             handlers=statuses,
             pending=pending,
             invalid=tuple(invalid),
+            refused=tuple(refused),
         )
 
     # ---- one endpoint -------------------------------------------------------------------------
@@ -227,7 +254,19 @@ class _Discovery:
         def accept(devices: list[Device]) -> None:
             nonlocal got_messages
             got_messages = True
-            self.lists[endpoint] = devices
+            kept, refused = check_devices(devices, self.rules)
+            if refused and refused != self.refused.get(endpoint):
+                log.warning(
+                    "discovery handler %s at %s (%s): %s",
+                    name,
+                    endpoint,
+                    user,
+                    "; ".join(refused[:10])
+                    + (f"; and {len(refused) - 10} more" if len(refused) > 10 else ""),
+                    extra=fields(configuration=user, handler=name, endpoint=endpoint),
+                )
+            self.lists[endpoint] = kept
+            self.refused[endpoint] = refused
             self.invalid.pop(endpoint, None)
             self.wake.set()
 
@@ -265,6 +304,7 @@ class _Discovery:
             raise
         finally:
             self.lists.pop(endpoint, None)
+            self.refused.pop(endpoint, None)
             self.wake.set()
             if outcome == "lost" and not cancelled:
                 self.registry.stream_lost(name, endpoint, user)
@@ -303,6 +343,7 @@ async def run_configuration_discovery(
     send: Callable[[DiscoveryResult], Awaitable[None]],
     *,
     backoff: Backoff = RECONNECT_BACKOFF,
+    rules: DeviceRules | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Discover devices for one Configuration until cancelled (see the module docstring).
@@ -311,7 +352,7 @@ async def run_configuration_discovery(
     are starting, then on every change (it may block; changes meanwhile are coalesced).
     Reports started once subscribed to the registry, so no later registration is missed.
     """
-    state = _Discovery(registry, request, backoff)
+    state = _Discovery(registry, request, backoff, rules or DeviceRules())
     unsubscribe = registry.subscribe(state.on_registry_event)
     try:
         async with trio.open_nursery() as nursery:

@@ -21,6 +21,8 @@ CONDITION_REASONS = {
     "HandlerAvailable": "HandlerUnavailable",
     "DiscoveryDetailsValid": "DiscoveryDetailsRejected",
     "PropertiesResolved": "PropertiesUnresolved",
+    "Accepted": "ConfigurationRefused",
+    "DevicesAccepted": "DevicesRefused",
     "BrokerInfoValid": "BrokerInfoSkipped",
 }
 

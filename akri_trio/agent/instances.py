@@ -26,6 +26,7 @@ from typing import Protocol
 
 import attrs
 
+from akri_trio.discovery.device_rules import shown
 from akri_trio.model import naming
 from akri_trio.model.device import Device
 from akri_trio.model.resources import JSON, Configuration, Instance
@@ -145,6 +146,49 @@ def _up_to_date(existing: Instance, config: Configuration, found: Found, node: s
     )
 
 
+@attrs.frozen
+class Assignment:
+    """Which discovered device each Instance name stands for, and the hash collisions met."""
+
+    devices: dict[str, Found]
+    collisions: tuple[str, ...] = ()
+
+
+def assign(
+    node: str, config: Configuration, discovered: Iterable[Found], existing: Mapping[str, Instance]
+) -> Assignment:
+    """Instance name -> the one device it stands for. An Instance's name holds 24 bits of its
+    device id's hash, so two ids can share it; then one device wins, the same one for the plan
+    (whose properties the Instance carries) and for the plugin (whose mounts and device nodes
+    Allocate hands out): the device the existing Instance already describes (its broker
+    properties), else the lowest id. The loser is reported, never served."""
+    groups: dict[str, list[Found]] = {}
+    for found in discovered:
+        name = instance_name_for(config.metadata.name, found.device.id, found.shared, node)
+        groups.setdefault(name, []).append(found)
+    chosen: dict[str, Found] = {}
+    collisions: list[str] = []
+    for name, candidates in sorted(groups.items()):
+        candidates.sort(key=lambda f: f.device.id)
+        winner = candidates[0]
+        current = existing.get(name)
+        if current is not None and len(candidates) > 1:
+            described = [
+                f
+                for f in candidates
+                if broker_properties(f.device, config) == current.spec.broker_properties
+            ]
+            winner = described[0] if described else winner
+        chosen[name] = winner
+        losers = [f.device.id for f in candidates if f is not winner]
+        if losers:
+            collisions.append(
+                f"device ids {', '.join(shown(i) for i in losers)} hash to Instance {name} "
+                f"as {shown(winner.device.id)} does; only {shown(winner.device.id)} is used"
+            )
+    return Assignment(chosen, tuple(collisions))
+
+
 def plan(
     node: str,
     config: Configuration,
@@ -158,11 +202,7 @@ def plan(
     if still present, comes back as a new Instance once the old one is gone.
     """
     ops: list[Operation] = []
-    wanted: dict[str, Found] = {}
-    for found in discovered:
-        wanted.setdefault(
-            instance_name_for(config.metadata.name, found.device.id, found.shared, node), found
-        )
+    wanted = assign(node, config, discovered, existing).devices
     for name, found in sorted(wanted.items()):
         current = existing.get(name)
         if current is not None and current.metadata.deletion_timestamp is not None:

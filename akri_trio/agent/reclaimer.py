@@ -22,6 +22,7 @@ import trio
 
 from akri_trio.address import ObjectKey
 from akri_trio.agent.plugins.claims import ClaimFailed, Claims, InstanceGone
+from akri_trio.agent.plugins.slots import slot_index
 from akri_trio.agent.reclaim import DeviceKey, ReclaimState, device_key
 from akri_trio.agent.view import NodeView
 from akri_trio.model import naming
@@ -59,6 +60,8 @@ def held_devices(view: NodeView) -> dict[DeviceKey, Holding]:
     for inst in view.instances():
         key = inst.metadata.key
         for slot, value in inst.spec.device_usage.items():
+            if slot_index(inst.metadata.name, slot) is None:
+                continue  # not a slot (see slots.poisoned_keys): never ours to free
             match naming.parse_usage(value):
                 case naming.NodeClaim(node) if node == view.node:
                     held[device_key(inst.metadata.name, slot)] = Holding(key, slot, None)

@@ -34,7 +34,11 @@ import trio
 
 from akri_trio.agent.brokerinfo import DEFAULT_PERIOD_S as BROKER_INFO_PERIOD_S
 from akri_trio.agent.brokerinfo import BrokerInfo, Limits
-from akri_trio.agent.configurations import ConfigurationReconciler
+from akri_trio.agent.configurations import (
+    CONFIG_INDEXES,
+    ConfigurationLimits,
+    ConfigurationReconciler,
+)
 from akri_trio.agent.events import AgentEvents
 from akri_trio.agent.metrics import AgentMetrics
 from akri_trio.agent.plugins.claims import Claims
@@ -45,7 +49,12 @@ from akri_trio.agent.view import NodeView, config_key
 from akri_trio.discovery.handlers import load_handler
 from akri_trio.discovery.handlers.debug_echo import DebugEcho
 from akri_trio.discovery.interface import AnyHandler
-from akri_trio.discovery.registration import serve_registration
+from akri_trio.discovery.registration import (
+    GROUP_SOCKET_MODE,
+    SOCKET_MODE,
+    serve_registration,
+    share_with_group,
+)
 from akri_trio.discovery.registry import Registry, embedded
 from akri_trio.kube import (
     Change,
@@ -76,6 +85,8 @@ class AgentSettings:
     pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
     kubeconfig: Path | None = None
     namespace: str | None = None  # watch Configurations/Instances in this namespace only
+    configuration_selector: str | None = None  # watch only the Configurations it selects
+    handler_group: int | None = None  # discovery handlers of this group may register (non-root)
     embedded_handlers: tuple[str, ...] = ()  # built-in handlers to run in-process, by name
     # Handler objects to run in-process (programmatic embedding: custom handlers, tests).
     handlers: tuple[AnyHandler, ...] = ()
@@ -86,6 +97,8 @@ class AgentSettings:
     metrics_host: str = "0.0.0.0"
     reclaim_period: float = DEFAULT_PERIOD_S
     reclaim_grace: float | None = None
+    # What one Configuration may cost this node.
+    limits: ConfigurationLimits = attrs.field(factory=ConfigurationLimits)
     broker_info_dir: Path | None = None  # brokerInfo off when None
     broker_info_limits: Limits = attrs.field(factory=Limits)
     broker_info_period: float = BROKER_INFO_PERIOD_S
@@ -180,7 +193,7 @@ async def run_agent(
     metrics = AgentMetrics()
     registry.subscribe(lambda _: metrics.update_handlers(registry))
     metrics.update_handlers(registry)
-    configs = Store(transform=drop_managed_fields)
+    configs = Store(transform=drop_managed_fields, indexes=CONFIG_INDEXES)
     instances = Store(transform=drop_managed_fields)
     claims = Claims(api, view)
     recorder = EventRecorder(api, "akri-agent", settings.node)
@@ -211,6 +224,8 @@ async def run_agent(
         on_slots_freed=events.slots_reclaimed,
     )
     settings.discovery_handlers_directory.mkdir(parents=True, exist_ok=True)
+    if settings.handler_group is not None:
+        share_with_group(settings.discovery_handlers_directory, settings.handler_group)
     async with trio.open_nursery() as root:
         root.start_soon(recorder.run)
         port = None
@@ -228,12 +243,24 @@ async def run_agent(
                 )
             )
         await root.start(
-            serve_registration,
+            functools.partial(
+                serve_registration,
+                mode=SOCKET_MODE if settings.handler_group is None else GROUP_SOCKET_MODE,
+            ),
             registry,
             settings.discovery_handlers_directory / REGISTRATION_SOCKET,
         )
         ns = settings.namespace
-        root.start_soon(functools.partial(reflect, api, CONFIGURATIONS, configs, namespace=ns))
+        root.start_soon(
+            functools.partial(
+                reflect,
+                api,
+                CONFIGURATIONS,
+                configs,
+                namespace=ns,
+                label_selector=settings.configuration_selector,
+            )
+        )
         root.start_soon(functools.partial(reflect, api, INSTANCES, instances, namespace=ns))
         with trio.fail_after(60):
             await configs.wait_synced()
@@ -248,6 +275,7 @@ async def run_agent(
             discovery_nursery,
             lambda key: controller.queue.enqueue(key),
             metrics,
+            settings.limits,
         )
         reconciler.events = events
         # No drain: the reconcile is cancel-safe (a restarted agent redoes every write), and

@@ -11,10 +11,19 @@ an unchanged situation produces an identical entry and therefore no write.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 from akri_trio.discovery.registry import Active, HandlerStatus, Offline, Waiting
 from akri_trio.model.resources import JSON
+
+# Lines a condition message lists before "and N more": a status stays small whatever a handler
+# sends.
+MAX_LISTED: Final = 10
+
+
+def _listed(lines: Sequence[str]) -> str:
+    more = len(lines) - MAX_LISTED
+    return "; ".join(lines[:MAX_LISTED]) + (f"; and {more} more" if more > 0 else "")
 
 
 def _handler_state(status: HandlerStatus, to_wall: Callable[[float], str]) -> JSON:
@@ -55,14 +64,22 @@ def node_entry(
     previous: Mapping[str, Any] | None,
     now: str,
     to_wall: Callable[[float], str],
+    unsolvable_reason: str = "UnsolvableProperty",
+    refused_devices: Sequence[str] = (),
+    refused: tuple[str, str] | None = None,
     broker_info_problems: Sequence[str] | None = None,
 ) -> JSON:
     """The status entry for `node`; `previous` is its current entry (or None).
-    `broker_info_problems`: files brokerInfo skipped (None: brokerInfo is off, no condition)."""
+
+    `refused_devices`: devices dropped or cut (DevicesAccepted). `refused`: (reason, message)
+    when this node serves nothing of the Configuration at all (Accepted), e.g. its name is
+    another namespace's on this node's kubelet, or its capacity is over the agent's maximum.
+    `broker_info_problems`: files brokerInfo skipped (None: brokerInfo is off, no condition).
+    """
     prev_conditions = {c["type"]: c for c in (previous or {}).get("conditions") or []}
     if unsolvable is not None:
         props = _condition(
-            "PropertiesResolved", False, "UnsolvableProperty", unsolvable, prev_conditions, now
+            "PropertiesResolved", False, unsolvable_reason, unsolvable, prev_conditions, now
         )
     else:
         props = _condition("PropertiesResolved", True, "Resolved", "", prev_conditions, now)
@@ -95,7 +112,22 @@ def node_entry(
         )
     else:
         details = _condition("DiscoveryDetailsValid", True, "Valid", "", prev_conditions, now)
-    conditions = [available, details, props]
+    if refused_devices:
+        devices = _condition(
+            "DevicesAccepted",
+            False,
+            "DevicesRefused",
+            _listed(refused_devices),
+            prev_conditions,
+            now,
+        )
+    else:
+        devices = _condition("DevicesAccepted", True, "Accepted", "", prev_conditions, now)
+    if refused is not None:
+        accepted = _condition("Accepted", False, refused[0], refused[1], prev_conditions, now)
+    else:
+        accepted = _condition("Accepted", True, "Accepted", "", prev_conditions, now)
+    conditions = [accepted, available, details, props, devices]
     if broker_info_problems is not None:
         conditions.append(
             _condition(

@@ -11,16 +11,24 @@ API server's answer at once, so the kubelet hears about a claim without waiting 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, Final
 
 import trio
 
 from akri_trio.address import ObjectKey
+from akri_trio.agent.plugins.slots import poisoned_keys
 from akri_trio.kube.store import drop_managed_fields
 from akri_trio.model.convert import structure
 from akri_trio.model.device import Device
 from akri_trio.model.resources import JSON, Instance
+
+log = logging.getLogger(__name__)
+
+# deviceUsage keys reported as "not a slot" (instance, key) remembered so each is logged once;
+# forgotten wholesale past this many, so a flood of junk keys cannot grow the agent's memory.
+MAX_REPORTED_KEYS: Final = 10_000
 
 
 class Changes:
@@ -74,6 +82,7 @@ class NodeView:
         self._gone: dict[ObjectKey, int] = {}  # key -> resourceVersion at which it was deleted
         self._devices: dict[ObjectKey, Device] = {}  # instance key -> device this node discovered
         self._devices_by_config: dict[ObjectKey, dict[ObjectKey, Device]] = {}
+        self._reported: set[tuple[ObjectKey, str]] = set()
 
     def changes_of(self, key: ObjectKey) -> Changes:
         changes = self._keyed.get(key)
@@ -131,12 +140,29 @@ class NodeView:
         self._gone.pop(key, None)
         inst = structure(obj, Instance)
         if held != inst:
+            if held is None or held.spec.device_usage != inst.spec.device_usage:
+                self._report_poisoned(inst)
             self._instances[key] = inst
             configs = {config_key(inst)} | ({config_key(held)} if held else set())
             self._notify(
                 key, *configs, membership=held is None or _membership(held) != _membership(inst)
             )
         return inst
+
+    def _report_poisoned(self, inst: Instance) -> None:
+        key = inst.metadata.key
+        for usage_key in poisoned_keys(key.name, inst.spec.device_usage):
+            if (key, usage_key) in self._reported:
+                continue
+            if len(self._reported) >= MAX_REPORTED_KEYS:
+                self._reported.clear()
+            self._reported.add((key, usage_key))
+            shown = (
+                usage_key
+                if len(usage_key) <= 80
+                else f"{usage_key[:80]}... ({len(usage_key)} chars)"
+            )
+            log.warning("Instance %s: deviceUsage key %r is not a slot; ignored", key, shown)
 
     def drop_instance(self, key: ObjectKey) -> None:
         held = self._instances.pop(key, None)

@@ -1,12 +1,14 @@
 """The agent's v0.Registration server: where discovery handlers announce themselves.
 
-Handlers call RegisterDiscoveryHandler on `$DISCOVERY_HANDLERS_DIRECTORY/agent-registration.sock`
-(mode 0600: only the node's privileged handlers may register). Requests are validated here,
-purely, before anything reaches the registry: an empty or overlong name, or an endpoint that
-is overlong or does not match its type, is answered with InvalidArgument and a message saying
-what is wrong; no request can crash the server, and what is logged of a request is bounded.
-The same task also removes handlers that stayed Offline past their grace period on time,
-since the registry itself has no clock to wake it.
+Handlers call RegisterDiscoveryHandler on
+`$DISCOVERY_HANDLERS_DIRECTORY/agent-registration.sock` (mode 0600: only the node's privileged
+handlers may register; with a handler group, see `share_with_group`, 0660 and that group's
+handlers too, which then run as non-root). Requests are validated here, purely, before anything
+reaches the registry: an empty or overlong name, or an endpoint that is overlong or does not
+match its type, is answered with InvalidArgument and a message saying what is wrong; no request
+can crash the server, and what is logged of a request is bounded. The same task also removes
+handlers that stayed Offline past their grace period on time, since the registry itself has no
+clock to wake it.
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ log = logging.getLogger(__name__)
 
 SOCKET_NAME: Final = "agent-registration.sock"
 SOCKET_MODE: Final = 0o600
+GROUP_SOCKET_MODE: Final = 0o660
+# setgid: what handlers create here (their sockets) belongs to the group, so the agent, a
+# member, can connect to them without root's DAC override (the DaemonSet drops ALL caps).
+GROUP_DIRECTORY_MODE: Final = 0o2770
 # Upstream's handler names are a word ("udev", "debugEcho"); a Unix socket path is at most
 # 108 bytes and an http://host:port endpoint not much longer.
 MAX_NAME_LENGTH: Final = 128
@@ -129,19 +135,32 @@ async def expire_offline(registry: Registry) -> None:
         unsubscribe()
 
 
+def share_with_group(directory: Path, gid: int) -> None:
+    """Let the handlers of group `gid` (non-root) use the handlers directory: group `gid`,
+    mode 2770. The agent owns the directory; changing its group to one the agent is a member
+    of (the Pod's supplementalGroups) needs no capability."""
+    try:
+        if directory.stat().st_gid != gid:
+            os.chown(directory, -1, gid)
+        os.chmod(directory, GROUP_DIRECTORY_MODE)
+    except PermissionError as exc:
+        # Not ours to change (another owner, or the agent is not in the group): root's
+        # handlers still work; the group's cannot register, and this says why.
+        log.error("cannot share %s with group %d: %s", directory, gid, exc)
+
+
 async def serve_registration(
     registry: Registry,
     socket_path: Path,
     *,
+    mode: int = SOCKET_MODE,
     task_status: trio.TaskStatus[Path] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve v0.Registration on `socket_path` (mode 0600; a stale file is replaced, ours is
-    removed on the way out) and expire Offline handlers, until cancelled."""
+    """Serve v0.Registration on `socket_path` (`mode`, 0600 by default; a stale file is
+    replaced, ours is removed on the way out) and expire Offline handlers, until cancelled."""
     async with trio.open_nursery() as nursery:
         nursery.start_soon(expire_offline, registry)
         path: Path = await nursery.start(
-            functools.partial(
-                serve_unix, socket_path, RegistrationService(registry), mode=SOCKET_MODE
-            )
+            functools.partial(serve_unix, socket_path, RegistrationService(registry), mode=mode)
         )
         task_status.started(path)

@@ -43,6 +43,9 @@ REGISTRATION_SOCKET: Final = "agent-registration.sock"
 REGISTER_BACKOFF: Final = Backoff(base=0.5, cap=10.0)  # upstream retries every 10 s
 WATCH_INTERVAL_S: Final = 1.0
 REGISTER_TIMEOUT_S: Final = 10.0
+# The agent connects to us: as our group (a handler run as non-root shares its group with the
+# agent, see registration.share_with_group), or as root.
+SOCKET_MODE: Final = 0o660
 
 
 def handlers_directory(env: Mapping[str, str]) -> Path:
@@ -210,7 +213,9 @@ async def run_standalone(
     async with trio.open_nursery() as nursery:
         service = DiscoveryHandlerService(handler, nursery, on_client_gone=nudge.set)
         if socket_path is not None:
-            await nursery.start(serve_unix, socket_path, service)
+            await nursery.start(
+                functools.partial(serve_unix, mode=SOCKET_MODE), socket_path, service
+            )
             endpoint = os.fspath(socket_path)
             kind = pb.RegisterDiscoveryHandlerRequest.UDS
         else:

@@ -68,10 +68,21 @@ class BadId(ValueError):
     """A slot or vdev id that does not have the `<name>-<non-negative int>` shape."""
 
 
+# Longest index text a slot or vdev id may carry. Capacities stay far below 10**9; anyone can
+# write any key into deviceUsage, and int() of a longer string costs time (and past 4300
+# digits raises ValueError), so a longer "index" is simply not an index.
+MAX_INDEX_DIGITS: Final = 9
+
+
 def _is_index(text: str) -> bool:
     """Canonical decimal: ASCII digits (str.isdigit alone admits '²', which int() refuses),
-    no leading zero."""
-    return text.isascii() and text.isdigit() and (len(text) == 1 or text[0] != "0")
+    no leading zero, at most MAX_INDEX_DIGITS long."""
+    return (
+        0 < len(text) <= MAX_INDEX_DIGITS
+        and text.isascii()
+        and text.isdigit()
+        and (len(text) == 1 or text[0] != "0")
+    )
 
 
 def index_after(prefix: str, device_id: str) -> int | None:

@@ -6,6 +6,7 @@ ValidatingWebhookConfiguration (certs). The edges, the HTTPS server (server) and
 (cli), are not imported here, so using the cores never pulls in trio or the kube client.
 """
 
+from akri_trio.model.limits import MAX_CAPACITY
 from akri_trio.webhook.certs import (
     ServingCerts,
     service_dns_names,
@@ -15,7 +16,6 @@ from akri_trio.webhook.certs import (
 from akri_trio.webhook.openapi import Schemas, is_quantity
 from akri_trio.webhook.parsers import Parser, builtin_parser
 from akri_trio.webhook.validate import (
-    MAX_CAPACITY,
     BadReview,
     review,
     validate_configuration,

@@ -28,14 +28,12 @@ from typing import Any, Final
 
 from akri_trio.discovery.interface import InvalidDetails
 from akri_trio.model import convert
+from akri_trio.model.limits import MAX_CAPACITY
 from akri_trio.model.resources import ConfigurationSpec, DiscoveryProperty, KeyRef
 from akri_trio.webhook import openapi
 from akri_trio.webhook.openapi import Schemas
 from akri_trio.webhook.parsers import Parser, builtin_parser
 
-# Slots per Instance. Each is a kubelet device and a possible deviceUsage entry on a shared
-# object, and no device is shared by more workloads than this.
-MAX_CAPACITY: Final = 1024
 # An Instance is named `<configuration>-<6 hex>` and must fit in 253 characters.
 MAX_NAME: Final = 253 - 7
 REVIEW_VERSIONS: Final = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")

@@ -144,9 +144,11 @@ async def test_discovered_devices_become_instances_and_plugins(akri: Client, nod
     status = (await akri.get(CONFIGURATIONS, "echo", namespace=NS))["status"]["nodes"][0]
     assert status["node"] == "node-a" and status["instances"] == 2
     assert {c["type"]: c["status"] for c in status["conditions"]} == {
+        "Accepted": "True",
         "HandlerAvailable": "True",
         "DiscoveryDetailsValid": "True",
         "PropertiesResolved": "True",
+        "DevicesAccepted": "True",
     }
 
 

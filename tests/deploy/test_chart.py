@@ -69,6 +69,8 @@ def test_defaults_make_the_agent_the_controller_and_the_cleanup_hook() -> None:
         ("ServiceAccount", "akri-agent-sa"),
         ("ClusterRole", "akri-agent-role"),
         ("ClusterRoleBinding", "akri-agent-binding"),
+        ("ClusterRole", "akri-agent-secrets-role"),
+        ("ClusterRoleBinding", "akri-agent-secrets-binding"),
         ("DaemonSet", "akri-agent-daemonset"),
         ("ServiceAccount", "akri-controller-sa"),
         ("ClusterRole", "akri-controller-role"),
@@ -99,10 +101,34 @@ def test_every_pod_is_locked_down() -> None:
             assert sc["capabilities"] == {"drop": ["ALL"]}, name
             assert sc["allowPrivilegeEscalation"] is False, name
             assert sc["readOnlyRootFilesystem"] is True, name
-            root = obj["kind"] == "DaemonSet"  # the agent and handlers use root's sockets
+            root = name == "akri-agent-daemonset"  # the kubelet's sockets are root's
             assert sc["runAsNonRoot"] is (not root), name
             assert sc["runAsUser"] == (0 if root else 65532), name
             assert "privileged" not in sc, name
+
+
+def test_handlers_run_as_the_agents_handler_group_or_as_root_without_it() -> None:
+    objects = render({**EVERYTHING, "agent": {"metricsHost": "10.1.2.3"}})
+    agent = pod_spec(one(objects, "DaemonSet", "akri-agent-daemonset"))
+    assert agent["securityContext"]["supplementalGroups"] == [65532]
+    env = env_of(agent["containers"][0])
+    assert env["AKRI_HANDLER_GROUP"] == "65532" and env["METRICS_HOST"] == "10.1.2.3"
+    handlers = [
+        o for o in by_kind(objects, "DaemonSet").values()
+        if o["metadata"]["name"] != "akri-agent-daemonset"
+    ]  # fmt: skip
+    assert len(handlers) == 6
+    for ds in handlers:
+        (c,) = pod_spec(ds)["containers"]
+        sc = c["securityContext"]
+        assert (sc["runAsNonRoot"], sc["runAsUser"], sc["runAsGroup"]) == (True, 65532, 65532)
+        assert sc["readOnlyRootFilesystem"] is True and sc["capabilities"] == {"drop": ["ALL"]}
+    as_root = render({**EVERYTHING, "agent": {"handlerGroup": ""}})
+    agent = pod_spec(one(as_root, "DaemonSet", "akri-agent-daemonset"))
+    assert "supplementalGroups" not in agent["securityContext"]
+    assert "AKRI_HANDLER_GROUP" not in env_of(agent["containers"][0])
+    udev = pod_spec(one(as_root, "DaemonSet", "akri-udev-discovery-daemonset"))
+    assert udev["containers"][0]["securityContext"]["runAsUser"] == 0
 
 
 def test_agent_daemonset() -> None:
@@ -171,8 +197,42 @@ def test_agent_rbac_is_the_tested_manifests() -> None:
         ("webhook.yaml", "akri-webhook-role"),
     ):
         docs = list(yaml.safe_load_all((REPO / "k8s" / manifest).read_text()))
-        (tested,) = [d for d in docs if d["kind"] == "ClusterRole"]
-        assert one(objects, "ClusterRole", role)["rules"] == tested["rules"]
+        tested = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ClusterRole"}
+        assert role in tested
+        for name, cluster_role in tested.items():
+            assert one(objects, "ClusterRole", name)["rules"] == cluster_role["rules"]
+
+
+def test_agent_secrets_are_readable_everywhere_or_per_namespace() -> None:
+    """Secrets and ConfigMaps apart from the rest: a RoleBinding per rbac.secretsNamespaces
+    entry, else one ClusterRoleBinding (k8s/agent.yaml's)."""
+    everywhere = render()
+    role = one(everywhere, "ClusterRole", "akri-agent-secrets-role")
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["secrets", "configmaps"], "verbs": ["get"]}
+    ]
+    rules = one(everywhere, "ClusterRole", "akri-agent-role")["rules"]
+    assert not any("secrets" in r["resources"] for r in rules)
+    binding = one(everywhere, "ClusterRoleBinding", "akri-agent-secrets-binding")
+    assert binding["roleRef"]["name"] == "akri-agent-secrets-role"
+    assert "akri-agent-secrets" not in by_kind(everywhere, "RoleBinding")
+    scoped = render({"rbac": {"secretsNamespaces": ["team-a", "team-b"]}})
+    bindings = [
+        o
+        for o in scoped
+        if o["kind"] == "RoleBinding" and o["metadata"]["name"] == "akri-agent-secrets"
+    ]
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    for b in bindings:
+        assert b["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": "akri-agent-secrets-role",
+        }
+        assert b["subjects"] == [
+            {"kind": "ServiceAccount", "name": "akri-agent-sa", "namespace": "akri"}
+        ]
+    assert "akri-agent-secrets-binding" not in by_kind(scoped, "ClusterRoleBinding")
 
 
 def test_api_override_puts_api_clients_on_the_host_network() -> None:

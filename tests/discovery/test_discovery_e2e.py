@@ -22,6 +22,7 @@ from akri_trio.agent.discovery import (
     DiscoveryResult,
     run_configuration_discovery,
 )
+from akri_trio.discovery.device_rules import DeviceRules
 from akri_trio.discovery.handlers.debug_echo import PROPERTY, DebugEcho, DebugEchoDetails
 from akri_trio.discovery.interface import Properties, Send
 from akri_trio.discovery.registration import serve_registration
@@ -121,7 +122,11 @@ async def start_handler(
 
 
 async def discover(
-    nursery: trio.Nursery, registry: Registry, details: str = DETAILS, key: str = "default/cfg"
+    nursery: trio.Nursery,
+    registry: Registry,
+    details: str = DETAILS,
+    key: str = "default/cfg",
+    rules: DeviceRules | None = None,
 ) -> tuple[trio.CancelScope, Results]:
     results = Results()
     scope = trio.CancelScope()
@@ -130,7 +135,12 @@ async def discover(
     async def run(task_status: trio.TaskStatus[None]) -> None:
         with scope:
             await run_configuration_discovery(
-                registry, request, results.send.send, backoff=FAST, task_status=task_status
+                registry,
+                request,
+                results.send.send,
+                backoff=FAST,
+                rules=rules,
+                task_status=task_status,
             )
 
     await nursery.start(run)
@@ -292,6 +302,27 @@ async def test_embedded_handler_uses_the_same_path(tmp_path: Path) -> None:
             _, bad = await discover(nursery, registry, details="nope: 1", key="default/bad")
             result = await bad.until(lambda r: bool(r.problems))
             assert "discoveryDetails.descriptions: is required" in result.problems[0]
+            nursery.cancel_scope.cancel()
+
+
+async def test_bad_devices_are_dropped_and_lists_are_capped_with_reasons(tmp_path: Path) -> None:
+    registry = Registry(trio.current_time)
+    registry.register(embedded(echo(tmp_path, shared=True)))
+    rules = DeviceRules(max_devices=3, max_configuration_devices=2)
+    details = 'descriptions: [d3, "bad\\0", d1, d2, d1]'
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            _, results = await discover(nursery, registry, details=details, rules=rules)
+            found = await results.until(lambda r: bool(r.devices))
+            assert [d.device.id for d in found.devices] == ["d1", "d2"]
+            assert found.refused == (
+                "embedded-debugEcho: device 'bad\\x00' dropped: property "
+                "'DEBUG_ECHO_DESCRIPTION' holds a NUL character",
+                "embedded-debugEcho: device id 'd1' sent 2 times; only the first is considered",
+                "3 devices discovered; only the first 2 by id are used "
+                "(the agent's --max-devices-per-configuration)",
+            )
+            assert not found.problems  # the handler is fine: its devices are what is refused
             nursery.cancel_scope.cancel()
 
 

@@ -96,6 +96,11 @@ def test_condition_events_on_turning_false_or_a_new_message() -> None:
     assert condition_events(bad, worse) == [("DiscoveryDetailsRejected", "n1: bad: y")]
     props = _entry(PropertiesResolved=("False", "Secret ns/s missing"))
     assert condition_events(None, props) == [("PropertiesUnresolved", "n1: Secret ns/s missing")]
+    refused = _entry(Accepted=("False", "name taken"), DevicesAccepted=("False", "d dropped"))
+    assert condition_events(None, refused) == [
+        ("ConfigurationRefused", "n1: name taken"),
+        ("DevicesRefused", "n1: d dropped"),
+    ]
 
 
 def test_device_events() -> None:

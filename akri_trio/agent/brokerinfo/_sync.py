@@ -150,7 +150,7 @@ class BrokerInfo:
         inst = self.view.instance(key)
         return _rules.plan_dirs(
             names,
-            held=() if inst is None else held_by(inst.spec.device_usage, self.node),
+            held=() if inst is None else held_by(inst.spec.device_usage, self.node, key.name),
             serving=inst is not None and self.node in inst.spec.nodes,
             generation=None if inst is None else self.generation(config_key(inst)),
         )

@@ -61,10 +61,14 @@ def usage_field_manager(node: str) -> str:
     return f"dp-{node}"
 
 
-def held_by(usage: Mapping[str, str], node: str) -> dict[str, str]:
-    """The part of a deviceUsage map this node's field manager owns: its claims, both kinds."""
+def held_by(usage: Mapping[str, str], node: str, instance: str) -> dict[str, str]:
+    """The part of a deviceUsage map this node's field manager owns: its claims, both kinds,
+    on slots of `instance`. A key that is no slot is never ours, whatever its value: anyone may
+    write one (and a key of thousands of characters would make every write of ours fail)."""
     out: dict[str, str] = {}
     for key, value in usage.items():
+        if slots.slot_index(instance, key) is None:
+            continue
         match naming.parse_usage(value):
             case naming.NodeClaim(holder) if holder == node:
                 out[key] = value
@@ -149,7 +153,9 @@ class Claims:
         """Write this node's part of `usage` (nothing when it does not change): release what it
         gives up, then claim what it takes. A slot that changed hands raises Conflict or
         Invalid to the caller's retry loop."""
-        old, new = held_by(inst.spec.device_usage, self.node), held_by(usage, self.node)
+        name = inst.metadata.name
+        old = held_by(inst.spec.device_usage, self.node, name)
+        new = held_by(usage, self.node, name)
         if old == new:
             return inst
         manager = usage_field_manager(self.node)
@@ -312,9 +318,9 @@ class Claims:
             try:
                 inst = await self._fresh(key)
                 restored = {**inst.spec.device_usage}
-                for k in held_by(inst.spec.device_usage, self.node):
+                for k in held_by(inst.spec.device_usage, self.node, key.name):
                     restored.pop(k)
-                restored.update(held_by(before[key], self.node))
+                restored.update(held_by(before[key], self.node, key.name))
                 await self._write(inst, restored)
             except Exception as exc:  # the reclaimer frees what is left
                 log.warning("could not release claims on %s after a failed Allocate: %s", key, exc)

@@ -6,7 +6,7 @@ Allocate with its mounts and device nodes). A configuration-level plugin is desi
 least one of its Instances has one. `desired_plugins` decides that as a pure function; the
 manager starts each plugin in its own cancel scope under the plugin nursery and cancels it when
 it stops being desired (its socket is removed on the way out, and the kubelet sees the resource
-go away).
+go away). Two plugins never share a kubelet resource (`one_per_resource`).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from akri_trio.agent.plugins.service import (
     WorkloadMounts,
 )
 from akri_trio.agent.view import NodeView
+from akri_trio.model import naming
 from akri_trio.model.resources import Instance
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,35 @@ def desired_plugins(
     return out
 
 
+def resource_of(plugin: Plugin) -> str:
+    """The kubelet resource a plugin registers: one namespace for every Configuration's."""
+    name = plugin.key.name if isinstance(plugin, InstancePlugin) else plugin.config
+    return naming.resource_name(name)
+
+
+def one_per_resource(
+    desired: set[Plugin], running: Iterable[Plugin]
+) -> tuple[set[Plugin], list[str]]:
+    """At most one plugin per kubelet resource, and a line for each one left out.
+
+    Names can meet at the kubelet across namespaces or kinds (a Configuration named like
+    another's Instance, `cam-8120fe`): the kubelet keeps one registration per resource, so
+    two plugins would silently serve each other's Pods. The one already running keeps it,
+    else the first in (namespace, kind) order."""
+    running_now = set(running)
+    by_resource: dict[str, list[Plugin]] = {}
+    for plugin in desired:
+        by_resource.setdefault(resource_of(plugin), []).append(plugin)
+    kept: set[Plugin] = set()
+    dropped: list[str] = []
+    for resource, plugins in sorted(by_resource.items()):
+        plugins.sort(key=lambda p: (p not in running_now, _start_order(p)))
+        kept.add(plugins[0])
+        for other in plugins[1:]:
+            dropped.append(f"{resource}: {other} not served, {plugins[0]} has that resource")
+    return kept, dropped
+
+
 class PluginManager:
     workloads: WorkloadMounts | None = None  # brokerInfo directories, when the agent has them
 
@@ -83,11 +113,18 @@ class PluginManager:
         self.observe = observe
         self.running: dict[Plugin, trio.CancelScope] = {}
         self.registered: set[Plugin] = set()
+        self._dropped: list[str] = []
 
     def _desired(self) -> set[Plugin]:
-        return desired_plugins(
+        desired = desired_plugins(
             self.view.node, self.view.instances(), lambda k: self.view.device(k) is not None
         )
+        kept, dropped = one_per_resource(desired, self.running)
+        if dropped != self._dropped:
+            for line in dropped:
+                log.warning("kubelet resource collision: %s", line)
+            self._dropped = dropped
+        return kept
 
     def _members(self, plugin: ConfigPlugin) -> Callable[[], list[ObjectKey]]:
         def members() -> list[ObjectKey]:

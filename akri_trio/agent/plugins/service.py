@@ -28,6 +28,7 @@ from akri_trio.agent.plugins.claims import ClaimFailed, Claims, InstanceGone
 from akri_trio.agent.plugins.slots import DeviceView, InstanceSlots
 from akri_trio.agent.view import NodeView
 from akri_trio.model import naming
+from akri_trio.model.limits import KUBELET_MESSAGE_LIMIT
 from akri_trio.model.resources import Instance
 from akri_trio.rpc.gen import deviceplugin_v1beta1_grpc as dp_grpc
 from akri_trio.rpc.gen import deviceplugin_v1beta1_pb2 as dp
@@ -57,6 +58,39 @@ class Behaviour(Protocol):
     ) -> list[dp.ContainerAllocateResponse]: ...
 
     def preferred(self, available: Sequence[str], must: Sequence[str], size: int) -> list[str]: ...
+
+
+def _varint_size(n: int) -> int:
+    return max(1, (n.bit_length() + 6) // 7)
+
+
+def _field_size(payload: int) -> int:
+    """Bytes of one length-delimited protobuf field (tag < 16) carrying `payload` bytes."""
+    return 1 + _varint_size(payload) + payload
+
+
+def device_list_size(devices: Sequence[DeviceView]) -> int:
+    """The encoded size of the ListAndWatchResponse listing `devices`."""
+    return sum(_entry_size(d) for d in devices)
+
+
+def _entry_size(device: DeviceView) -> int:
+    health = HEALTHY if device.healthy else UNHEALTHY
+    ident = _field_size(len(device.id.encode())) if device.id else 0  # proto3 omits ""
+    return _field_size(ident + _field_size(len(health)))
+
+
+def within_message_limit(
+    devices: Sequence[DeviceView], limit: int = KUBELET_MESSAGE_LIMIT
+) -> list[DeviceView]:
+    """The longest head of `devices` whose ListAndWatch answer fits in `limit` bytes: the
+    kubelet drops a stream whose message is over its limit, and with it every device."""
+    total = 0
+    for i, device in enumerate(devices):
+        total += _entry_size(device)
+        if total > limit:
+            return list(devices[:i])
+    return list(devices)
 
 
 class WorkloadMounts(Protocol):
@@ -267,6 +301,15 @@ class DevicePluginService(dp_grpc.DevicePluginServicer):
             devices = self.behaviour.devices()
             if devices != last:
                 last = devices
+                fitting = within_message_limit(devices)
+                if len(fitting) < len(devices):
+                    log.warning(
+                        "%s: %d devices do not fit in the kubelet's message limit; %d are listed",
+                        self.behaviour.resource,
+                        len(devices),
+                        len(fitting),
+                    )
+                    devices = fitting
                 yield dp.ListAndWatchResponse(
                     devices=[
                         dp.Device(ID=d.id, health=HEALTHY if d.healthy else UNHEALTHY)

@@ -22,7 +22,9 @@ Decisions worth knowing:
   unhealthy, and a claim that would push the held count past capacity is `OverCapacity`. So
   after a capacity cut the number of users drains down to the new capacity and never grows.
 - Values we cannot decode are treated as held by an opaque owner (naming.parse_usage), never as
-  free; keys that are not slots of this instance are ignored and never touched.
+  free; keys that are not slots of this instance are ignored and never touched. That includes
+  keys shaped like a slot whose index no capacity allows (`<instance>-<5000 digits>`): they are
+  "not a slot", not an error, so nobody who can write an Instance stops its plugins.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import NamedTuple
 
 import attrs
 
+from akri_trio.model.limits import MAX_CAPACITY
 from akri_trio.model.naming import (
     FREE,
     NodeClaim,
@@ -93,8 +96,19 @@ class InstanceSlots:
 
 
 def slot_index(instance: str, slot: str) -> int | None:
-    """The index `i` if `slot` is `<instance>-<i>`, else None (whatever the capacity)."""
-    return index_after(instance, slot)
+    """The index `i` if `slot` is `<instance>-<i>` with `i < MAX_CAPACITY`, else None
+    (whatever the Instance's capacity). Anyone who may write an Instance can put any key in
+    its deviceUsage: a key no capacity could ever make a slot is "not a slot", so it neither
+    counts against the capacity nor stops an answer (see `poisoned_keys`)."""
+    index = index_after(instance, slot)
+    return index if index is not None and index < MAX_CAPACITY else None
+
+
+def poisoned_keys(instance: str, usage: Mapping[str, str]) -> list[str]:
+    """The deviceUsage keys of `instance` that look like its slots (`<instance>-...`) but are
+    not one: ignored everywhere, reported once by the agent."""
+    prefix = instance + "-"
+    return sorted(k for k in usage if k.startswith(prefix) and slot_index(instance, k) is None)
 
 
 def held_slots(instance: str, usage: Mapping[str, str]) -> dict[str, Usage]:

@@ -1,0 +1,132 @@
+"""What a discovery handler may send: the checks every device passes before the agent uses it.
+
+A handler, embedded or external over discovery.proto, is input like any other: its properties
+become environment variables of broker containers, its mounts and device nodes go to the
+kubelet as host paths. So before a device reaches an Instance or an Allocate answer:
+
+- its id is not empty, and not sent twice in one list (the first is kept, the repeat reported);
+- property names are environment variable names (`[A-Za-z_][A-Za-z0-9_]*`), values hold no NUL;
+- device-node permissions are a non-empty subset of `rwm`;
+- host and container paths are absolute and normalised (no `..`, `.`, `//` or trailing `/`);
+- a host path is not `/`, and neither inside nor above one of the refused paths (the
+  kubelet's directory by default; the agent adds the device-plugin directory and the
+  pod-resources socket it was given: the kubelet's sockets are the node's keys);
+- no more than `max_devices` devices per list (the lowest ids are kept); the agent applies
+  `max_configuration_devices` the same way to a Configuration's merged lists.
+
+A device that fails is dropped with a reason; the others go on. Pure functions.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from collections.abc import Iterable, Sequence
+from typing import Final
+
+import attrs
+
+from akri_trio.model.device import Device
+from akri_trio.model.limits import MAX_DEVICES_PER_CONFIGURATION, MAX_DEVICES_PER_HANDLER
+
+ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+PERMISSIONS: Final = frozenset("rwm")
+KUBELET_ROOT: Final = "/var/lib/kubelet"
+SHOWN_ID_CHARS: Final = 80
+
+
+@attrs.frozen
+class DeviceRules:
+    max_devices: int = MAX_DEVICES_PER_HANDLER  # per handler endpoint's list
+    max_configuration_devices: int = MAX_DEVICES_PER_CONFIGURATION  # after the merge
+    refused_host_dirs: tuple[str, ...] = (KUBELET_ROOT,)
+
+
+def shown(device_id: str) -> str:
+    """A device id as a status or log line shows it: quoted, and cut when long."""
+    if len(device_id) <= SHOWN_ID_CHARS:
+        return repr(device_id)
+    return f"{device_id[:SHOWN_ID_CHARS]!r}... ({len(device_id)} chars)"
+
+
+def _path_problem(path: str, what: str) -> str | None:
+    # normpath keeps a leading '//' (POSIX leaves its meaning to the system): refused too.
+    normal = posixpath.normpath(path) == path and not path.startswith("//")
+    if not path.startswith("/") or "\0" in path or not normal:
+        return f"{what} {path[:200]!r} is not an absolute, normalised path"
+    return None
+
+
+def _inside(path: str, directory: str) -> bool:
+    return path == directory or path.startswith(directory.rstrip("/") + "/")
+
+
+def _host_path_problem(path: str, what: str, refused: Sequence[str]) -> str | None:
+    problem = _path_problem(path, what)
+    if problem is not None:
+        return problem
+    if path == "/":
+        return f"{what} '/' would give the container the node's whole filesystem"
+    for directory in refused:
+        if _inside(path, directory) or _inside(directory, path):
+            return f"{what} {path!r} would give the container {directory}"
+    return None
+
+
+def device_problems(device: Device, rules: DeviceRules) -> list[str]:
+    """Why `device` may not be used (empty: it may)."""
+    problems: list[str] = []
+    if not device.id:
+        problems.append("empty device id")
+    for name, value in device.properties.items():
+        if not ENV_NAME.fullmatch(name):
+            problems.append(f"property name {name[:100]!r} is not an environment variable name")
+        if "\0" in value:
+            problems.append(f"property {name[:100]!r} holds a NUL character")
+    for spec in device.device_specs:
+        if not spec.permissions or not set(spec.permissions) <= PERMISSIONS:
+            problems.append(
+                f"device permissions {spec.permissions[:20]!r} are not a subset of 'rwm'"
+            )
+        problems += filter(None, [_path_problem(spec.container_path, "device container path")])
+        host = spec.host_path or spec.container_path
+        problems += filter(
+            None, [_host_path_problem(host, "device host path", rules.refused_host_dirs)]
+        )
+    for mount in device.mounts:
+        problems += filter(None, [_path_problem(mount.container_path, "mount container path")])
+        problems += filter(
+            None, [_host_path_problem(mount.host_path, "mount host path", rules.refused_host_dirs)]
+        )
+    return problems
+
+
+def check_devices(devices: Iterable[Device], rules: DeviceRules) -> tuple[list[Device], list[str]]:
+    """The devices of one handler's list that may be used (in the list's order), and a line
+    per device dropped or list cut."""
+    kept: dict[str, Device] = {}
+    seen: set[str] = set()
+    repeats: dict[str, int] = {}
+    problems: list[str] = []
+    for device in devices:
+        if device.id in seen:
+            repeats[device.id] = repeats.get(device.id, 1) + 1
+            continue
+        seen.add(device.id)
+        why = device_problems(device, rules)
+        if why:
+            problems.append(f"device {shown(device.id)} dropped: {'; '.join(why)}")
+            continue
+        kept[device.id] = device
+    for device_id, times in repeats.items():
+        problems.append(
+            f"device id {shown(device_id)} sent {times} times; only the first is considered"
+        )
+    if len(kept) > rules.max_devices:
+        chosen = set(sorted(kept)[: rules.max_devices])
+        problems.append(
+            f"{len(kept)} devices sent; only the first {rules.max_devices} by id are used "
+            "(the agent's --max-devices-per-handler)"
+        )
+        kept = {i: d for i, d in kept.items() if i in chosen}
+    return list(kept.values()), problems
