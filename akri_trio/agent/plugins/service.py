@@ -27,6 +27,7 @@ from akri_trio.agent.plugins.claims import ClaimFailed, Claims, InstanceGone
 from akri_trio.agent.plugins.slots import DeviceView, InstanceSlots
 from akri_trio.agent.view import NodeView
 from akri_trio.model import naming
+from akri_trio.model.edits import instance_edits, merged
 from akri_trio.model.resources import Instance
 from akri_trio.rpc.gen import deviceplugin_v1beta1_grpc as dp_grpc
 from akri_trio.rpc.gen import deviceplugin_v1beta1_pb2 as dp
@@ -63,29 +64,18 @@ def container_response(
 ) -> dp.ContainerAllocateResponse:
     """Env vars (each broker property as KEY and KEY_<HASH>), mounts and device nodes of the
     Instances given to one container."""
-    response = dp.ContainerAllocateResponse()
-    for inst in placements:
-        digest = inst.spec.cdi_name.rpartition("=")[2]
-        for key, value in inst.spec.broker_properties.items():
-            for env in naming.env_var_names(key, digest):
-                response.envs[env] = value
-        device = view.device(inst.metadata.key)
-        if device is None:
-            continue
-        for m in device.mounts:
-            response.mounts.append(
-                dp.Mount(
-                    container_path=m.container_path, host_path=m.host_path, read_only=m.read_only
-                )
+    edits = merged(instance_edits(i, view.device(i.metadata.key)) for i in placements)
+    response = dp.ContainerAllocateResponse(envs=edits.env_dict())
+    for m in edits.mounts:
+        response.mounts.append(
+            dp.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
+        )
+    for d in edits.device_specs:
+        response.devices.append(
+            dp.DeviceSpec(
+                container_path=d.container_path, host_path=d.host_path, permissions=d.permissions
             )
-        for d in device.device_specs:
-            response.devices.append(
-                dp.DeviceSpec(
-                    container_path=d.container_path,
-                    host_path=d.host_path or d.container_path,
-                    permissions=d.permissions,
-                )
-            )
+        )
     return response
 
 
