@@ -86,6 +86,9 @@ class AgentSettings:
     allocation: str = "device-plugin"  # or "dra": ResourceSlices + a DRA kubelet plugin
     kubelet_root_dir: Path = Path("/var/lib/kubelet")
     cdi_dir: Path = Path("/var/run/cdi")
+    # DRA capacity: None asks the API server (consumable capacity where it is served); False
+    # publishes slot devices anyway (tests of slot mode on a cluster that has both).
+    dra_consumable_capacity: bool | None = None
 
 
 @attrs.define
@@ -260,6 +263,7 @@ async def run_agent(
                 namespace=ns,
                 kubelet_root_dir=settings.kubelet_root_dir,
                 cdi_dir=settings.cdi_dir,
+                consumable=settings.dra_consumable_capacity,
             )
             await root.start(dra.run)
         else:

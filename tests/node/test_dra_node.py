@@ -23,7 +23,7 @@ import pytest
 from akri_trio import dra
 from akri_trio.dra.checkpoint import decode
 from akri_trio.model import naming
-from tests.support.kubectl import Kubectl, busybox_pod
+from tests.support.kubectl import Kubectl, claim_pod
 from tests.support.node_agent import (
     AgentProcess,
     clear_namespace,
@@ -119,10 +119,7 @@ class Env:
 
     def pod(self, name: str) -> None:
         script = "env | grep ^DEBUG_ECHO | sort; sleep 3600"
-        pod = busybox_pod(name, NS, script)
-        pod["spec"]["resourceClaims"] = [{"name": "echo", "resourceClaimTemplateName": TEMPLATE}]
-        pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "echo"}]}
-        self.kubectl.apply(pod)
+        self.kubectl.apply(claim_pod(name, NS, script, TEMPLATE))
 
     def pod_json(self, name: str) -> dict[str, Any]:
         return dict(self.kubectl.json("get", "pod", name, "-n", NS))

@@ -52,6 +52,7 @@ class DraNode:
         namespace: str | None,
         kubelet_root_dir: Path,
         cdi_dir: Path,
+        consumable: bool | None = None,
     ) -> None:
         self.api = api
         self.view = view
@@ -59,7 +60,7 @@ class DraNode:
         self.namespace = namespace
         self.kubelet_root_dir = kubelet_root_dir
         self.cdi_dir = cdi_dir
-        self.consumable: bool | None = None
+        self.consumable = consumable  # None: ask the API server
         self.publisher: NodePoolPublisher | None = None
         self.preparer: Preparer | None = None
         self.registered = False
@@ -68,7 +69,9 @@ class DraNode:
         self.registered = registered
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        consumable = self.consumable = await probe_consumable_capacity(self.api)
+        consumable = self.consumable
+        if consumable is None:
+            consumable = self.consumable = await probe_consumable_capacity(self.api)
         log.info(
             "DRA driver %s on node %s: %s",
             DRIVER,

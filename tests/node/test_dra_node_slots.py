@@ -1,0 +1,139 @@
+"""DRA mode with slot devices on a real node: where the cluster lacks consumable capacity an
+Instance of capacity 2 is published as two devices, and the real scheduler lets exactly two
+claims hold it. The test bed serves consumable capacity, so the agent (in-process here) is told
+to publish slots (`AgentSettings.dra_consumable_capacity=False`); the kubelet and containerd
+prepare the claims through it as in tests/node/test_dra_node.py."""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from akri_trio import dra
+from akri_trio.agent.run import Agent, AgentSettings, run_agent
+from akri_trio.kube import Client, NotFound, Resource, load_config
+from akri_trio.model import naming
+from tests.support.kubectl import Kubectl, claim_pod
+from tests.support.node_agent import clear_namespace, debug_echo_configuration, fresh_namespace
+from tests.support.polling import until_api
+
+pytestmark = pytest.mark.node
+
+NS = "akri-dra-slots-e2e"
+CONFIG = "dra-slots"
+TEMPLATE = "dra-slots-d0"
+PODS = Resource.core("pods", "Pod")
+
+
+def _pod(name: str) -> dict[str, Any]:
+    return claim_pod(name, NS, "env | grep ^DEBUG_ECHO | sort; sleep 3600", TEMPLATE)
+
+
+async def test_two_slot_devices_hold_two_claims_and_a_third_waits(
+    node_cluster: dict[str, str],
+) -> None:
+    with tempfile.TemporaryDirectory(prefix="ak", dir="/tmp") as d:  # short: socket paths
+        await _run(node_cluster, Path(d))
+
+
+async def _run(node_cluster: dict[str, str], short_tmp: Path) -> None:
+    kubectl = Kubectl(node_cluster)
+    node = node_cluster["AKRI_TRIO_NODE_NAME"]
+    inst = naming.instance_name(CONFIG, naming.device_hash("d0", node))
+    other = naming.instance_name(CONFIG, naming.device_hash("d1", node))
+    await trio.to_thread.run_sync(fresh_namespace, kubectl, NS)
+    kubectl.apply(dra.device_class(CONFIG, NS))
+    kubectl.apply(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": TEMPLATE, "namespace": NS},
+            "spec": {"spec": dra.claim_spec(CONFIG, NS, inst)},
+        }
+    )
+    kubectl.apply(debug_echo_configuration(CONFIG, NS, ("d0", "d1"), capacity=2))
+    settings = AgentSettings(
+        node=node,
+        namespace=NS,
+        discovery_handlers_directory=short_tmp / "akri",
+        enable_debug_echo=True,
+        debug_echo_availability=short_tmp / "availability",
+        metrics_port=None,
+        allocation="dra",
+        kubelet_root_dir=Path(node_cluster["AKRI_TRIO_KUBELET_ROOT_DIR"]),
+        cdi_dir=Path(node_cluster["AKRI_TRIO_CDI_DIR"]),
+        dra_consumable_capacity=False,
+    )
+    config = load_config(Path(node_cluster["KUBECONFIG"]))
+    async with Client.open(config) as api, trio.open_nursery() as nursery:
+        try:
+            agent: Agent = await nursery.start(functools.partial(run_agent, settings, api=api))
+            dra_node = agent.dra
+            assert dra_node is not None
+            await until_api(_true(lambda: dra_node.registered), what="plugin registered")
+            await _story(api, kubectl, inst, other, node)
+        finally:
+            await trio.to_thread.run_sync(clear_namespace, kubectl, NS, CONFIG)
+            kubectl("delete", "deviceclass", dra.device_class_name(CONFIG, NS), check=False)
+            nursery.cancel_scope.cancel()
+
+
+def _true(check: Callable[[], Any]) -> Callable[[], Awaitable[Any]]:
+    async def run() -> Any:
+        return check()
+
+    return run
+
+
+async def _story(api: Client, kubectl: Kubectl, inst: str, other: str, node: str) -> None:
+    pool = dra.node_pool(node, NS)
+    wanted = {dra.device_name(i, s) for i in (inst, other) for s in (0, 1)}
+
+    async def published() -> bool:
+        slices = (await api.list(dra.RESOURCE_SLICES, field_selector=f"spec.nodeName={node}")).items
+        names = {
+            d["name"] for s in slices if dra.pool_name_of(s) == pool for d in s["spec"]["devices"]
+        }
+        return names == wanted
+
+    await until_api(published, what=f"slot devices {sorted(wanted)}")
+
+    for name in ("a", "b", "c"):
+        await api.create(PODS, _pod(name))
+
+    async def phase(name: str) -> str:
+        return str((await api.get(PODS, name, namespace=NS)).get("status", {}).get("phase"))
+
+    async def running(*names: str) -> bool:
+        return all([await phase(n) == "Running" for n in names])
+
+    await until_api(lambda: running("a", "b"), seconds=90, what="a and b Running")
+    logs = await trio.to_thread.run_sync(kubectl, "logs", "a", "-n", NS)
+    assert "DEBUG_ECHO_DESCRIPTION=d0" in logs.splitlines()
+    held = set()
+    for name in ("a", "b"):
+        pod = await api.get(PODS, name, namespace=NS)
+        (status,) = pod["status"]["resourceClaimStatuses"]
+        claim = await api.get(dra.RESOURCE_CLAIMS, status["resourceClaimName"], namespace=NS)
+        (result,) = claim["status"]["allocation"]["devices"]["results"]
+        held.add(result["device"])
+    assert held == {dra.device_name(inst, 0), dra.device_name(inst, 1)}
+
+    assert await phase("c") == "Pending"
+    await api.delete(PODS, "a", namespace=NS, grace_period_seconds=0)
+
+    async def gone() -> bool:
+        try:
+            await api.get(PODS, "a", namespace=NS)
+        except NotFound:
+            return True
+        return False
+
+    await until_api(gone, seconds=60, what="a deleted")
+    await until_api(lambda: running("c"), seconds=90, what="c Running on the freed slot")
