@@ -7,16 +7,20 @@
     ├── discovery nursery
     │   └── per Configuration: Discover stream per handler endpoint
     ├── Configuration reconcile queue                        discovery -> Instances + status
-    ├── kubelet watch                                        restarts -> plugins re-register
-    ├── plugin nursery (PluginManager)
-    │   └── per plugin: socket server + ListAndWatch streams + registration
-    ├── slot reclaimer                                       PodResources -> free unused slots
+    ├── device-plugin mode (the default):
+    │   ├── kubelet watch                                    restarts -> plugins re-register
+    │   ├── plugin nursery (PluginManager)
+    │   │   └── per plugin: socket server + ListAndWatch streams + registration
+    │   └── slot reclaimer                                   PodResources -> free unused slots
+    ├── or DRA mode (DraNode): node pool publisher (Instances -> ResourceSlices) and the
+    │   kubelet DRA plugin (claims -> CDI specs)
     └── health / metrics server
 
 Cancelling `run_agent` (SIGTERM/SIGINT in the CLI) tears all of it down; each task removes what
 it created (sockets) on the way out. Nothing is kept in memory that the cluster does not also
 hold: a restarted agent rebuilds its state from the Instances (claims included) and the
-discovery handlers re-register.
+discovery handlers re-register. In DRA mode what the kubelet plugin prepared is also in its
+checkpoint file (the kubelet may ask to unprepare a claim the API server no longer has).
 """
 
 from __future__ import annotations

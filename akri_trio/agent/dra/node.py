@@ -19,14 +19,15 @@ from akri_trio.agent.dra.preparer import Preparer
 from akri_trio.agent.dra.publisher import NodePoolPublisher
 from akri_trio.agent.view import NodeView
 from akri_trio.dra import DRIVER, RESOURCE_SLICES, probe_slice, takes_consumable_capacity
-from akri_trio.kube import ApiError, Backoff, Client, Store
+from akri_trio.kube import ApiError, Backoff, Client, ConfigError, Forbidden, NotFound, Store
 
 log = logging.getLogger(__name__)
 
 
 async def probe_consumable_capacity(api: Client) -> bool:
     """Whether the API server keeps `allowMultipleAllocations` (DRAConsumableCapacity); retried
-    with backoff while the API server cannot answer."""
+    with backoff while the API server cannot answer. An API server that does not serve
+    ResourceSlices raises ConfigError, RBAC's refusal Forbidden: neither goes away by waiting."""
     backoff = Backoff()
     attempt = 0
     while True:
@@ -35,6 +36,13 @@ async def probe_consumable_capacity(api: Client) -> bool:
                 "POST", RESOURCE_SLICES.path(), params={"dryRun": "All"}, body=probe_slice()
             )
             return takes_consumable_capacity(answer)
+        except NotFound as exc:
+            raise ConfigError(
+                "DRA mode needs resource.k8s.io/v1 (Kubernetes >= 1.34), which this API server "
+                f"does not serve ({exc.message})"
+            ) from exc
+        except Forbidden:
+            raise
         except (ApiError, httpx.HTTPError) as exc:
             delay = backoff.delay(attempt)
             attempt += 1
