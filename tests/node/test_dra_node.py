@@ -10,10 +10,6 @@ publish, consume, share, refuse, free, survive an agent restart, go offline.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +25,7 @@ from tests.support.node_agent import (
     clear_namespace,
     debug_echo_configuration,
     fresh_namespace,
+    restart_kubelet,
 )
 from tests.support.polling import until
 
@@ -257,15 +254,7 @@ def test_kubelet_restart_republishes_the_node_pool(e2e: Env) -> None:
     start), like test_agent_node's kubelet restart test."""
     until(lambda: e2e.slices(), what="the pool is published")
     before = {s["metadata"]["uid"] for s in e2e.slices()}
-    run_dir = Path(e2e.env["AKRI_TRIO_CLUSTER_DIR"])
-    pid = int(next(run_dir.rglob("kubelet.pid")).read_text().split()[0])
-    os.kill(pid, signal.SIGTERM)
-    until(lambda: not Path(f"/proc/{pid}").exists(), seconds=30, what="kubelet exited")
-    subprocess.run(
-        [sys.executable, "-m", "akri_trio", "cluster", "up", "--node"],
-        check=True,
-        capture_output=True,
-    )
+    restart_kubelet(e2e.env)
     until(
         lambda: e2e.slices() and not before & {s["metadata"]["uid"] for s in e2e.slices()},
         seconds=90,

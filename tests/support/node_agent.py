@@ -3,16 +3,18 @@ Configuration they run, and a namespace to start from and to leave clean."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from tests.support.kubectl import Kubectl
+from tests.support.polling import until
 
 CRDS = Path(__file__).parents[2] / "k8s" / "crds"
 
@@ -51,6 +53,29 @@ class AgentProcess:
         with open(self.log, "rb") as f:
             f.seek(self.started_at)
             return f.read().decode(errors="replace")
+
+
+def process_alive(pid: int) -> bool:
+    """Whether `pid` runs; a zombie has exited (this VM's init does not reap)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def restart_kubelet(cluster: Mapping[str, str]) -> None:
+    """Stop the node's kubelet (SIGTERM) and start it again through `akri-trio cluster up`.
+    Destructive on a shared cluster: every session's Pods and plugins on the node notice."""
+    run_dir = Path(cluster["AKRI_TRIO_CLUSTER_DIR"])
+    pid = int(next(run_dir.rglob("kubelet.pid")).read_text().split()[0])
+    os.kill(pid, signal.SIGTERM)
+    until(lambda: not process_alive(pid), seconds=30, what="kubelet exited")
+    subprocess.run(
+        [sys.executable, "-m", "akri_trio", "cluster", "up", "--node"],
+        check=True,
+        capture_output=True,
+    )
 
 
 def debug_echo_configuration(

@@ -45,7 +45,7 @@ from akri_trio.model.edits import instance_edits
 
 log = logging.getLogger(__name__)
 
-PREPARE_TIMEOUT_S = 30.0
+PREPARE_TIMEOUT_S = 20.0  # the kubelet gives a call 45 s
 CHECKPOINT_FILE = "checkpoint.json"
 
 
