@@ -24,6 +24,7 @@ from tests.support.node_agent import (
     AgentProcess,
     clear_namespace,
     debug_echo_configuration,
+    dra_class_and_template,
     fresh_namespace,
     restart_kubelet,
 )
@@ -150,23 +151,14 @@ class Env:
 def e2e(node_cluster: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     env = Env(node_cluster, tmp_path_factory.mktemp("dra-node-e2e"))
     fresh_namespace(env.kubectl, NS)
-    env.kubectl.apply(dra.device_class(CONFIG, NS))
-    env.kubectl.apply(
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaimTemplate",
-            "metadata": {"name": TEMPLATE, "namespace": NS},
-            "spec": {"spec": dra.claim_spec(CONFIG, NS, env.instances["d0"])},
-        }
-    )
+    dra_class_and_template(env.kubectl, NS, CONFIG, TEMPLATE, env.instances["d0"])
     env.start_agent()
     env.kubectl.apply(debug_echo_configuration(CONFIG, NS, DESCRIPTIONS, capacity=2))
     env.wait_registered()
     try:
         yield env
     finally:
-        clear_namespace(env.kubectl, NS, CONFIG)
-        env.kubectl("delete", "deviceclass", dra.device_class_name(CONFIG, NS), check=False)
+        clear_namespace(env.kubectl, NS, CONFIG, dra_class=True)
         env.stop_agent()
 
 

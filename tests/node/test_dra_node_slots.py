@@ -6,9 +6,7 @@ prepare the claims through it as in tests/node/test_dra_node.py."""
 
 from __future__ import annotations
 
-import functools
 import tempfile
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +14,15 @@ import pytest
 import trio
 
 from akri_trio import dra
-from akri_trio.agent.run import Agent, AgentSettings, run_agent
-from akri_trio.kube import Client, NotFound, Resource, load_config
+from akri_trio.kube import Client, NotFound, Resource
 from akri_trio.model import naming
 from tests.support.kubectl import Kubectl, claim_pod
-from tests.support.node_agent import clear_namespace, debug_echo_configuration, fresh_namespace
+from tests.support.node_agent import (
+    debug_echo_configuration,
+    dra_agent_in_process,
+    dra_class_and_template,
+    fresh_namespace,
+)
 from tests.support.polling import until_api
 
 pytestmark = pytest.mark.node
@@ -48,47 +50,18 @@ async def _run(node_cluster: dict[str, str], short_tmp: Path) -> None:
     inst = naming.instance_name(CONFIG, naming.device_hash("d0", node))
     other = naming.instance_name(CONFIG, naming.device_hash("d1", node))
     await trio.to_thread.run_sync(fresh_namespace, kubectl, NS)
-    kubectl.apply(dra.device_class(CONFIG, NS))
-    kubectl.apply(
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaimTemplate",
-            "metadata": {"name": TEMPLATE, "namespace": NS},
-            "spec": {"spec": dra.claim_spec(CONFIG, NS, inst)},
-        }
-    )
+    dra_class_and_template(kubectl, NS, CONFIG, TEMPLATE, inst)
     kubectl.apply(debug_echo_configuration(CONFIG, NS, ("d0", "d1"), capacity=2))
-    settings = AgentSettings(
-        node=node,
-        namespace=NS,
-        discovery_handlers_directory=short_tmp / "akri",
+    async with dra_agent_in_process(
+        node_cluster,
+        NS,
+        CONFIG,
+        short_tmp,
         enable_debug_echo=True,
         debug_echo_availability=short_tmp / "availability",
-        metrics_port=None,
-        allocation="dra",
-        kubelet_root_dir=Path(node_cluster["AKRI_TRIO_KUBELET_ROOT_DIR"]),
-        cdi_dir=Path(node_cluster["AKRI_TRIO_CDI_DIR"]),
         dra_consumable_capacity=False,
-    )
-    config = load_config(Path(node_cluster["KUBECONFIG"]))
-    async with Client.open(config) as api, trio.open_nursery() as nursery:
-        try:
-            agent: Agent = await nursery.start(functools.partial(run_agent, settings, api=api))
-            dra_node = agent.dra
-            assert dra_node is not None
-            await until_api(_true(lambda: dra_node.registered), what="plugin registered")
-            await _story(api, kubectl, inst, other, node)
-        finally:
-            await trio.to_thread.run_sync(clear_namespace, kubectl, NS, CONFIG)
-            kubectl("delete", "deviceclass", dra.device_class_name(CONFIG, NS), check=False)
-            nursery.cancel_scope.cancel()
-
-
-def _true(check: Callable[[], Any]) -> Callable[[], Awaitable[Any]]:
-    async def run() -> Any:
-        return check()
-
-    return run
+    ) as (api, _):
+        await _story(api, kubectl, inst, other, node)
 
 
 async def _story(api: Client, kubectl: Kubectl, inst: str, other: str, node: str) -> None:
