@@ -1,6 +1,8 @@
-"""A prepare call is bounded in time: against an API server that never answers, every claim of
-the call is answered "timed out" after PREPARE_TIMEOUT_S (the kubelet then asks again), and
-nothing is written. Under the autojump clock; the silent server is a real TCP listener."""
+"""The preparer without a usable API server or checkpoint: a prepare call is bounded in time
+(against an API server that never answers, every claim of the call is answered "timed out"
+after PREPARE_TIMEOUT_S, the kubelet then asks again, and nothing is written; under the
+autojump clock, the silent server a real TCP listener), and an unreadable checkpoint is moved
+aside, not fatal, with unprepare still removing a claim's CDI spec by its uid."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import trio.testing
 
 from akri_trio.agent.dra.preparer import PREPARE_TIMEOUT_S, ClaimRef, Preparer
 from akri_trio.agent.view import NodeView
+from akri_trio.dra import spec_file_name
 from akri_trio.kube import Client
 
 
@@ -55,3 +58,27 @@ async def test_a_silent_api_server_times_the_call_out(
     }
     assert not list((tmp_path / "cdi").iterdir())
     assert preparer.prepared == {}
+
+
+async def test_an_unreadable_checkpoint_is_moved_aside_and_unprepare_still_works(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "checkpoint.json").write_text("{not json")
+    (tmp_path / "cdi").mkdir()
+    spec = tmp_path / "cdi" / spec_file_name("uid-1")
+    spec.write_text("{}")
+    async with httpx.AsyncClient(base_url="http://127.0.0.1:9") as http:
+        preparer = Preparer(
+            Client(http),
+            NodeView("n1"),
+            cdi_dir=tmp_path / "cdi",
+            state_dir=tmp_path / "state",
+            consumable=True,
+        )
+        preparer.load()
+        assert preparer.prepared == {}
+        assert (tmp_path / "state" / "checkpoint.json.unreadable").read_text() == "{not json"
+        answers = await preparer.unprepare([ClaimRef("ns", "uid-1", "c1")])
+    assert not isinstance(answers["uid-1"], str)
+    assert not spec.exists()
