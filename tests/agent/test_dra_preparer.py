@@ -18,6 +18,18 @@ from akri_trio.dra import spec_file_name
 from akri_trio.kube import Client
 
 
+def _loaded(http: httpx.AsyncClient, tmp_path: Path) -> Preparer:
+    preparer = Preparer(
+        Client(http),
+        NodeView("n1"),
+        cdi_dir=tmp_path / "cdi",
+        state_dir=tmp_path / "state",
+        consumable=True,
+    )
+    preparer.load()
+    return preparer
+
+
 async def _hold_connections(listener: trio.SocketListener) -> None:
     async with trio.open_nursery() as nursery:
         while True:
@@ -39,14 +51,7 @@ async def test_a_silent_api_server_times_the_call_out(
         nursery.start_soon(_hold_connections, listener)
         http = httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=3600)
         async with http:
-            preparer = Preparer(
-                Client(http),
-                NodeView("n1"),
-                cdi_dir=tmp_path / "cdi",
-                state_dir=tmp_path / "state",
-                consumable=True,
-            )
-            preparer.load()
+            preparer = _loaded(http, tmp_path)
             refs = [ClaimRef("ns", "uid-1", "c1"), ClaimRef("ns", "uid-2", "c2")]
             started = trio.current_time()
             answers = await preparer.prepare(refs)
@@ -69,14 +74,7 @@ async def test_an_unreadable_checkpoint_is_moved_aside_and_unprepare_still_works
     spec = tmp_path / "cdi" / spec_file_name("uid-1")
     spec.write_text("{}")
     async with httpx.AsyncClient(base_url="http://127.0.0.1:9") as http:
-        preparer = Preparer(
-            Client(http),
-            NodeView("n1"),
-            cdi_dir=tmp_path / "cdi",
-            state_dir=tmp_path / "state",
-            consumable=True,
-        )
-        preparer.load()
+        preparer = _loaded(http, tmp_path)
         assert preparer.prepared == {}
         assert (tmp_path / "state" / "checkpoint.json.unreadable").read_text() == "{not json"
         answers = await preparer.unprepare([ClaimRef("ns", "uid-1", "c1")])
