@@ -6,6 +6,7 @@ writes them; the node is made up, so no kubelet takes part."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 from collections.abc import AsyncIterator, Callable
@@ -23,7 +24,7 @@ from akri_trio.agent.dra.plugin import plugin_socket, registration_socket, serve
 from akri_trio.agent.dra.preparer import ClaimRef, Preparer
 from akri_trio.agent.view import NodeView
 from akri_trio.dra.checkpoint import PreparedClaim
-from akri_trio.kube import Client
+from akri_trio.kube import Client, NotFound
 from akri_trio.model.convert import unstructure
 from akri_trio.model.device import Device, DeviceSpec, Mount
 from akri_trio.rpc.gen import dra_v1_pb2 as v1
@@ -107,12 +108,21 @@ async def plugin(api: Client, short_tmp: Path) -> AsyncIterator[Plugin]:
     )
     preparer.load()
     statuses: list[tuple[bool, str]] = []
-    async with trio.open_nursery() as nursery:
-        await nursery.start(
-            serve_kubelet_plugin, short_tmp, preparer, lambda ok, err: statuses.append((ok, err))
-        )
-        yield Plugin(api, short_tmp, preparer, statuses)
-        nursery.cancel_scope.cancel()
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(
+                serve_kubelet_plugin,
+                short_tmp,
+                preparer,
+                lambda ok, err: statuses.append((ok, err)),
+            )
+            yield Plugin(api, short_tmp, preparer, statuses)
+            nursery.cancel_scope.cancel()
+    finally:
+        with trio.move_on_after(10, shield=True):
+            for claim in (await api.list(dra.RESOURCE_CLAIMS, namespace=NS)).items:
+                with contextlib.suppress(NotFound):
+                    await api.delete(dra.RESOURCE_CLAIMS, claim["metadata"]["name"], namespace=NS)
 
 
 async def test_registration_names_the_driver_its_socket_and_versions(plugin: Plugin) -> None:

@@ -172,7 +172,7 @@ def clear_namespace(
     kubectl: Kubectl, namespace: str, configuration: str = "--all", *, dra_class: bool = False
 ) -> None:
     """Delete the namespace's Pods, then its Configuration(s), waiting for both, and with
-    `dra_class` the Configuration's DeviceClass."""
+    `dra_class` its ResourceClaimTemplates and the Configuration's DeviceClass."""
     kubectl("delete", "pods", "--all", "-n", namespace, "--wait=true", "--timeout=60s", check=False)
     kubectl(
         "delete",
@@ -185,6 +185,7 @@ def clear_namespace(
         check=False,
     )
     if dra_class:
+        kubectl("delete", "resourceclaimtemplates", "--all", "-n", namespace, check=False)
         kubectl(
             "delete", "deviceclass", dra.device_class_name(configuration, namespace), check=False
         )
