@@ -1,6 +1,7 @@
 """DRA mode's part of the agent: `DraNode.run` starts it, in order.
 
 DraNode.run
+├── node lock                one agent at a time serves driver akri.sh on a node
 ├── probe: does the API server take consumable capacity? (a server-side dry run)
 ├── NodePoolPublisher        Instances -> this node's ResourceSlices (re-published when wiped)
 └── kubelet plugin           registration socket + DRA socket -> Preparer -> CDI specs
@@ -8,7 +9,11 @@ DraNode.run
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
+import os
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -22,6 +27,39 @@ from akri_trio.dra import DRIVER, RESOURCE_SLICES, probe_slice, takes_consumable
 from akri_trio.kube import ApiError, Backoff, Client, ConfigError, Forbidden, NotFound, Store
 
 log = logging.getLogger(__name__)
+
+
+LOCK_FILE = "agent.lock"
+LOCK_POLL_S = 1.0
+
+
+@contextlib.asynccontextmanager
+async def node_lock(path: Path) -> AsyncIterator[None]:
+    """Hold an exclusive lock on `path` (waiting for it, polled) until the block exits.
+
+    The kubelet knows one plugin per driver and socket path, and the checkpoint has one
+    writer: a second agent in DRA mode on the node (a rolling update's new Pod, another
+    namespace's agent) waits here instead of taking the sockets over. The kernel drops the
+    lock when its holder dies, so a crashed agent never blocks the next one.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        waiting = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not waiting:
+                    log.warning("another agent serves DRA on this node (%s held); waiting", path)
+                    waiting = True
+                await trio.sleep(LOCK_POLL_S)
+        if waiting:
+            log.info("took over DRA on this node (%s)", path)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 async def probe_consumable_capacity(api: Client) -> bool:
@@ -77,6 +115,11 @@ class DraNode:
         self.registered = registered
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        state_dir = self.kubelet_root_dir / "plugins" / DRIVER
+        async with node_lock(state_dir / LOCK_FILE):
+            await self._run(state_dir, task_status)
+
+    async def _run(self, state_dir: Path, task_status: trio.TaskStatus[None]) -> None:
         consumable = self.consumable
         if consumable is None:
             consumable = self.consumable = await probe_consumable_capacity(self.api)
@@ -99,7 +142,7 @@ class DraNode:
             self.api,
             self.view,
             cdi_dir=self.cdi_dir,
-            state_dir=self.kubelet_root_dir / "plugins" / DRIVER,
+            state_dir=state_dir,
             consumable=consumable,
         )
         self.preparer.load()
