@@ -31,6 +31,7 @@ NS = "akri-dra-slots-e2e"
 CONFIG = "dra-slots"
 TEMPLATE = "dra-slots-d0"
 PODS = Resource.core("pods", "Pod")
+EVENTS = Resource.core("events", "Event")
 
 
 def _pod(name: str) -> dict[str, Any]:
@@ -77,7 +78,7 @@ async def _story(api: Client, kubectl: Kubectl, inst: str, other: str, node: str
 
     await until_api(published, what=f"slot devices {sorted(wanted)}")
 
-    for name in ("a", "b", "c"):
+    for name in ("a", "b"):
         await api.create(PODS, _pod(name))
 
     async def phase(name: str) -> str:
@@ -98,6 +99,13 @@ async def _story(api: Client, kubectl: Kubectl, inst: str, other: str, node: str
         held.add(result["device"])
     assert held == {dra.device_name(inst, 0), dra.device_name(inst, 1)}
 
+    await api.create(PODS, _pod("c"))  # after a and b hold both slots: c must wait
+
+    async def unschedulable() -> bool:
+        events = await api.list(EVENTS, namespace=NS, field_selector="involvedObject.name=c")
+        return any(e.get("reason") == "FailedScheduling" for e in events.items)
+
+    await until_api(unschedulable, seconds=60, what="c refused by the scheduler")
     assert await phase("c") == "Pending"
     await api.delete(PODS, "a", namespace=NS, grace_period_seconds=0)
 
