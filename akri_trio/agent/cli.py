@@ -166,6 +166,25 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         ),
     ):
         p.add_argument(flag, type=int, default=cap, help=what)
+    p.add_argument(
+        "--allocation",
+        choices=("device-plugin", "dra"),
+        default="device-plugin",
+        help="how Pods get devices: device plugins, or DRA (ResourceSlices and a kubelet DRA "
+        "plugin; Kubernetes >= 1.34 and a runtime with CDI)",
+    )
+    p.add_argument(
+        "--kubelet-root-dir",
+        type=Path,
+        default=Path("/var/lib/kubelet"),
+        help="DRA: the kubelet's root directory (plugins_registry/ and plugins/akri.sh/ in it)",
+    )
+    p.add_argument(
+        "--cdi-dir",
+        type=Path,
+        default=Path("/var/run/cdi"),
+        help="DRA: where the container runtime reads CDI specs (one is written per claim)",
+    )
     p.add_argument("--reclaim-period", type=float, default=10.0)
     p.add_argument(
         "--reclaim-grace",
@@ -249,6 +268,9 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         broker_info_dir=args.broker_info_dir,
         broker_info_limits=limits,
         broker_info_period=args.broker_info_period,
+        allocation=args.allocation,
+        kubelet_root_dir=args.kubelet_root_dir,
+        cdi_dir=args.cdi_dir,
     )
     return settings, args
 

@@ -7,17 +7,21 @@
     ├── discovery nursery
     │   └── per Configuration: Discover stream per handler endpoint
     ├── Configuration reconcile queue                        discovery -> Instances + status
-    ├── kubelet watch                                        restarts -> plugins re-register
-    ├── plugin nursery (PluginManager)
-    │   └── per plugin: socket server + ListAndWatch streams + registration
-    ├── slot reclaimer                                       PodResources -> free unused slots
+    ├── device-plugin mode (the default):
+    │   ├── kubelet watch                                    restarts -> plugins re-register
+    │   ├── plugin nursery (PluginManager)
+    │   │   └── per plugin: socket server + ListAndWatch streams + registration
+    │   └── slot reclaimer                                   PodResources -> free unused slots
+    ├── or DRA mode (DraNode): node pool publisher (Instances -> ResourceSlices) and the
+    │   kubelet DRA plugin (claims -> CDI specs)
     ├── brokerInfo copier (with --broker-info-dir)           workload files -> Instances
     └── health / metrics server
 
 Cancelling `run_agent` (SIGTERM/SIGINT in the CLI) tears all of it down; each task removes what
 it created (sockets) on the way out. Nothing is kept in memory that the cluster does not also
 hold: a restarted agent rebuilds its state from the Instances (claims included) and the
-discovery handlers re-register.
+discovery handlers re-register. In DRA mode what the kubelet plugin prepared is also in its
+checkpoint file (the kubelet may ask to unprepare a claim the API server no longer has).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from akri_trio.agent.configurations import (
     ConfigurationLimits,
     ConfigurationReconciler,
 )
+from akri_trio.agent.dra.node import DraNode
 from akri_trio.agent.events import AgentEvents
 from akri_trio.agent.metrics import AgentMetrics
 from akri_trio.agent.plugins.claims import Claims
@@ -102,6 +107,12 @@ class AgentSettings:
     broker_info_dir: Path | None = None  # brokerInfo off when None
     broker_info_limits: Limits = attrs.field(factory=Limits)
     broker_info_period: float = BROKER_INFO_PERIOD_S
+    allocation: str = "device-plugin"  # or "dra": ResourceSlices + a DRA kubelet plugin
+    kubelet_root_dir: Path = Path("/var/lib/kubelet")
+    cdi_dir: Path = Path("/var/run/cdi")
+    # DRA capacity: None asks the API server (consumable capacity where it is served); False
+    # publishes slot devices anyway (tests of slot mode on a cluster that has both).
+    dra_consumable_capacity: bool | None = None
 
 
 @attrs.define
@@ -117,6 +128,7 @@ class Agent:
     reclaimer: Reclaimer
     metrics: AgentMetrics
     metrics_port: int | None = None
+    dra: DraNode | None = None
 
 
 async def _child_nursery(*, task_status: trio.TaskStatus[trio.Nursery]) -> None:
@@ -303,10 +315,25 @@ async def run_agent(
             reconciler.broker_info_problems = broker_info.problems
             root.start_soon(broker_info.run)
         await root.start(controller.run)
-        await root.start(watch.run)
-        await root.start(plugins.run)
-        root.start_soon(reclaimer.run)
+        dra = None
+        if settings.allocation == "dra":  # no device plugins, nothing to reclaim
+            dra = DraNode(
+                api,
+                view,
+                instances,
+                namespace=ns,
+                kubelet_root_dir=settings.kubelet_root_dir,
+                cdi_dir=settings.cdi_dir,
+                consumable=settings.dra_consumable_capacity,
+            )
+            await root.start(dra.run)
+        else:
+            await root.start(watch.run)
+            await root.start(plugins.run)
+            root.start_soon(reclaimer.run)
         log.info("agent for node %s is running", settings.node)
         task_status.started(
-            Agent(settings, view, registry, configs, instances, plugins, reclaimer, metrics, port)
+            Agent(
+                settings, view, registry, configs, instances, plugins, reclaimer, metrics, port, dra
+            )
         )

@@ -37,7 +37,14 @@ from pathlib import Path
 PACKAGE_DIR = Path(__file__).resolve().parent
 GEN_DIR = PACKAGE_DIR / "gen"
 PROTO_DIR = PACKAGE_DIR.parent.parent / "protos"
-PROTOS = ("discovery.proto", "deviceplugin_v1beta1.proto", "podresources_v1.proto")
+PROTOS = (
+    "discovery.proto",
+    "deviceplugin_v1beta1.proto",
+    "podresources_v1.proto",
+    "dra_v1.proto",
+    "dra_v1beta1.proto",
+    "pluginregistration_v1.proto",
+)
 
 # Every file name the generator may produce; anything else in the output dir is left alone.
 _GENERATED = re.compile(r"^(__init__\.py|\w+_pb2\.pyi?|\w+_pb2_grpc\.py|\w+_grpc\.pyi?)$")

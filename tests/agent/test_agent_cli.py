@@ -76,3 +76,16 @@ def test_the_crd_maximum_is_the_agents_and_the_webhooks_capacity_limit() -> None
     (version,) = crd["spec"]["versions"]
     spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
     assert spec["properties"]["capacity"]["maximum"] == MAX_CAPACITY
+
+
+def test_allocation_mode_and_the_dra_paths() -> None:
+    env = {"AGENT_NODE_NAME": "n1"}
+    default = parse_args([], env)
+    assert default.allocation == "device-plugin"
+    assert default.kubelet_root_dir == Path("/var/lib/kubelet")
+    assert default.cdi_dir == Path("/var/run/cdi")
+    flags = ["--allocation", "dra", "--kubelet-root-dir", "/k", "--cdi-dir", "/c"]
+    dra = parse_args(flags, env)
+    assert (dra.allocation, dra.kubelet_root_dir, dra.cdi_dir) == ("dra", Path("/k"), Path("/c"))
+    with pytest.raises(SystemExit):
+        parse_args(["--allocation", "classic"], env)

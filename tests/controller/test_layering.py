@@ -1,4 +1,4 @@
-"""The controller and webhook cores import no I/O library and nothing of kube/ or agent/; the
+"""The controller, webhook and DRA cores import no I/O library and nothing of kube/ or agent/; the
 controller's edges (the modules that watch, write, elect and parse flags) may use kube/ and trio
 but never the agent, and the agent never imports the controller."""
 
@@ -11,7 +11,7 @@ import pytest
 
 import akri_trio
 
-PACKAGES = ("controller", "webhook")
+PACKAGES = ("controller", "webhook", "dra")
 FORBIDDEN = ("trio", "httpx", "purerpc", "akri_trio.kube", "akri_trio.agent", "akri_trio.cluster")
 
 
@@ -30,6 +30,7 @@ ROOT = Path(akri_trio.__file__).parent
 EDGES = {
     "controller": {"run.py", "reconcilers.py", "leader.py", "cli.py"},
     "webhook": {"server.py", "cli.py"},
+    "dra": set(),
 }
 MODULES = sorted(
     path

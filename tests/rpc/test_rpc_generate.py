@@ -112,6 +112,9 @@ def test_device_plugin_proto_is_kubelet_v1beta1() -> None:
     [
         ("deviceplugin_v1beta1.proto", "deviceplugin/v1beta1/api.proto"),
         ("podresources_v1.proto", "podresources/v1/api.proto"),
+        ("dra_v1.proto", "dra/v1/api.proto"),
+        ("dra_v1beta1.proto", "dra/v1beta1/api.proto"),
+        ("pluginregistration_v1.proto", "pluginregistration/v1/api.proto"),
     ],
 )
 def test_kubelet_protos_are_upstream_minus_regenerate_note(

@@ -28,6 +28,7 @@ from akri_trio.agent.plugins.claims import ClaimFailed, Claims, InstanceGone
 from akri_trio.agent.plugins.slots import DeviceView, InstanceSlots
 from akri_trio.agent.view import NodeView
 from akri_trio.model import naming
+from akri_trio.model.edits import instance_edits
 from akri_trio.model.limits import KUBELET_MESSAGE_LIMIT
 from akri_trio.model.resources import Instance
 from akri_trio.rpc.gen import deviceplugin_v1beta1_grpc as dp_grpc
@@ -106,14 +107,13 @@ def container_response(
     slots: Mapping[str, Sequence[str]] | None = None,
 ) -> dp.ContainerAllocateResponse:
     """Env vars (each broker property as KEY and KEY_<HASH>), mounts and device nodes of the
-    Instances given to one container; with `workloads`, a brokerInfo directory per Instance
-    (`slots`: the slots of each Instance, by name, that the container got)."""
+    Instances given to one container (`model.edits`, which DRA's CDI specs share); with
+    `workloads`, a brokerInfo directory per Instance (`slots`: the slots of each Instance, by
+    name, that the container got)."""
     response = dp.ContainerAllocateResponse()
     for inst in placements:
-        digest = inst.spec.cdi_name.rpartition("=")[2]
-        for key, value in inst.spec.broker_properties.items():
-            for env in naming.env_var_names(key, digest):
-                response.envs[env] = value
+        edits = instance_edits(inst, view.device(inst.metadata.key))
+        response.envs.update(edits.env)
         if workloads is not None:
             mount = workloads.mount(inst, (slots or {}).get(inst.metadata.name, ()))
             if mount is not None:
@@ -121,20 +121,17 @@ def container_response(
                 response.mounts.append(
                     dp.Mount(container_path=mount.container_path, host_path=mount.host_path)
                 )
-        device = view.device(inst.metadata.key)
-        if device is None:
-            continue
-        for m in device.mounts:
+        for m in edits.mounts:
             response.mounts.append(
                 dp.Mount(
                     container_path=m.container_path, host_path=m.host_path, read_only=m.read_only
                 )
             )
-        for d in device.device_specs:
+        for d in edits.device_specs:
             response.devices.append(
                 dp.DeviceSpec(
                     container_path=d.container_path,
-                    host_path=d.host_path or d.container_path,
+                    host_path=d.host_path,
                     permissions=d.permissions,
                 )
             )

@@ -1,0 +1,95 @@
+"""Reading a ResourceClaim's allocation: which of its devices are ours, and what they are.
+
+The kubelet asks the node's plugin to prepare claims by uid; the plugin reads each claim and
+must refuse devices it cannot stand behind. `resolve` maps each allocated device of driver
+`akri.sh` to the Instance (and slot) it stands for, through the devices this node publishes or
+may use (`usable`: pool -> device name -> DeviceRef); anything else is an error naming the
+device, so the Pod's event says which device and why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from akri_trio.dra.devices import DeviceRef
+from akri_trio.dra.names import DRIVER
+
+
+class ClaimError(Exception):
+    """A claim this node cannot prepare."""
+
+
+class NotAllocated(ClaimError):
+    pass
+
+
+class WrongClaim(ClaimError):
+    """The claim read back is not the one the kubelet named (uid differs: re-created)."""
+
+
+class UnusableDevice(ClaimError):
+    def __init__(self, pool: str, device: str, reason: str) -> None:
+        super().__init__(f"device {pool}/{device}: {reason}")
+        self.pool = pool
+        self.device = device
+        self.reason = reason
+
+
+@attrs.frozen
+class Allocated:
+    """One allocation result of our driver; `index` is its place among all results."""
+
+    index: int
+    request: str
+    pool: str
+    device: str
+    share_id: str | None = None  # set for a device allocated with allowMultipleAllocations
+
+
+def our_results(claim: Mapping[str, Any]) -> list[Allocated]:
+    """The claim's allocated devices of driver `akri.sh` (raises NotAllocated when it has no
+    allocation at all)."""
+    allocation = (claim.get("status") or {}).get("allocation")
+    if not allocation:
+        name = (claim.get("metadata") or {}).get("name", "?")
+        raise NotAllocated(f"claim {name!r} is not allocated")
+    results = (allocation.get("devices") or {}).get("results") or []
+    return [
+        Allocated(
+            i,
+            str(r.get("request", "")),
+            str(r.get("pool", "")),
+            str(r.get("device", "")),
+            str(r["shareID"]) if r.get("shareID") else None,
+        )
+        for i, r in enumerate(results)
+        if r.get("driver") == DRIVER
+    ]
+
+
+def resolve(
+    claim: Mapping[str, Any],
+    uid: str,
+    usable: Mapping[str, Mapping[str, DeviceRef]],
+) -> list[tuple[Allocated, DeviceRef]]:
+    """Every device of ours in `claim` with the Instance it stands for.
+
+    Raises WrongClaim when `claim` is not `uid`, NotAllocated, or UnusableDevice for a device
+    in a pool this node does not serve or a device that pool does not (or no longer) hold.
+    """
+    got = (claim.get("metadata") or {}).get("uid")
+    if got != uid:
+        raise WrongClaim(f"claim has uid {got!r}, the kubelet asked for {uid!r}")
+    out: list[tuple[Allocated, DeviceRef]] = []
+    for result in our_results(claim):
+        pool = usable.get(result.pool)
+        if pool is None:
+            raise UnusableDevice(result.pool, result.device, "pool not usable on this node")
+        ref = pool.get(result.device)
+        if ref is None:
+            raise UnusableDevice(result.pool, result.device, "no such device (gone?)")
+        out.append((result, ref))
+    return out

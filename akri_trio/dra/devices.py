@@ -1,0 +1,112 @@
+"""An Instance as DRA devices, and how to tell whether the cluster takes consumable capacity.
+
+Either way at most `capacity` Pods hold an Instance at once, counted by the scheduler:
+- consumable capacity (`DRAConsumableCapacity`, on by default from 1.36): ONE device with
+  `allowMultipleAllocations` and a capacity `akri.sh/slots` of `capacity`; a request consumes 1
+  unless it asks for more;
+- otherwise `capacity` slot devices `<instance>-<i>`, each allocated to one claim at a time.
+
+Which one a cluster takes is decided at run time: an API server without the feature drops the
+fields it does not know, so a server-side dry-run create of `probe_slice()` answers the question
+(`takes_consumable_capacity` reads the answer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+import attrs
+
+from akri_trio.dra.attributes import Attributes, device_attributes, qualified
+from akri_trio.dra.names import DRIVER, device_name
+from akri_trio.model.resources import Instance
+
+JSON = dict[str, Any]
+
+SLOTS: Final = "slots"  # the capacity a consumable device counts its users in
+API_VERSION: Final = "resource.k8s.io/v1"
+
+
+@attrs.frozen
+class DeviceRef:
+    """Which Instance (and slot, in slot mode) a published device stands for."""
+
+    namespace: str
+    instance: str
+    slot: int | None = None
+
+
+@attrs.frozen
+class InstanceDevices:
+    """The devices of one Instance, with the attribute report shared by all of them."""
+
+    devices: tuple[JSON, ...]
+    refs: tuple[DeviceRef, ...]
+    attributes: Attributes
+
+
+def _slots_capacity(capacity: int) -> JSON:
+    return {
+        qualified(SLOTS): {
+            "value": str(capacity),
+            "requestPolicy": {"default": "1", "validRange": {"min": "1"}},
+        }
+    }
+
+
+def instance_devices(instance: Instance, *, consumable: bool) -> InstanceDevices:
+    """The DRA devices of `instance` (none for capacity 0)."""
+    meta, spec = instance.metadata, instance.spec
+    attributes = device_attributes(
+        spec.configuration_name,
+        meta.namespace,
+        meta.name,
+        spec.broker_properties,
+        capacities=1 if consumable else 0,
+    )
+    attrs_api = attributes.as_api()
+    if spec.capacity <= 0:
+        return InstanceDevices((), (), attributes)
+    if consumable:
+        device = {
+            "name": device_name(meta.name),
+            "attributes": attrs_api,
+            "allowMultipleAllocations": True,
+            "capacity": _slots_capacity(spec.capacity),
+        }
+        return InstanceDevices((device,), (DeviceRef(meta.namespace, meta.name),), attributes)
+    devices = tuple(
+        {"name": device_name(meta.name, i), "attributes": attrs_api} for i in range(spec.capacity)
+    )
+    refs = tuple(DeviceRef(meta.namespace, meta.name, i) for i in range(spec.capacity))
+    return InstanceDevices(devices, refs, attributes)
+
+
+PROBE_NAME: Final = "akri.sh-consumable-capacity-probe"
+
+
+def probe_slice() -> JSON:
+    """A ResourceSlice to dry-run create: its device keeps `allowMultipleAllocations` and the
+    capacity's `requestPolicy` only where the API server serves consumable capacity."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "ResourceSlice",
+        "metadata": {"name": PROBE_NAME},
+        "spec": {
+            "driver": DRIVER,
+            "allNodes": True,
+            "pool": {"name": "probe", "generation": 1, "resourceSliceCount": 1},
+            "devices": [
+                {"name": "probe", "allowMultipleAllocations": True, "capacity": _slots_capacity(2)}
+            ],
+        },
+    }
+
+
+def takes_consumable_capacity(answer: Mapping[str, Any]) -> bool:
+    """Whether the dry-run answer to `probe_slice()` kept the consumable-capacity fields."""
+    devices = (answer.get("spec") or {}).get("devices") or [{}]
+    device = devices[0]
+    capacity = (device.get("capacity") or {}).get(qualified(SLOTS)) or {}
+    return device.get("allowMultipleAllocations") is True and "requestPolicy" in capacity

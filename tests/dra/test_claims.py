@@ -1,0 +1,54 @@
+"""Which devices of a claim are ours, and refusing the ones this node cannot stand behind."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from akri_trio.dra import (
+    Allocated,
+    DeviceRef,
+    NotAllocated,
+    UnusableDevice,
+    WrongClaim,
+    our_results,
+    resolve,
+)
+
+UID = "uid-1"
+
+
+def _claim(*results: dict[str, str]) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "c", "namespace": "ns", "uid": UID},
+        "status": {"allocation": {"devices": {"results": list(results)}}},
+    }
+
+
+def _result(device: str, pool: str = "node/n1/ns", driver: str = "akri.sh") -> dict[str, str]:
+    return {"request": "cam", "driver": driver, "pool": pool, "device": device}
+
+
+USABLE = {"node/n1/ns": {"cam-abc123": DeviceRef("ns", "cam-abc123")}}
+
+
+def test_only_our_driver_results_keep_their_index() -> None:
+    claim = _claim(_result("gpu0", "p", "gpu.example.com"), _result("cam-abc123"))
+    assert our_results(claim) == [Allocated(1, "cam", "node/n1/ns", "cam-abc123")]
+
+
+def test_resolve_maps_devices_to_instances() -> None:
+    ((allocated, ref),) = resolve(_claim(_result("cam-abc123")), UID, USABLE)
+    assert allocated.index == 0 and ref == DeviceRef("ns", "cam-abc123")
+
+
+def test_unallocated_claims_other_nodes_and_gone_devices_are_refused() -> None:
+    with pytest.raises(NotAllocated):
+        resolve({"metadata": {"uid": UID}, "status": {}}, UID, USABLE)
+    with pytest.raises(WrongClaim):
+        resolve(_claim(_result("cam-abc123")), "other-uid", USABLE)
+    with pytest.raises(UnusableDevice, match="pool not usable on this node"):
+        resolve(_claim(_result("cam-abc123", pool="node/n2/ns")), UID, USABLE)
+    with pytest.raises(UnusableDevice, match="no such device"):
+        resolve(_claim(_result("cam-ffffff")), UID, USABLE)
