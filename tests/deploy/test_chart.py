@@ -73,8 +73,8 @@ def test_defaults_make_the_agent_the_controller_and_the_cleanup_hook() -> None:
         ("ServiceAccount", "akri-controller-sa"),
         ("ClusterRole", "akri-controller-role"),
         ("ClusterRoleBinding", "akri-controller-binding"),
-        ("Role", "akri-controller-leader-election"),
-        ("RoleBinding", "akri-controller-leader-election"),
+        ("Role", "akri-controller-lease"),
+        ("RoleBinding", "akri-controller-lease"),
         ("Deployment", "akri-controller-deployment"),
         ("ServiceAccount", "akri-teardown-sa"),
         ("ClusterRole", "akri-teardown-role"),
@@ -163,16 +163,25 @@ def test_agent_full_debug_echo_and_host_network() -> None:
     assert scoped["ports"][0]["containerPort"] == 18080
 
 
-def test_agent_rbac_is_the_tested_manifests() -> None:
-    """The chart's agent and webhook roles are the ones their RBAC tests run with."""
+def _rules(role: dict[str, Any]) -> list[str]:
+    """A role's rules in a canonical order (the order of rules grants nothing)."""
+    return sorted(yaml.safe_dump(rule, sort_keys=True) for rule in role["rules"])
+
+
+def test_rbac_is_the_tested_manifests() -> None:
+    """The chart's roles are the ones the components' RBAC tests run them with:
+    k8s/agent.yaml, k8s/controller.yaml (its ClusterRole and its Lease Role) and
+    k8s/webhook.yaml."""
     objects = render({"webhookConfiguration": {"enabled": True}})
-    for manifest, role in (
-        ("agent.yaml", "akri-agent-role"),
-        ("webhook.yaml", "akri-webhook-role"),
+    for manifest, kind, role in (
+        ("agent.yaml", "ClusterRole", "akri-agent-role"),
+        ("controller.yaml", "ClusterRole", "akri-controller-role"),
+        ("controller.yaml", "Role", "akri-controller-lease"),
+        ("webhook.yaml", "ClusterRole", "akri-webhook-role"),
     ):
         docs = list(yaml.safe_load_all((REPO / "k8s" / manifest).read_text()))
-        (tested,) = [d for d in docs if d["kind"] == "ClusterRole"]
-        assert one(objects, "ClusterRole", role)["rules"] == tested["rules"]
+        (tested,) = [d for d in docs if d["kind"] == kind]
+        assert _rules(one(objects, kind, role)) == _rules(tested), (manifest, role)
 
 
 def test_api_override_puts_api_clients_on_the_host_network() -> None:
@@ -201,25 +210,48 @@ def test_controller_two_replicas_with_leader_election() -> None:
     objects = render()
     deploy = one(objects, "Deployment", "akri-controller-deployment")
     assert deploy["spec"]["replicas"] == 2
-    (c,) = pod_spec(deploy)["containers"]
-    assert c["args"] == ["controller", "--metrics-port=8080", "--leader-elect"]
-    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    lease = one(objects, "Role", "akri-controller-leader-election")
-    assert {"resourceNames": ["akri-controller"]}.items() <= lease["rules"][1].items()
-    assert lease["rules"][1]["apiGroups"] == ["coordination.k8s.io"]
+    spec = pod_spec(deploy)
+    assert spec["serviceAccountName"] == "akri-controller-sa"
+    (c,) = spec["containers"]
+    assert c["args"] == ["controller", "--leader-elect"]
+    env = env_of(c)
+    assert env["METRICS_PORT"] == "8080"
+    assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}  # holder identity
+    assert c["ports"] == [{"name": "metrics", "containerPort": 8080}]
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    # the Lease the controller looks for in its own namespace (the release's), and only it
+    lease = one(objects, "Role", "akri-controller-lease")
+    assert lease["metadata"]["namespace"] == "akri"
+    assert lease["rules"][1] == {
+        "apiGroups": ["coordination.k8s.io"],
+        "resources": ["leases"],
+        "resourceNames": ["akri-controller"],
+        "verbs": ["get", "update"],
+    }
+    binding = one(objects, "RoleBinding", "akri-controller-lease")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "akri-controller-sa", "namespace": "akri"}
+    ]
     single = pod_spec(
         one(
-            render({"controller": {"leaderElect": False, "watchNamespace": "x", "replicas": 1}}),
+            render(
+                {
+                    "controller": {
+                        "leaderElect": False,
+                        "watchNamespace": "x",
+                        "replicas": 1,
+                        "metricsPort": 18081,
+                    }
+                }
+            ),
             "Deployment",
             "akri-controller-deployment",
         )
     )["containers"][0]
-    assert single["args"] == [
-        "controller",
-        "--metrics-port=8080",
-        "--no-leader-elect",
-        "--namespace=x",
-    ]
+    assert single["args"] == ["controller", "--no-leader-elect", "--namespace=x"]
+    assert env_of(single)["METRICS_PORT"] == "18081"
+    assert single["ports"] == [{"name": "metrics", "containerPort": 18081}]
     assert not [
         o
         for o in render({"controller": {"enabled": False}})

@@ -1,4 +1,5 @@
-"""`kubectl apply -k k8s/` deploys what the Helm chart deploys with its defaults: rendered with
+"""`kubectl apply -k k8s/` deploys what the Helm chart deploys with its defaults (the CRDs, the
+agent and the controller with their RBAC; the webhook is off by default in both): rendered with
 the cluster's own kubectl (`kubectl kustomize`, offline) and compared object by object with the
 chart, for people who install without Helm."""
 
@@ -16,8 +17,12 @@ from tests.support.chart import crds, one, pod_spec, render
 pytestmark = pytest.mark.k8s  # for `cluster env`'s KUBECTL, built with the cluster
 
 REPO = Path(__file__).resolve().parents[2]
-# Helm-only (a pre-delete hook) or not in the tree yet (the controller's manifest).
-CHART_ONLY = {"akri-teardown", "akri-controller"}
+# Helm-only: the pre-delete hook.
+CHART_ONLY = {"akri-teardown"}
+# The workloads, and the parts of their Pod spec that must be the chart's (the rest is labels).
+WORKLOADS = [("DaemonSet", "akri-agent-daemonset"), ("Deployment", "akri-controller-deployment")]
+POD_KEYS = ("serviceAccountName", "nodeSelector", "tolerations", "securityContext", "volumes")
+RBAC_KINDS = ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount")
 
 
 @pytest.fixture(scope="module")
@@ -51,19 +56,28 @@ def test_same_objects_as_the_chart_defaults(kustomized: list[dict[str, Any]]) ->
         assert by_key["CustomResourceDefinition", crd["metadata"]["name"]] == crd
 
 
-def test_agent_daemonset_matches_the_chart(kustomized: list[dict[str, Any]]) -> None:
-    ours = pod_spec(one(kustomized, "DaemonSet", "akri-agent-daemonset"))
-    chart = pod_spec(one(render(), "DaemonSet", "akri-agent-daemonset"))
-    for key in ("serviceAccountName", "nodeSelector", "securityContext", "volumes"):
+@pytest.mark.parametrize(("kind", "name"), WORKLOADS)
+def test_workloads_match_the_chart(kustomized: list[dict[str, Any]], kind: str, name: str) -> None:
+    mine_obj, chart_obj = one(kustomized, kind, name), one(render(), kind, name)
+    assert mine_obj["spec"].get("replicas") == chart_obj["spec"].get("replicas")
+    ours, chart = pod_spec(mine_obj), pod_spec(chart_obj)
+    for key in POD_KEYS:
         assert ours.get(key) == chart.get(key), key
     (mine,) = ours["containers"]
     (theirs,) = chart["containers"]
     assert _comparable(mine) == _comparable(theirs)
     assert mine["resources"] == theirs["resources"]
     assert mine["image"] == theirs["image"] == "akri-trio:0.1.0"
-    rbac = {"ClusterRole", "ClusterRoleBinding", "ServiceAccount"}
+
+
+def test_rbac_matches_the_chart(kustomized: list[dict[str, Any]]) -> None:
+    chart = render()
+    compared = 0
     for obj in kustomized:
-        if obj["kind"] in rbac:
-            chart_obj = one(render(), obj["kind"], obj["metadata"]["name"])
+        if obj["kind"] in RBAC_KINDS:
+            chart_obj = one(chart, obj["kind"], obj["metadata"]["name"])
+            assert obj["metadata"].get("namespace") == chart_obj["metadata"].get("namespace")
             for key in ("rules", "roleRef", "subjects"):
                 assert obj.get(key) == chart_obj.get(key), (obj["metadata"]["name"], key)
+            compared += 1
+    assert compared == 8  # the agent's 3, the controller's 5 (with its Lease Role and binding)
