@@ -75,6 +75,7 @@ def test_defaults_make_the_agent_the_controller_and_the_cleanup_hook() -> None:
         ("ClusterRoleBinding", "akri-controller-binding"),
         ("Role", "akri-controller-lease"),
         ("RoleBinding", "akri-controller-lease"),
+        ("Lease", "akri-controller"),
         ("Deployment", "akri-controller-deployment"),
         ("ServiceAccount", "akri-teardown-sa"),
         ("ClusterRole", "akri-teardown-role"),
@@ -229,6 +230,8 @@ def test_controller_two_replicas_with_leader_election() -> None:
         "resourceNames": ["akri-controller"],
         "verbs": ["get", "update"],
     }
+    # the release's own, free: uninstall removes it
+    assert one(objects, "Lease", "akri-controller")["spec"] == {}
     binding = one(objects, "RoleBinding", "akri-controller-lease")
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "akri-controller-sa", "namespace": "akri"}
@@ -250,6 +253,7 @@ def test_controller_two_replicas_with_leader_election() -> None:
         )
     )["containers"][0]
     assert single["args"] == ["controller", "--no-leader-elect", "--namespace=x"]
+    assert not by_kind(render({"controller": {"leaderElect": False}}), "Lease")
     assert env_of(single)["METRICS_PORT"] == "18081"
     assert single["ports"] == [{"name": "metrics", "containerPort": 18081}]
     assert not [

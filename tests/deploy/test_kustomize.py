@@ -17,8 +17,10 @@ from tests.support.chart import crds, one, pod_spec, render
 pytestmark = pytest.mark.k8s  # for `cluster env`'s KUBECTL, built with the cluster
 
 REPO = Path(__file__).resolve().parents[2]
-# Helm-only: the pre-delete hook.
+# Helm-only: the pre-delete hook, and the Lease made so that uninstall removes it (the
+# controller makes it where nobody did).
 CHART_ONLY = {"akri-teardown"}
+CHART_ONLY_OBJECTS = {("Lease", "akri-controller")}
 # The workloads, and the parts of their Pod spec that must be the chart's (the rest is labels).
 WORKLOADS = [("DaemonSet", "akri-agent-daemonset"), ("Deployment", "akri-controller-deployment")]
 POD_KEYS = ("serviceAccountName", "nodeSelector", "tolerations", "securityContext", "volumes")
@@ -48,7 +50,7 @@ def test_same_objects_as_the_chart_defaults(kustomized: list[dict[str, Any]]) ->
         (o["kind"], o["metadata"]["name"])
         for o in render()
         if o["metadata"]["labels"]["app.kubernetes.io/name"] not in CHART_ONLY
-    }
+    } - CHART_ONLY_OBJECTS
     crd_names = {("CustomResourceDefinition", c["metadata"]["name"]) for c in crds()}
     assert ours == chart | crd_names | {("Namespace", "akri")}
     by_key = {(o["kind"], o["metadata"]["name"]): o for o in kustomized}
