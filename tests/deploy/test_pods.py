@@ -101,20 +101,13 @@ def running(rel: Release, pod: str) -> bool:
     )
 
 
-def within(rel: Release, check: Any, what: str, seconds: float = 60) -> Any:
-    """`until`, with the components' logs in the failure."""
-    try:
-        return until(check, what=what, seconds=seconds)
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}\n{rel.diagnostics(*COMPONENTS)}") from None
-
-
 @pytest.fixture(scope="module")
 def rel(
     node_cluster: dict[str, str], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Release]:
     with release(node_cluster, "ship", tmp_path_factory.mktemp("chart")) as r:
         try:
+            r.components = COMPONENTS
             r.install(values(r))
             yield r
         finally:
@@ -122,11 +115,11 @@ def rel(
 
 
 def test_agent_pod_offers_the_devices(rel: Release) -> None:
-    within(rel, lambda: rel.ready_pod("akri-agent"), "the agent Pod Ready", seconds=120)
+    rel.until(lambda: rel.ready_pod("akri-agent"), "the agent Pod Ready", seconds=120)
     expected = {f"akri.sh/{i}": str(CAPACITY) for i in instances(rel).values()}
     # "any of them": a virtual device per Instance with a free slot
     expected[f"akri.sh/{CONFIG}"] = str(len(DESCRIPTIONS))
-    within(rel, lambda: rel.allocatable(resources(rel)) == expected, "the plugins on the node")
+    rel.until(lambda: rel.allocatable(resources(rel)) == expected, "the plugins on the node")
     items = rel.get("instances.akri.sh", "-n", rel.namespace)["items"]
     assert {i["metadata"]["name"] for i in items} == set(instances(rel).values())
     for inst in items:
@@ -141,13 +134,13 @@ def test_agent_pod_offers_the_devices(rel: Release) -> None:
 
 
 def test_controller_pod_leads_and_runs_a_broker_per_instance(rel: Release) -> None:
-    pod = within(rel, lambda: rel.ready_pod("akri-controller"), "the controller Ready", 120)
+    pod = rel.until(lambda: rel.ready_pod("akri-controller"), "the controller Ready", 120)
     lease = rel.get("lease", "akri-controller", "-n", rel.namespace)
     assert lease["spec"]["holderIdentity"].startswith(pod["metadata"]["name"] + "_")
     assert pod["spec"]["containers"][0]["securityContext"]["runAsNonRoot"] is True
     for description, instance in instances(rel).items():
         name = broker(rel, description)
-        within(rel, functools.partial(running, rel, name), f"broker {name} Running", seconds=90)
+        rel.until(functools.partial(running, rel, name), f"broker {name} Running", seconds=90)
         # the agent's Allocate gave the broker its device, through the kubelet
         env = until(functools.partial(rel.logs, name), what=f"{name}'s output")
         assert f"DEBUG_ECHO_DESCRIPTION={description}" in env.splitlines()
@@ -175,10 +168,9 @@ def test_services_front_the_brokers(rel: Release) -> None:
         ips[instance] = rel.get("pod", name, "-n", rel.namespace)["status"]["podIP"]
     for instance, ip in ips.items():
         service = names.instance_service_name(instance)
-        within(rel, functools.partial(fronts, rel, service, {ip}), f"{service} -> its broker")
+        rel.until(functools.partial(fronts, rel, service, {ip}), f"{service} -> its broker")
     config_service = names.configuration_service_name(CONFIG)
-    within(
-        rel,
+    rel.until(
         functools.partial(fronts, rel, config_service, set(ips.values())),
         f"{config_service} -> every broker",
     )
@@ -197,8 +189,7 @@ def test_a_new_agent_pod_loses_no_slot(rel: Release) -> None:
     old = rel.ready_pod("akri-agent")
     assert old is not None
     rel.kubectl("delete", "pod", "-n", rel.namespace, old["metadata"]["name"])
-    new = within(
-        rel,
+    new = rel.until(
         lambda: (
             (p := rel.ready_pod("akri-agent"))
             and p["metadata"]["uid"] != old["metadata"]["uid"]
@@ -226,7 +217,7 @@ def test_a_new_agent_pod_loses_no_slot(rel: Release) -> None:
 
 
 def test_the_webhook_pod_refuses_a_bad_configuration(rel: Release) -> None:
-    within(rel, lambda: rel.ready_pod("akri-webhook"), "the webhook Ready", 120)
+    rel.until(lambda: rel.ready_pod("akri-webhook"), "the webhook Ready", 120)
     bad = {
         "apiVersion": "akri.sh/v0",
         "kind": "Configuration",
@@ -250,11 +241,11 @@ def test_upgrade_changes_the_sample_configuration(rel: Release) -> None:
     """An upgrade goes through the webhook (UPDATE); the agent and the controller follow it."""
     details = {"descriptions": [*DESCRIPTIONS, "ship2"]}
     rel.upgrade({"debugEcho": {"configuration": {"discoveryDetails": details}}})
-    within(rel, lambda: len(rel.usage()) == 3, "a third Instance after the upgrade")
+    rel.until(lambda: len(rel.usage()) == 3, "a third Instance after the upgrade")
     config = rel.get("configurations.akri.sh", CONFIG, "-n", rel.namespace)
     assert "ship2" in config["spec"]["discoveryHandler"]["discoveryDetails"]
     name = broker(rel, "ship2")
-    within(rel, lambda: running(rel, name), f"the new Instance's broker {name} Running", 90)
+    rel.until(lambda: running(rel, name), f"the new Instance's broker {name} Running", 90)
 
 
 def test_uninstall_leaves_nothing(rel: Release) -> None:

@@ -17,7 +17,7 @@ import copy
 import shutil
 import subprocess
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ import helm_python
 from akri_trio.cluster.image import ensure_image
 from tests.support.chart import CHART
 from tests.support.kubectl import Kubectl, free_port
+from tests.support.polling import until
 
 Obj = dict[str, Any]
 
@@ -55,6 +56,8 @@ class Release:
         self.kubectl = Kubectl(env)
         self.helm = helm_python.Config(kubeconfig_path=env["KUBECONFIG"], namespace=self.namespace)
         self.installed = False
+        # whose logs a failed wait shows (app.kubernetes.io/name of their Pods)
+        self.components: tuple[str, ...] = ("akri-agent",)
         api = urlsplit(env["AKRI_TRIO_APISERVER"])
         repository, tag = image.rsplit(":", 1)
         # what every release of a test needs; a test merges its own values over these
@@ -122,10 +125,17 @@ class Release:
     def logs(self, pod: str) -> str:
         return self.kubectl("logs", "-n", self.namespace, pod, check=False)
 
-    def diagnostics(self, *components: str) -> str:
-        """What a failing wait prints: the namespace's objects and the components' logs."""
+    def until(self, check: Callable[[], Any], what: str, seconds: float = 60) -> Any:
+        """`polling.until`, with the namespace's objects and the components' logs in the
+        failure."""
+        try:
+            return until(check, what=what, seconds=seconds)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{self.diagnostics()}") from None
+
+    def diagnostics(self) -> str:
         out = [self.kubectl("get", "all", "-n", self.namespace, "-o", "wide", check=False)]
-        for name in components:
+        for name in self.components:
             for pod in self.pods(name):
                 pod_name = pod["metadata"]["name"]
                 out.append(f"--- {pod_name}")
