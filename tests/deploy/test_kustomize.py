@@ -5,7 +5,10 @@ chart, for people who install without Helm."""
 
 from __future__ import annotations
 
+import copy
+import json
 import subprocess
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +16,7 @@ import pytest
 import yaml
 
 from tests.support.chart import crds, one, pod_spec, render
+from tests.support.kubectl import Kubectl
 
 pytestmark = pytest.mark.k8s  # for `cluster env`'s KUBECTL, built with the cluster
 
@@ -83,3 +87,33 @@ def test_rbac_matches_the_chart(kustomized: list[dict[str, Any]]) -> None:
                 assert obj.get(key) == chart_obj.get(key), (obj["metadata"]["name"], key)
             compared += 1
     assert compared == 8  # the agent's 3, the controller's 5 (with its Lease Role and binding)
+
+
+def test_the_api_server_accepts_every_object(
+    kustomized: list[dict[str, Any]], cluster: dict[str, str]
+) -> None:
+    """A server-side dry run of everything but the CRDs (which the tests install anyway), moved
+    to a namespace of the test's own: the API server validates each object and stores none."""
+    kubectl = Kubectl(cluster)
+    ns = f"kz-{uuid.uuid4().hex[:6]}"
+    kubectl("create", "namespace", ns)
+    try:
+        docs = []
+        for obj in copy.deepcopy(kustomized):
+            if obj["kind"] in ("Namespace", "CustomResourceDefinition"):
+                continue
+            if obj["metadata"].get("namespace") == "akri":
+                obj["metadata"]["namespace"] = ns
+            for subject in obj.get("subjects") or []:
+                subject["namespace"] = ns
+            docs.append(obj)
+        out = kubectl(
+            "apply",
+            "--dry-run=server",
+            "-f",
+            "-",
+            stdin=json.dumps({"kind": "List", "apiVersion": "v1", "items": docs}),
+        )
+        assert out.count("(server dry run)") == len(docs)
+    finally:
+        kubectl("delete", "namespace", ns, "--wait=false", check=False)

@@ -239,6 +239,7 @@ def test_the_webhook_pod_refuses_a_bad_configuration(rel: Release) -> None:
 
 def test_upgrade_changes_the_sample_configuration(rel: Release) -> None:
     """An upgrade goes through the webhook (UPDATE); the agent and the controller follow it."""
+    holder = rel.get("lease", "akri-controller", "-n", rel.namespace)["spec"]["holderIdentity"]
     details = {"descriptions": [*DESCRIPTIONS, "ship2"]}
     rel.upgrade({"debugEcho": {"configuration": {"discoveryDetails": details}}})
     rel.until(lambda: len(rel.usage()) == 3, "a third Instance after the upgrade")
@@ -246,6 +247,9 @@ def test_upgrade_changes_the_sample_configuration(rel: Release) -> None:
     assert "ship2" in config["spec"]["discoveryHandler"]["discoveryDetails"]
     name = broker(rel, "ship2")
     rel.until(lambda: running(rel, name), f"the new Instance's broker {name} Running", 90)
+    # the chart's Lease is the leader's still: the upgrade left the fields it does not set
+    lease = rel.get("lease", "akri-controller", "-n", rel.namespace)
+    assert lease["spec"]["holderIdentity"] == holder
 
 
 def test_uninstall_leaves_nothing(rel: Release) -> None:
