@@ -164,25 +164,16 @@ def test_agent_full_debug_echo_and_host_network() -> None:
     assert scoped["ports"][0]["containerPort"] == 18080
 
 
-def _rules(role: dict[str, Any]) -> list[str]:
-    """A role's rules in a canonical order (the order of rules grants nothing)."""
-    return sorted(yaml.safe_dump(rule, sort_keys=True) for rule in role["rules"])
-
-
-def test_rbac_is_the_tested_manifests() -> None:
-    """The chart's roles are the ones the components' RBAC tests run them with:
-    k8s/agent.yaml, k8s/controller.yaml (its ClusterRole and its Lease Role) and
-    k8s/webhook.yaml."""
+def test_agent_rbac_is_the_tested_manifests() -> None:
+    """The chart's agent and webhook roles are the ones their RBAC tests run with."""
     objects = render({"webhookConfiguration": {"enabled": True}})
-    for manifest, kind, role in (
-        ("agent.yaml", "ClusterRole", "akri-agent-role"),
-        ("controller.yaml", "ClusterRole", "akri-controller-role"),
-        ("controller.yaml", "Role", "akri-controller-lease"),
-        ("webhook.yaml", "ClusterRole", "akri-webhook-role"),
+    for manifest, role in (
+        ("agent.yaml", "akri-agent-role"),
+        ("webhook.yaml", "akri-webhook-role"),
     ):
         docs = list(yaml.safe_load_all((REPO / "k8s" / manifest).read_text()))
-        (tested,) = [d for d in docs if d["kind"] == kind]
-        assert _rules(one(objects, kind, role)) == _rules(tested), (manifest, role)
+        (tested,) = [d for d in docs if d["kind"] == "ClusterRole"]
+        assert one(objects, "ClusterRole", role)["rules"] == tested["rules"]
 
 
 def test_api_override_puts_api_clients_on_the_host_network() -> None:
@@ -261,6 +252,22 @@ def test_controller_two_replicas_with_leader_election() -> None:
         for o in render({"controller": {"enabled": False}})
         if "controller" in o["metadata"]["name"]
     ]
+
+
+def _rules(role: dict[str, Any]) -> list[str]:
+    """A role's rules in a canonical order (the order of rules grants nothing)."""
+    return sorted(yaml.safe_dump(rule, sort_keys=True) for rule in role["rules"])
+
+
+def test_controller_rbac_is_the_tested_manifest() -> None:
+    """The chart's controller roles, cluster-wide and for its Lease, are k8s/controller.yaml's,
+    which tests/controller/test_controller_rbac.py runs the controller with."""
+    objects = render()
+    docs = list(yaml.safe_load_all((REPO / "k8s" / "controller.yaml").read_text()))
+    for kind, role in (("ClusterRole", "akri-controller-role"), ("Role", "akri-controller-lease")):
+        (tested,) = [d for d in docs if d["kind"] == kind]
+        assert tested["metadata"]["name"] == role
+        assert _rules(one(objects, kind, role)) == _rules(tested), role
 
 
 def _webhook_cert(objects: list[dict[str, Any]]) -> tuple[x509.Certificate, x509.Certificate]:
