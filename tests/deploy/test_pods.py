@@ -3,8 +3,9 @@ imported into containerd (cached by content hash), the Helm chart installed with
 engine with the controller and the webhook, the agent's Pod offering debugEcho devices to the
 kubelet, the controller's Pod running a busybox broker per Instance that gets its device's
 DEBUG_ECHO_DESCRIPTION and the instance and configuration Services in front of the brokers, a
-DaemonSet restart that loses no slot, the webhook's Pod refusing a bad Configuration, an upgrade,
-and an uninstall that leaves nothing behind (see tests/support/release.py for how a release is
+DaemonSet restart that loses no slot, the webhook's Pod refusing a bad Configuration, upstream's
+offline scenario (the devices go and come back, and with them Instances, brokers and Services),
+an upgrade, and an uninstall that leaves nothing behind (see tests/support/release.py for how a release is
 scoped on the shared node).
 """
 
@@ -235,6 +236,41 @@ def test_the_webhook_pod_refuses_a_bad_configuration(rel: Release) -> None:
         rel.kubectl.apply(bad)
     configurations = rel.get("configurations.akri.sh", "-n", rel.namespace)["items"]
     assert [c["metadata"]["name"] for c in configurations] == [CONFIG]
+
+
+def availability(rel: Release, text: str) -> None:
+    """debugEcho's availability file in the agent's container, as upstream's end-to-end test
+    writes it: OFFLINE takes every device away, anything else brings them back."""
+    agent = rel.ready_pod("akri-agent")
+    assert agent is not None
+    script = f"echo {text} > /tmp/debug-echo-availability.txt"
+    rel.kubectl("exec", "-n", rel.namespace, agent["metadata"]["name"], "--", "sh", "-c", script)
+
+
+def services(rel: Release) -> set[str]:
+    """The Services the controller made (the webhook's is the chart's)."""
+    made = rel.get("services", "-n", rel.namespace, "-l", f"{naming.LABEL_CONTROLLER}=akri.sh")
+    return {s["metadata"]["name"] for s in made["items"]}
+
+
+def test_devices_offline_and_back(rel: Release) -> None:
+    """Upstream's offline scenario: the devices go, and their Instances, brokers and Services
+    with them; they come back, and so does everything."""
+    availability(rel, "OFFLINE")
+    rel.until(lambda: not rel.usage(), "the Instances gone")
+    brokers = {broker(rel, d) for d in DESCRIPTIONS}
+    rel.until(
+        lambda: not brokers & {p["metadata"]["name"] for p in rel.pods_of(CONFIG)},
+        "the brokers gone",
+    )
+    rel.until(lambda: not services(rel), "the Services gone")
+    availability(rel, "ONLINE")
+    rel.until(lambda: set(rel.usage()) == set(instances(rel).values()), "the Instances back")
+    for name in brokers:
+        rel.until(functools.partial(running, rel, name), f"broker {name} Running again", 90)
+    wanted = {names.instance_service_name(i) for i in instances(rel).values()}
+    wanted.add(names.configuration_service_name(CONFIG))
+    rel.until(lambda: services(rel) == wanted, "the Services back")
 
 
 def test_upgrade_changes_the_sample_configuration(rel: Release) -> None:

@@ -102,6 +102,12 @@ class Release:
         pods = self.get("pods", "-n", self.namespace, "-l", f"app.kubernetes.io/name={name}")
         return [p for p in pods["items"] if not p["metadata"].get("deletionTimestamp")]
 
+    def pods_of(self, configuration: str) -> list[Obj]:
+        """The Pods the controller made for `configuration` (brokers, Job Pods), terminating
+        ones included."""
+        label = f"akri.sh/configuration={configuration}"
+        return list(self.get("pods", "-n", self.namespace, "-l", label)["items"])
+
     def ready_pod(self, name: str) -> Obj | None:
         for pod in self.pods(name):
             conditions = pod.get("status", {}).get("conditions") or []
