@@ -5,8 +5,8 @@ kubelet, the controller's Pod running a busybox broker per Instance that gets it
 DEBUG_ECHO_DESCRIPTION and the instance and configuration Services in front of the brokers, a
 DaemonSet restart that loses no slot, the webhook's Pod refusing a bad Configuration, upstream's
 offline scenario (the devices go and come back, and with them Instances, brokers and Services),
-an upgrade, and an uninstall that leaves nothing behind (see tests/support/release.py for how a release is
-scoped on the shared node).
+an upgrade, and an uninstall that leaves nothing behind (see tests/support/release.py for how a
+release is scoped on the shared node).
 """
 
 from __future__ import annotations
