@@ -11,6 +11,7 @@
     ├── plugin nursery (PluginManager)
     │   └── per plugin: socket server + ListAndWatch streams + registration
     ├── slot reclaimer                                       PodResources -> free unused slots
+    ├── brokerInfo copier (with --broker-info-dir)           workload files -> Instances
     └── health / metrics server
 
 Cancelling `run_agent` (SIGTERM/SIGINT in the CLI) tears all of it down; each task removes what
@@ -24,12 +25,15 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 import attrs
 import trio
 
+from akri_trio.agent.brokerinfo import DEFAULT_PERIOD_S as BROKER_INFO_PERIOD_S
+from akri_trio.agent.brokerinfo import BrokerInfo, Limits
 from akri_trio.agent.configurations import ConfigurationReconciler
 from akri_trio.agent.events import AgentEvents
 from akri_trio.agent.metrics import AgentMetrics
@@ -82,6 +86,9 @@ class AgentSettings:
     metrics_host: str = "0.0.0.0"
     reclaim_period: float = DEFAULT_PERIOD_S
     reclaim_grace: float | None = None
+    broker_info_dir: Path | None = None  # brokerInfo off when None
+    broker_info_limits: Limits = attrs.field(factory=Limits)
+    broker_info_period: float = BROKER_INFO_PERIOD_S
 
 
 @attrs.define
@@ -132,6 +139,12 @@ def _instance_ref(view: NodeView, key: ObjectKey) -> ObjectRef | None:
         return None
     meta = inst.metadata
     return ObjectRef(inst.api_version, inst.kind, meta.namespace, meta.name, meta.uid)
+
+
+def _field(obj: Mapping[str, Any] | None, *path: str) -> Any:
+    for name in path:
+        obj = (obj or {}).get(name)
+    return obj
 
 
 def _plan_inputs(inst: Instance) -> Instance:
@@ -245,6 +258,22 @@ async def run_agent(
         metrics.queue_depth.labels(controller="configurations").set_function(
             lambda: float(len(controller.queue))
         )
+        if settings.broker_info_dir is not None:
+            broker_info = BrokerInfo(
+                api,
+                view,
+                settings.broker_info_dir,
+                limits=settings.broker_info_limits,
+                generation=lambda k: _field(configs.get(k), "metadata", "generation"),
+                current=lambda k: _field(instances.get(k), "spec", "brokerInfo"),
+                known=lambda: instances.snapshot().keys(),
+                namespace=ns,
+                period=settings.broker_info_period,
+                on_problems=lambda k: controller.queue.enqueue(k),
+            )
+            plugins.workloads = broker_info
+            reconciler.broker_info_problems = broker_info.problems
+            root.start_soon(broker_info.run)
         await root.start(controller.run)
         await root.start(watch.run)
         await root.start(plugins.run)
