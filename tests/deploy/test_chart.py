@@ -75,8 +75,9 @@ def test_defaults_make_the_agent_the_controller_and_the_cleanup_hook() -> None:
         ("ServiceAccount", "akri-controller-sa"),
         ("ClusterRole", "akri-controller-role"),
         ("ClusterRoleBinding", "akri-controller-binding"),
-        ("Role", "akri-controller-leader-election"),
-        ("RoleBinding", "akri-controller-leader-election"),
+        ("Role", "akri-controller-lease"),
+        ("RoleBinding", "akri-controller-lease"),
+        ("Lease", "akri-controller"),
         ("Deployment", "akri-controller-deployment"),
         ("ServiceAccount", "akri-teardown-sa"),
         ("ClusterRole", "akri-teardown-role"),
@@ -261,30 +262,72 @@ def test_controller_two_replicas_with_leader_election() -> None:
     objects = render()
     deploy = one(objects, "Deployment", "akri-controller-deployment")
     assert deploy["spec"]["replicas"] == 2
-    (c,) = pod_spec(deploy)["containers"]
-    assert c["args"] == ["controller", "--metrics-port=8080", "--leader-elect"]
-    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    lease = one(objects, "Role", "akri-controller-leader-election")
-    assert {"resourceNames": ["akri-controller"]}.items() <= lease["rules"][1].items()
-    assert lease["rules"][1]["apiGroups"] == ["coordination.k8s.io"]
+    spec = pod_spec(deploy)
+    assert spec["serviceAccountName"] == "akri-controller-sa"
+    (c,) = spec["containers"]
+    assert c["args"] == ["controller", "--leader-elect"]
+    env = env_of(c)
+    assert env["METRICS_PORT"] == "8080"
+    assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}  # holder identity
+    assert c["ports"] == [{"name": "metrics", "containerPort": 8080}]
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    # the Lease the controller looks for in its own namespace (the release's), and only it
+    lease = one(objects, "Role", "akri-controller-lease")
+    assert lease["metadata"]["namespace"] == "akri"
+    assert lease["rules"][1] == {
+        "apiGroups": ["coordination.k8s.io"],
+        "resources": ["leases"],
+        "resourceNames": ["akri-controller"],
+        "verbs": ["get", "update"],
+    }
+    # the release's own, free: uninstall removes it
+    assert one(objects, "Lease", "akri-controller")["spec"] == {}
+    binding = one(objects, "RoleBinding", "akri-controller-lease")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "akri-controller-sa", "namespace": "akri"}
+    ]
     single = pod_spec(
         one(
-            render({"controller": {"leaderElect": False, "watchNamespace": "x", "replicas": 1}}),
+            render(
+                {
+                    "controller": {
+                        "leaderElect": False,
+                        "watchNamespace": "x",
+                        "replicas": 1,
+                        "metricsPort": 18081,
+                    }
+                }
+            ),
             "Deployment",
             "akri-controller-deployment",
         )
     )["containers"][0]
-    assert single["args"] == [
-        "controller",
-        "--metrics-port=8080",
-        "--no-leader-elect",
-        "--namespace=x",
-    ]
+    assert single["args"] == ["controller", "--no-leader-elect", "--namespace=x"]
+    assert not by_kind(render({"controller": {"leaderElect": False}}), "Lease")
+    assert env_of(single)["METRICS_PORT"] == "18081"
+    assert single["ports"] == [{"name": "metrics", "containerPort": 18081}]
     assert not [
         o
         for o in render({"controller": {"enabled": False}})
         if "controller" in o["metadata"]["name"]
     ]
+
+
+def _rules(role: dict[str, Any]) -> list[str]:
+    """A role's rules in a canonical order (the order of rules grants nothing)."""
+    return sorted(yaml.safe_dump(rule, sort_keys=True) for rule in role["rules"])
+
+
+def test_controller_rbac_is_the_tested_manifest() -> None:
+    """The chart's controller roles, cluster-wide and for its Lease, are k8s/controller.yaml's,
+    which tests/controller/test_controller_rbac.py runs the controller with."""
+    objects = render()
+    docs = list(yaml.safe_load_all((REPO / "k8s" / "controller.yaml").read_text()))
+    for kind, role in (("ClusterRole", "akri-controller-role"), ("Role", "akri-controller-lease")):
+        (tested,) = [d for d in docs if d["kind"] == kind]
+        assert tested["metadata"]["name"] == role
+        assert _rules(one(objects, kind, role)) == _rules(tested), role
 
 
 def _webhook_cert(objects: list[dict[str, Any]]) -> tuple[x509.Certificate, x509.Certificate]:

@@ -1,10 +1,14 @@
-"""`kubectl apply -k k8s/` deploys what the Helm chart deploys with its defaults: rendered with
+"""`kubectl apply -k k8s/` deploys what the Helm chart deploys with its defaults (the CRDs, the
+agent and the controller with their RBAC; the webhook is off by default in both): rendered with
 the cluster's own kubectl (`kubectl kustomize`, offline) and compared object by object with the
 chart, for people who install without Helm."""
 
 from __future__ import annotations
 
+import copy
+import json
 import subprocess
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -12,12 +16,19 @@ import pytest
 import yaml
 
 from tests.support.chart import crds, one, pod_spec, render
+from tests.support.kubectl import Kubectl
 
 pytestmark = pytest.mark.k8s  # for `cluster env`'s KUBECTL, built with the cluster
 
 REPO = Path(__file__).resolve().parents[2]
-# Helm-only (a pre-delete hook) or not in the tree yet (the controller's manifest).
-CHART_ONLY = {"akri-teardown", "akri-controller"}
+# Helm-only: the pre-delete hook, and the Lease made so that uninstall removes it (the
+# controller makes it where nobody did).
+CHART_ONLY = {"akri-teardown"}
+CHART_ONLY_OBJECTS = {("Lease", "akri-controller")}
+# The workloads, and the parts of their Pod spec that must be the chart's (the rest is labels).
+WORKLOADS = [("DaemonSet", "akri-agent-daemonset"), ("Deployment", "akri-controller-deployment")]
+POD_KEYS = ("serviceAccountName", "nodeSelector", "tolerations", "securityContext", "volumes")
+RBAC_KINDS = ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount")
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +54,7 @@ def test_same_objects_as_the_chart_defaults(kustomized: list[dict[str, Any]]) ->
         (o["kind"], o["metadata"]["name"])
         for o in render()
         if o["metadata"]["labels"]["app.kubernetes.io/name"] not in CHART_ONLY
-    }
+    } - CHART_ONLY_OBJECTS
     crd_names = {("CustomResourceDefinition", c["metadata"]["name"]) for c in crds()}
     assert ours == chart | crd_names | {("Namespace", "akri")}
     by_key = {(o["kind"], o["metadata"]["name"]): o for o in kustomized}
@@ -51,19 +62,57 @@ def test_same_objects_as_the_chart_defaults(kustomized: list[dict[str, Any]]) ->
         assert by_key["CustomResourceDefinition", crd["metadata"]["name"]] == crd
 
 
-def test_agent_daemonset_matches_the_chart(kustomized: list[dict[str, Any]]) -> None:
-    ours = pod_spec(one(kustomized, "DaemonSet", "akri-agent-daemonset"))
-    chart = pod_spec(one(render(), "DaemonSet", "akri-agent-daemonset"))
-    for key in ("serviceAccountName", "nodeSelector", "securityContext", "volumes"):
+@pytest.mark.parametrize(("kind", "name"), WORKLOADS)
+def test_workloads_match_the_chart(kustomized: list[dict[str, Any]], kind: str, name: str) -> None:
+    mine_obj, chart_obj = one(kustomized, kind, name), one(render(), kind, name)
+    assert mine_obj["spec"].get("replicas") == chart_obj["spec"].get("replicas")
+    ours, chart = pod_spec(mine_obj), pod_spec(chart_obj)
+    for key in POD_KEYS:
         assert ours.get(key) == chart.get(key), key
     (mine,) = ours["containers"]
     (theirs,) = chart["containers"]
     assert _comparable(mine) == _comparable(theirs)
     assert mine["resources"] == theirs["resources"]
     assert mine["image"] == theirs["image"] == "akri-trio:0.1.0"
-    rbac = {"ClusterRole", "ClusterRoleBinding", "ServiceAccount"}
+
+
+def test_rbac_matches_the_chart(kustomized: list[dict[str, Any]]) -> None:
+    """Every RBAC object grants what the chart's of the same name does (which objects there are
+    is test_same_objects_as_the_chart_defaults')."""
+    chart = render()
     for obj in kustomized:
-        if obj["kind"] in rbac:
-            chart_obj = one(render(), obj["kind"], obj["metadata"]["name"])
+        if obj["kind"] in RBAC_KINDS:
+            chart_obj = one(chart, obj["kind"], obj["metadata"]["name"])
+            assert obj["metadata"].get("namespace") == chart_obj["metadata"].get("namespace")
             for key in ("rules", "roleRef", "subjects"):
                 assert obj.get(key) == chart_obj.get(key), (obj["metadata"]["name"], key)
+
+
+def test_the_api_server_accepts_every_object(
+    kustomized: list[dict[str, Any]], cluster: dict[str, str]
+) -> None:
+    """A server-side dry run of everything but the CRDs (which the tests install anyway), moved
+    to a namespace of the test's own: the API server validates each object and stores none."""
+    kubectl = Kubectl(cluster)
+    ns = f"kz-{uuid.uuid4().hex[:6]}"
+    kubectl("create", "namespace", ns)
+    try:
+        docs = []
+        for obj in copy.deepcopy(kustomized):
+            if obj["kind"] in ("Namespace", "CustomResourceDefinition"):
+                continue
+            if obj["metadata"].get("namespace") == "akri":
+                obj["metadata"]["namespace"] = ns
+            for subject in obj.get("subjects") or []:
+                subject["namespace"] = ns
+            docs.append(obj)
+        out = kubectl(
+            "apply",
+            "--dry-run=server",
+            "-f",
+            "-",
+            stdin=json.dumps({"kind": "List", "apiVersion": "v1", "items": docs}),
+        )
+        assert out.count("(server dry run)") == len(docs)
+    finally:
+        kubectl("delete", "namespace", ns, "--wait=false", check=False)

@@ -1,4 +1,4 @@
-"""Run a component with exactly the RBAC its manifest grants: apply the manifest's Namespace,
+"""Run a component with exactly the RBAC its manifest grants: apply the manifest's Namespaces,
 ServiceAccount, (Cluster)Roles and bindings, and get a token for that ServiceAccount from the
 TokenRequest API, as the kubelet gets one for a Pod."""
 
@@ -28,9 +28,16 @@ RBAC_KINDS = {
 
 
 async def apply_rbac(api: Client, manifest: Path) -> None:
-    """Apply the manifest's RBAC objects (and its Namespace)."""
-    for doc in yaml.safe_load_all(await trio.Path(manifest).read_text()):
-        if doc and doc["kind"] in RBAC_KINDS:
+    """Apply the manifest's RBAC objects, and the Namespaces they are in (a manifest that
+    shares its namespace with another leaves the Namespace object to that one)."""
+    docs = [d for d in yaml.safe_load_all(await trio.Path(manifest).read_text()) if d]
+    for ns in sorted({d["metadata"]["namespace"] for d in docs if d["metadata"].get("namespace")}):
+        namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
+        await api.apply(
+            RBAC_KINDS["Namespace"], namespace, field_manager="akri-trio-tests", force=True
+        )
+    for doc in docs:
+        if doc["kind"] in RBAC_KINDS:
             await api.apply(
                 RBAC_KINDS[doc["kind"]], doc, field_manager="akri-trio-tests", force=True
             )
