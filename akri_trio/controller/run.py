@@ -6,14 +6,19 @@
         └── reconcile_while_leading
             ├── watches -> stores: Instances, Configurations, Nodes, and only what is ours:
             │   Pods and Jobs labelled akri.sh/configuration, Services labelled controller=akri.sh
+            ├── event recorder                      Events on Instances and Configurations
             ├── instance queue   Instance key       broker Pods and Job   (reconcilers.instance)
             ├── services queue   Configuration key  its Services          (reconcilers.services)
             └── node queue       Node key           lost-node cleanup     (reconcilers.node)
 
 The standby keeps no watches: becoming leader lists everything afresh, so a new leader never
-acts on a cache the old one filled. Losing the Lease cancels the whole subtree. Nothing needs a
-timer: each queue is woken by cache changes, and by the `wake_at` a plan returns (a Pending
-deadline, a broker's backoff), so with nothing changing the controller sends no request.
+acts on a cache the old one filled. Once the first lists are in, the node queue also gets the
+nodes that Instances or Configuration statuses still name but that no longer exist: nodes
+deleted while no controller led are cleaned as a live deletion is (nodeloss.py says what a
+fresh controller can know about NotReady ones). Losing the Lease cancels the whole subtree.
+Nothing needs a timer: each queue is woken by cache changes, and by the `wake_at` a plan
+returns (a Pending deadline, a broker's backoff), so with nothing changing the controller sends
+no request.
 
 Caches hold only what the decisions read (`slim_pod`, `slim_job`, `slim_node`): a busy
 kubelet's status updates then change nothing in the cache and wake nobody.
@@ -50,6 +55,7 @@ from akri_trio.kube import (
     Change,
     Client,
     Controller,
+    EventRecorder,
     Mapper,
     ObjectKey,
     Requeue,
@@ -282,7 +288,8 @@ async def reconcile_while_leading(
     """Watch, cache and reconcile until cancelled (leadership lost, or shutdown)."""
     caches = make_caches()
     metrics = running.metrics
-    reconcilers = Reconcilers(api, caches, metrics)
+    recorder = EventRecorder(api, "akri-controller")
+    reconcilers = Reconcilers(api, caches, metrics, recorder=recorder)
     ns = settings.namespace
     ours = f"{naming.LABEL_CONTROLLER}={naming.CONTROLLER_VALUE}"
     watches: list[tuple[Resource, Store, str | None]] = [
@@ -330,6 +337,7 @@ async def reconcile_while_leading(
                     )
                 )
             nursery.start_soon(reflect, api, NODES, caches.nodes)
+            nursery.start_soon(recorder.run)
             running.caches, running.reconcilers = caches, reconcilers
             metrics.broker_pods = lambda: caches.pods.snapshot().values()
             # No deadline on the first lists: with the API server away this waits (and /readyz
@@ -339,6 +347,8 @@ async def reconcile_while_leading(
                 metrics.queue_depth.labels(controller=name).set_function(
                     functools.partial(len, controller.queue)
                 )
+            for key in reconcilers.lost_while_away():
+                controllers["node"].queue.enqueue(key)
             running.synced = True
             log.info("controller synced: %d Instances cached", len(caches.instances))
     finally:
