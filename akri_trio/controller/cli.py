@@ -38,7 +38,10 @@ def _parse(
 ) -> tuple[ControllerSettings, argparse.Namespace]:
     p = argparse.ArgumentParser(prog="akri-trio controller", description=__doc__)
     p.add_argument(
-        "--kubeconfig", type=Path, default=None, help="default: in-cluster, else kubectl's search"
+        "--kubeconfig",
+        type=Path,
+        default=None,
+        help="kubectl's order by default: env KUBECONFIG, in-cluster, ~/.kube/config",
     )
     p.add_argument(
         "--metrics-port",
