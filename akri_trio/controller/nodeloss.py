@@ -16,6 +16,8 @@ that starts (or starts leading) can know about it:
   not scheduled onto a NotReady one), so a node named as serving something had been Ready:
   it is cleaned once, as upstream cleans a node it saw go from Ready to NotReady. A NotReady
   node that serves nothing (a node still joining) is only remembered, as upstream does.
+A node deleted while the Node watch was away (a relist) needs none of this: the cache drops it
+at the relist and tells its key as changed, so it is cleaned as a live deletion is.
 
 The plan is a set of removals, rendered as RFC 6902 JSON patches that `test` each entry just
 before removing it. Upstream blanks the slots to "" with a merge patch, which makes the
