@@ -18,7 +18,7 @@ import pytest
 import trio
 
 from akri_trio.controller.run import ControllerSettings, RunningController, run_controller
-from akri_trio.kube import JSON, Client, NotFound, load_config
+from akri_trio.kube import JSON, Client, NotFound, Resource, load_config
 from akri_trio.kube.events import EVENTS
 from akri_trio.model import naming
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
@@ -363,3 +363,28 @@ async def test_events_tell_kubectl_describe_what_the_controller_did(
 
 async def _has(api: Client, obj: Mapping[str, Any], reason: str) -> bool:
     return reason in await _reasons(api, obj)
+
+
+QUOTAS = Resource.core("resourcequotas", "ResourceQuota")
+
+
+async def test_a_refused_broker_is_a_warning_with_the_api_servers_message(api: Client) -> None:
+    """Admission refuses the broker (a quota of no Pods): the Instance says why, once per
+    message however often the create is retried."""
+    async with namespace(api, "ctl-refused") as ns, fake_nodes(api) as (node,):
+        quota = {"metadata": {"name": "no-pods"}, "spec": {"hard": {"pods": "0"}}}
+        await api.create(
+            QUOTAS, {"apiVersion": "v1", "kind": "ResourceQuota", **quota}, namespace=ns
+        )
+        config = await _create_config(api, broker_config("cfg", ns, pod=pod_spec(nowhere=True)))
+        inst = await make_instance(api, config, "cfg-aaaaaa", [node], shared=False)
+        async with controller(api, ns):
+
+            async def refused() -> list[JSON] | None:
+                return (await _reasons(api, inst)).get("BrokerFailed")
+
+            (event,) = await until(refused, what="a BrokerFailed Event on the Instance")
+            assert event["type"] == "Warning"
+            assert event["message"].startswith("could not create broker Pod cfg-aaaaaa-pod: ")
+            assert "exceeded quota" in event["message"]
+            assert not await brokers(api, ns)
