@@ -6,7 +6,8 @@ ended (and how many times since it last ran stably), a broker that failed or tha
 server refused to create (with its message), a Service made or removed, a node lost. Each
 Event goes on the object that owns what changed: a broker or an instance Service on its
 Instance, a configuration Service on its Configuration; a lost node on every Instance it
-left and on every Configuration whose status or Instances it touched.
+left, and on every Configuration whose status entry for it was removed or whose Instance it
+left with no node (and which was deleted).
 
 Which Event a write means is decided here from plain data (`created`, `deleted`, `refused`,
 `node_lost`, ...), with no I/O; the reconcilers hand each to the recorder, which never blocks

@@ -138,6 +138,15 @@ def about(obj: Mapping[str, Any]) -> dict[str, str]:
     )
 
 
+def about_owner(on: Mapping[str, Any] | None) -> dict[str, str]:
+    """Log fields naming the Instance or Configuration an Event subject (events.py) is."""
+    if on is None or on.get("kind") not in ("Instance", "Configuration"):
+        return {}
+    meta = on.get("metadata") or {}
+    key = ObjectKey(str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+    return fields(**{str(on["kind"]).lower(): key})
+
+
 def owned_by_instance(obj: Mapping[str, Any]) -> bool:
     refs = (obj.get("metadata") or {}).get("ownerReferences") or ()
     return any(ref.get("kind") == "Instance" for ref in refs)
@@ -256,7 +265,14 @@ class Reconcilers:
                 resource_version=resource_version,
                 propagation_policy=d.propagation,
             )
-            log.info("deleted %s %s/%s (%s)", res.kind, d.namespace, d.name, d.reason)
+            log.info(
+                "deleted %s %s/%s (%s)",
+                res.kind,
+                d.namespace,
+                d.name,
+                d.reason,
+                extra=about_owner(on),
+            )
         except (NotFound, Conflict):
             return False  # gone already, or another object has the name: not what we decided on
         finally:

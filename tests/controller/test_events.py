@@ -6,6 +6,7 @@ from typing import Any
 
 from akri_trio.controller import Delete, Retry, broker_pod, configuration_service
 from akri_trio.controller import events as ev
+from akri_trio.controller.reconcilers import about, about_owner
 from akri_trio.kube import ObjectRef
 from tests.controller.objects import CONFIG, INSTANCE, configuration, instance
 
@@ -87,3 +88,14 @@ def test_node_lost_names_the_node_why_and_what_was_freed() -> None:
         "Instance i had no other node" in ev.instance_deleted("n", "deleted", config, "i").message
     )
     assert ev.status_released("n", "deleted", config).obj["kind"] == "Configuration"
+
+
+def test_log_fields_name_the_configuration_instance_and_node() -> None:
+    assert about(_pod()) == {
+        "configuration": f"ns/{CONFIG}",
+        "instance": f"ns/{INSTANCE}",
+        "node": "node-a",
+    }
+    assert about_owner(ev.ref(configuration())) == {"configuration": f"ns/{CONFIG}"}
+    assert about_owner(ev.ref(instance())) == {"instance": f"ns/{INSTANCE}"}
+    assert about_owner(None) == {}
