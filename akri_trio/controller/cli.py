@@ -6,16 +6,20 @@ hands its Lease back on the way out so a standby takes over at once."""
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
-import signal
 from collections.abc import Mapping
 from pathlib import Path
 
+import attrs
 import trio
 
 from akri_trio.controller.run import ControllerSettings, default_identity, run_controller
 from akri_trio.flaghelp import Parser, add_env_argument, add_kubeconfig_argument
+from akri_trio.kube import Client, KubeConfig, load_config
+from akri_trio.observe.logs import add_log_arguments, log_startup, setup_logging
+from akri_trio.shutdown import run_until_signalled
 
 log = logging.getLogger("akri_trio.controller")
 
@@ -30,7 +34,9 @@ def _own_namespace(path: Path = IN_CLUSTER_NAMESPACE) -> str:
         return DEFAULT_LEASE_NAMESPACE
 
 
-def parse_args(argv: list[str], env: Mapping[str, str]) -> ControllerSettings:
+def _parse(
+    argv: list[str], env: Mapping[str, str]
+) -> tuple[ControllerSettings, argparse.Namespace]:
     p = Parser(prog="akri-trio controller", description=__doc__)
     add_kubeconfig_argument(p)
     add_env_argument(
@@ -65,17 +71,13 @@ def parse_args(argv: list[str], env: Mapping[str, str]) -> ControllerSettings:
     p.add_argument(
         "--identity",
         default=None,
-        help="this replica's holder identity (default: $POD_NAME or the host name, and a "
-        "random suffix)",
+        help="this replica's holder identity (default: env POD_NAME or the host name, "
+        "and a random suffix)",
     )
     p.add_argument("--workers", type=int, default=8, help="Instances reconciled in parallel")
-    add_env_argument(p, "--log-level", env=env, var="AKRI_LOG_LEVEL", default="INFO")
+    add_log_arguments(p, env)
     args = p.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per API request is noise
-    return ControllerSettings(
+    settings = ControllerSettings(
         kubeconfig=args.kubeconfig,
         namespace=args.namespace,
         metrics_port=None if args.metrics_port < 0 else args.metrics_port,
@@ -85,20 +87,24 @@ def parse_args(argv: list[str], env: Mapping[str, str]) -> ControllerSettings:
         identity=args.identity or default_identity(),
         workers=args.workers,
     )
+    return settings, args
 
 
-async def _main(settings: ControllerSettings) -> None:
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(run_controller, settings)
-            async for signum in signals:
-                log.info("%s: shutting down", signal.Signals(signum).name)
-                nursery.cancel_scope.cancel()
-                return
+def parse_args(argv: list[str], env: Mapping[str, str]) -> ControllerSettings:
+    return _parse(argv, env)[0]
+
+
+async def _main(settings: ControllerSettings, config: KubeConfig) -> None:
+    async with Client.open(config) as api:
+        await run_until_signalled(functools.partial(run_controller, settings, api=api), log)
 
 
 def main(argv: list[str]) -> int:
-    settings = parse_args(argv, os.environ)
-    trio.run(_main, settings)
+    settings, args = _parse(argv, os.environ)
+    config = load_config(settings.kubeconfig)  # a bad kubeconfig is one error line, first
+    setup_logging(args.log_level, args.log_format)
+    logs = {"log_level": args.log_level, "log_format": args.log_format}
+    log_startup(log, "controller", {**attrs.asdict(settings, recurse=False), **logs})
+    trio.run(_main, settings, config)
     log.info("controller stopped")
     return 0
