@@ -6,18 +6,20 @@ the write whenever this server does not answer. So the server must start answeri
 never wedge, and survive whatever else on the network connects to it: the request body is
 bounded, every exchange (TLS handshake included) has a deadline, and the open connections are
 capped. The HTTP/1.1 machinery is the observe endpoint's (`serve_http`); here are only the
-routes and the one thing the answers need from the cluster, its OpenAPI v2 document.
+routes and the two things the answers need from the cluster: its OpenAPI v2 document and
+which namespaces already use a Configuration name.
 
 That document holds the schemas of PodSpec, JobSpec and ServiceSpec for the API server's own
 version. It is fetched once at start through our kube client and kept in memory (the core
 types change only when the API server is upgraded, and a webhook Pod is restarted far more
-often than that). Until it has been fetched, retried with backoff, `/readyz` says so and
-`/validate` answers 503, which the API server treats as a failure: nothing is admitted
-unchecked.
+often than that). The Configurations' names come from a watch (a store indexed by name). Until
+both are loaded (the document fetched, retried with backoff; the watch's first list done),
+`/readyz` says so and `/validate` answers 503, which the API server treats as a failure:
+nothing is admitted unchecked.
 
-`route` is a pure function of the request and the loaded schemas, tested without sockets;
-`serve_webhook` runs the loader and the server in one nursery, so cancelling it closes the
-listener, every connection and the fetch.
+`route` is a pure function of the request, the loaded schemas and a name lookup, tested without
+sockets; `serve_webhook` runs the loader, the watch and the server in one nursery, so cancelling
+it closes the listener, every connection, the fetch and the watch.
 """
 
 from __future__ import annotations
@@ -34,11 +36,19 @@ import attrs
 import trio
 
 from akri_trio.kube import Backoff, Client, KubeConfig
+from akri_trio.kube.store import Store, by_field, drop_managed_fields, reflect
+from akri_trio.model.resources import CONFIGURATIONS
 from akri_trio.observe.http import Reply, serve_http
 from akri_trio.webhook.certs import PATH
 from akri_trio.webhook.openapi import Schemas
 from akri_trio.webhook.parsers import builtin_parser
-from akri_trio.webhook.validate import BadReview, ParserFor, review
+from akri_trio.webhook.validate import (
+    BadReview,
+    NamespacesUsing,
+    ParserFor,
+    no_namespaces,
+    review,
+)
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +68,8 @@ OPENAPI_BACKOFF: Final = Backoff(base=1.0, cap=60.0)
 REQUEST_TIMEOUT: Final = 30.0
 
 FetchOpenApi = Callable[[], Awaitable[Mapping[str, Any]]]
+WatchConfigurations = Callable[[Store], Awaitable[None]]
+BY_NAME: Final = "name"
 
 
 @attrs.define
@@ -77,8 +89,10 @@ def route(
     body: bytes,
     schemas: Schemas | None,
     parser_for: ParserFor = builtin_parser,
+    namespaces_using: NamespacesUsing = no_namespaces,
 ) -> Reply:
-    """The response to one request, given the schemas loaded so far."""
+    """The response to one request, given the schemas loaded so far (None: not ready) and
+    the namespaces that use a Configuration name."""
     path = target.split("?", 1)[0]
     allowed = {"/healthz": "GET, HEAD", "/readyz": "GET, HEAD", PATH: "POST"}.get(path)
     if allowed is None:
@@ -88,7 +102,9 @@ def route(
     if path == "/healthz":
         return Reply(200, b"ok\n")
     if schemas is None:
-        return Reply(503, b"the cluster's OpenAPI schema is not loaded yet\n")
+        return Reply(
+            503, b"not ready: the cluster's OpenAPI schema or Configurations are not loaded\n"
+        )
     if path == "/readyz":
         return Reply(200, b"ok\n")
     try:
@@ -98,7 +114,7 @@ def route(
     if not isinstance(decoded, dict):
         return Reply(400, b"the body is not a JSON object\n")
     try:
-        answer = review(decoded, schemas, parser_for)
+        answer = review(decoded, schemas, parser_for, namespaces_using)
     except BadReview as exc:
         return Reply(400, f"{exc}\n".encode())
     _log_answer(decoded, answer)
@@ -152,19 +168,34 @@ async def serve_webhook(
     ssl_context: ssl.SSLContext,
     fetch: FetchOpenApi,
     *,
+    watch_configurations: WatchConfigurations | None = None,
     request_timeout: float = REQUEST_TIMEOUT,
     backoff: Backoff = OPENAPI_BACKOFF,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until cancelled; `task_status.started(bound_port)` once accepting (before the
-    schemas are loaded: /readyz tells when they are)."""
+    schemas are loaded: /readyz tells when they are). With `watch_configurations` (it keeps a
+    store in step with the cluster's Configurations), a CREATE of a name another namespace uses
+    is refused; without it, names are not checked."""
     cache = SchemaCache()
+    names = Store(
+        transform=drop_managed_fields,
+        indexes={BY_NAME: by_field(lambda obj: obj["metadata"]["name"])},
+    )
+
+    def namespaces_using(name: str) -> list[str]:
+        return [key.namespace or "" for key in names.keys_for(BY_NAME, name)]
 
     def respond(method: str, target: str, body: bytes) -> Reply:
-        return route(method, target, body, cache.schemas)
+        if watch_configurations is None:
+            return route(method, target, body, cache.schemas)
+        ready = cache.schemas if names.synced else None
+        return route(method, target, body, ready, namespaces_using=namespaces_using)
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(load_schemas, fetch, cache, backoff)
+        if watch_configurations is not None:
+            nursery.start_soon(watch_configurations, names)
         bound: int = await nursery.start(
             functools.partial(
                 serve_http,
@@ -199,6 +230,7 @@ async def run_webhook(
             port,
             ssl_context,
             lambda: api.request("GET", OPENAPI_PATH),
+            watch_configurations=functools.partial(reflect, api, CONFIGURATIONS),
             request_timeout=request_timeout,
             task_status=task_status,
         )

@@ -15,7 +15,9 @@ namespace as a silently missing credential. Here each becomes a refusal naming t
   omitted namespace means "default", as the agent reads it);
 - discoveryDetails that the named built-in handler's own `parse_details` refuses (a handler
   this project does not ship is external, and its details are its own business);
-- a discoveryHandler.name changed by an UPDATE (agents key their discovery on it).
+- a discoveryHandler.name changed by an UPDATE (agents key their discovery on it);
+- on CREATE, a name another namespace already uses: kubelet resources (`akri.sh/<name>`) are
+  per node, not per namespace, so agents would refuse the newer one on every node.
 
 `review` answers admission.k8s.io/v1 and v1beta1 alike, in the version it was asked in.
 """
@@ -23,7 +25,7 @@ namespace as a silently missing credential. Here each becomes a refusal naming t
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from akri_trio.discovery.interface import InvalidDetails
@@ -44,6 +46,12 @@ _SERVICES = ("instanceServiceSpec", "configurationServiceSpec")
 _HANDLER = "spec.discoveryHandler"
 
 ParserFor = Callable[[str], Parser | None]
+# The namespaces holding a Configuration of a given name (the server's watch answers it).
+NamespacesUsing = Callable[[str], Sequence[str]]
+
+
+def no_namespaces(name: str) -> Sequence[str]:
+    return ()
 
 
 class BadReview(ValueError):
@@ -51,7 +59,10 @@ class BadReview(ValueError):
 
 
 def review(
-    body: Mapping[str, Any], schemas: Schemas, parser_for: ParserFor = builtin_parser
+    body: Mapping[str, Any],
+    schemas: Schemas,
+    parser_for: ParserFor = builtin_parser,
+    namespaces_using: NamespacesUsing = no_namespaces,
 ) -> dict[str, Any]:
     """The AdmissionReview response to `body`, allowing or denying its request."""
     version = body.get("apiVersion")
@@ -73,8 +84,10 @@ def review(
             old=request.get("oldObject") if operation == "UPDATE" else None,
             parser_for=parser_for,
         )
+        name = _dig(obj, "metadata", "name") or request.get("name") or ""
+        if operation == "CREATE" and isinstance(name, str) and name:
+            problems += name_taken(name, request.get("namespace"), namespaces_using(name))
         if problems:
-            name = _dig(obj, "metadata", "name") or request.get("name") or ""
             response["allowed"] = False
             response["status"] = {
                 "status": "Failure",
@@ -126,6 +139,18 @@ def validate_configuration(
     problems += _duplicate_names(typed.discovery_handler.discovery_properties or ())
     problems += _details(typed, parser_for)
     return problems
+
+
+def name_taken(name: str, namespace: str | None, used_in: Sequence[str]) -> list[str]:
+    """A CREATE of `name` in `namespace`, given the namespaces that already hold that name."""
+    others = sorted({ns for ns in used_in if ns != namespace})
+    if not others:
+        return []
+    return [
+        f"metadata.name: a Configuration {name} already exists in namespace "
+        f"{', '.join(others)}; kubelet resources (akri.sh/{name}) are per node, not per "
+        "namespace, so agents would refuse this one on every node: choose another name"
+    ]
 
 
 def _path_first(line: str) -> str:

@@ -69,9 +69,12 @@ def test_service_reaches_the_pods(docs: dict[str, dict[str, Any]]) -> None:
     assert port["targetPort"] == container["ports"][0]["name"]
 
 
-def test_rbac_grants_only_the_openapi_document(docs: dict[str, dict[str, Any]]) -> None:
+def test_rbac_grants_only_the_openapi_document_and_reading_configurations(
+    docs: dict[str, dict[str, Any]],
+) -> None:
     assert docs["ClusterRole"]["rules"] == [
-        {"nonResourceURLs": ["/openapi/v2", "/openapi/v2/*"], "verbs": ["get"]}
+        {"nonResourceURLs": ["/openapi/v2", "/openapi/v2/*"], "verbs": ["get"]},
+        {"apiGroups": ["akri.sh"], "resources": ["configurations"], "verbs": ["list", "watch"]},
     ]
     account = docs["ServiceAccount"]["metadata"]
     assert docs["Deployment"]["spec"]["template"]["spec"]["serviceAccountName"] == account["name"]

@@ -20,6 +20,8 @@ import trio
 import trio.testing
 
 from akri_trio.kube import Backoff
+from akri_trio.kube.store import Store
+from akri_trio.kube.watch import Init, InitApply, InitDone
 from akri_trio.webhook import Schemas, ServingCerts, serving_certs
 from akri_trio.webhook.server import (
     MAX_BODY_BYTES,
@@ -75,7 +77,7 @@ def test_healthz_answers_before_the_schema_is_loaded() -> None:
 def test_readyz_waits_for_the_schema() -> None:
     before = route("GET", "/readyz", b"", None)
     assert before.status == 503
-    assert before.body == b"the cluster's OpenAPI schema is not loaded yet\n"
+    assert before.body.startswith(b"not ready")
     assert route("GET", "/readyz", b"", SCHEMAS).status == 200
 
 
@@ -215,6 +217,38 @@ async def test_https_readiness_follows_the_schema_fetch(
         assert (await http.get("/readyz")).status_code == 503
         await load(served)
         assert (await http.get("/readyz")).status_code == 200
+
+
+async def test_names_come_from_the_configurations_watch_and_gate_readiness(
+    certs: ServingCerts, server_context: ssl.SSLContext
+) -> None:
+    listed = trio.Event()
+    elsewhere = {**VALID, "metadata": {"name": VALID["metadata"]["name"], "namespace": "team-b"}}
+
+    async def watch(store: Store) -> None:
+        await listed.wait()
+        for event in (Init(), InitApply(elsewhere), InitDone()):
+            store.apply(event)
+        await trio.sleep_forever()
+
+    async def fetch() -> Mapping[str, Any]:
+        return DOCUMENT
+
+    async with trio.open_nursery() as nursery:
+        serve = functools.partial(
+            serve_webhook, HOST, 0, server_context, fetch, watch_configurations=watch
+        )
+        port: int = await nursery.start(serve)
+        async with client(port, certs) as http:
+            await trio.testing.wait_all_tasks_blocked()
+            assert (await http.get("/readyz")).status_code == 503  # schemas in, names not
+            listed.set()
+            await trio.testing.wait_all_tasks_blocked()
+            assert (await http.get("/readyz")).status_code == 200
+            answer = (await http.post("/validate", json=admission_review(VALID))).json()
+            assert answer["response"]["allowed"] is False
+            assert "already exists in namespace team-b" in answer["response"]["status"]["message"]
+        nursery.cancel_scope.cancel()
 
 
 async def test_https_validate_answers_the_review(

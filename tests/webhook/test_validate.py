@@ -353,3 +353,25 @@ def test_any_json_gets_an_answer_never_an_exception(
     old = {"spec": old_spec}
     found = problems(config, old=old)
     assert all(isinstance(p, str) and ": " in p for p in found)
+
+
+def test_review_refuses_a_create_of_a_name_another_namespace_uses() -> None:
+    used = {"akri-debug-echo-foo": ["team-b", "cams"]}
+    body = review(admission(VALID), SCHEMAS, namespaces_using=lambda n: used.get(n, []))
+    response = body["response"]
+    assert response["allowed"] is False
+    assert response["status"]["message"] == (
+        "Configuration akri-debug-echo-foo is invalid: metadata.name: a Configuration "
+        "akri-debug-echo-foo already exists in namespace team-b; kubelet resources "
+        "(akri.sh/akri-debug-echo-foo) are per node, not per namespace, so agents would refuse "
+        "this one on every node: choose another name"
+    )
+
+
+def test_review_allows_the_name_in_its_own_namespace_and_on_update() -> None:
+    own = review(admission(VALID), SCHEMAS, namespaces_using=lambda n: ["cams"])
+    assert own["response"]["allowed"] is True
+    # An UPDATE of a Configuration that already collides is not blocked (agents decide which
+    # one a node serves): only new collisions are refused.
+    update = admission(VALID, operation="UPDATE", old=VALID)
+    assert review(update, SCHEMAS, namespaces_using=lambda n: ["team-b"])["response"]["allowed"]

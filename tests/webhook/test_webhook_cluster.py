@@ -30,6 +30,7 @@ import yaml
 from akri_trio.kube import Client, NotFound, load_config
 from akri_trio.model.resources import CONFIGURATIONS
 from tests.support.akri_cluster import NAMESPACES, install_crds
+from tests.support.polling import until
 from tests.webhook import live
 
 pytestmark = pytest.mark.k8s
@@ -46,9 +47,9 @@ class Webhook:
     kubectl: str
     kubeconfig: str
 
-    def apply(self, obj: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    def apply(self, obj: dict[str, Any], *flags: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [self.kubectl, "apply", "-f", "-"],
+            [self.kubectl, "apply", *flags, "-f", "-"],
             input=yaml.safe_dump(obj),
             env={**os.environ, "KUBECONFIG": self.kubeconfig},
             capture_output=True,
@@ -252,3 +253,20 @@ def test_configurations_refused_are_not_stored(webhook: Webhook) -> None:
                 await api.get(CONFIGURATIONS, "never", namespace=webhook.namespace)
 
     trio.run(absent)
+
+
+def test_a_name_another_namespace_uses_is_refused(webhook: Webhook) -> None:
+    # The unjudged namespace gets it first (admitted unseen), then the judged one asks.
+    done = webhook.apply(configuration(webhook.unjudged, "taken"))
+    assert done.returncode == 0, done.stderr
+    second = configuration(webhook.namespace, "taken")
+
+    def seen() -> bool:  # the webhook's watch has the first one (a dry run stores nothing)
+        return webhook.apply(second, "--dry-run=server").returncode != 0
+
+    until(seen, seconds=30, what="the webhook to see the first Configuration")
+    stderr = webhook.refused_by_webhook(second)
+    assert (
+        f"metadata.name: a Configuration taken already exists in namespace {webhook.unjudged}"
+        in stderr
+    )

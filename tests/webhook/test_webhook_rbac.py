@@ -1,6 +1,7 @@
 """k8s/webhook.yaml's RBAC is enough: the webhook process, given only a token of the manifest's
 ServiceAccount (from the TokenRequest API, as the kubelet gets one for a Pod), fetches the
-cluster's OpenAPI document, becomes ready and judges with those schemas.
+cluster's OpenAPI document and lists the Configurations, becomes ready and judges with those
+schemas.
 
 Every authenticated user may read /openapi/v2 through the default `system:discovery` binding,
 so the process alone cannot tell whether the manifest's ClusterRole matters. A
@@ -109,14 +110,26 @@ async def test_the_cluster_role_alone_grants_the_openapi_document(admin: Client)
     assert not await _allowed(admin, f"system:serviceaccount:{NAMESPACE}:nobody", groups, **openapi)
 
 
+async def test_the_account_may_list_and_watch_configurations(admin: Client) -> None:
+    """The webhook's name check watches every Configuration (names only matter across
+    namespaces)."""
+    await apply_rbac(admin, MANIFEST)
+    groups = ["system:serviceaccounts", f"system:serviceaccounts:{NAMESPACE}"]
+    ours = f"system:serviceaccount:{NAMESPACE}:{ACCOUNT}"
+    for verb in ("list", "watch"):
+        attributes = {"group": "akri.sh", "resource": "configurations", "verb": verb}
+        assert await _allowed(admin, ours, groups, resourceAttributes=attributes)
+
+
 @pytest.mark.parametrize(
     "attributes",
     [
-        {"group": "akri.sh", "resource": "configurations", "verb": "list"},
+        {"group": "akri.sh", "resource": "configurations", "verb": "update", "namespace": "a"},
+        {"group": "akri.sh", "resource": "instances", "verb": "list"},
         {"group": "", "resource": "secrets", "verb": "get", "namespace": "kube-system"},
         {"group": "", "resource": "pods", "verb": "create", "namespace": "akri"},
     ],
-    ids=["list-configurations", "get-secrets", "create-pods"],
+    ids=["update-configurations", "list-instances", "get-secrets", "create-pods"],
 )
 async def test_the_account_may_do_nothing_else(admin: Client, attributes: dict[str, str]) -> None:
     await apply_rbac(admin, MANIFEST)
