@@ -2,9 +2,10 @@
 
 A node that stops being Ready (after having been Ready) or is deleted leaves behind what its
 agent owned: its entry in `Instance.spec.nodes`, its finalizer on those Instances, the
-deviceUsage slots it held (`<node>` and `C:<vdev>:<node>`) and its entry in each
-Configuration's `status.nodes`. Nobody else may remove them, so the controller does it, once
-per loss (`node_transition` says when).
+deviceUsage slots it held (`<node>` and `C:<vdev>:<node>`), what its brokers reported
+(`brokerInfo` keys `<node>/<file>`) and its entry in each Configuration's `status.nodes`.
+Nobody else may remove them, so the controller does it, once per loss (`node_transition` says
+when).
 
 A node can also be lost while no controller runs (or between two leaders). What a controller
 that starts (or starts leading) can know about it:
@@ -120,11 +121,14 @@ class InstanceRelease:
     node_indexes: tuple[int, ...]
     finalizer_indexes: tuple[int, ...]
     slots: Mapping[str, str]
+    broker_info: Mapping[str, str] = attrs.field(factory=dict)
 
     def json_patch(self) -> list[JSON]:
         ops: list[JSON] = [{"op": "test", "path": "/metadata/uid", "value": self.uid}]
         for slot, value in sorted(self.slots.items()):
             ops += _remove(pointer("spec", "deviceUsage", slot), value)
+        for key, value in sorted(self.broker_info.items()):
+            ops += _remove(pointer("spec", "brokerInfo", key), value)
         for i in self.node_indexes:
             ops += _remove(pointer("spec", "nodes", i), self.node)
         for i in self.finalizer_indexes:
@@ -175,8 +179,9 @@ def release_instance(instance: Instance, node: str) -> InstanceRelease | None:
         node_indexes=_indexes(spec.nodes, node),
         finalizer_indexes=_indexes(meta.finalizers, node),
         slots=held_slots(spec.device_usage, node),
+        broker_info=naming.node_broker_info(spec.broker_info, node),
     )
-    if release.node_indexes or release.finalizer_indexes or release.slots:
+    if release.node_indexes or release.finalizer_indexes or release.slots or release.broker_info:
         return release
     return None
 

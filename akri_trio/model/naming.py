@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
+from collections.abc import Mapping
 from typing import Final
 
 import attrs
@@ -111,6 +112,18 @@ def plugin_socket_name(plugin: str, unix_seconds: int) -> str:
 def env_var_names(key: str, digest: str) -> tuple[str, str]:
     """A broker property is injected twice: as-is and suffixed with the upper-cased hash."""
     return key, f"{key}_{digest.upper()}"
+
+
+# --- brokerInfo keys ------------------------------------------------------------------------------
+# "<node>/<file name>": each node writes (and a lost node's cleanup removes) only its own prefix.
+
+BROKER_INFO_SEPARATOR: Final = "/"
+
+
+def node_broker_info(broker_info: Mapping[str, str] | None, node: str) -> dict[str, str]:
+    """The part of an Instance's brokerInfo that `node` writes."""
+    prefix = node + BROKER_INFO_SEPARATOR
+    return {k: v for k, v in (broker_info or {}).items() if k.startswith(prefix)}
 
 
 # --- deviceUsage values -------------------------------------------------------------------------

@@ -114,6 +114,8 @@ class InstanceSpec:
     nodes: tuple[str, ...] = ()
     # Sparse: only claimed slots are present (free = absent or "").
     device_usage: dict[str, str] = attrs.field(factory=dict)
+    # What brokers reported, "<node>/<file name>" -> contents (written per node by its agent).
+    broker_info: dict[str, str] = attrs.field(factory=dict)
 
 
 @attrs.frozen

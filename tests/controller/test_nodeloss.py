@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -127,6 +128,25 @@ def test_plan_removes_the_node_everywhere_and_frees_only_its_slots() -> None:
     assert patched["spec"]["nodes"] == ["node-b"]
     assert patched["spec"]["deviceUsage"] == {SLOT2: "node-b"}
     assert patched["metadata"]["finalizers"] == ["node-b"]
+
+
+def test_plan_removes_only_the_lost_nodes_broker_info() -> None:
+    inst = attrs.evolve(
+        instance(nodes=("node-a", "node-b")),
+        spec=attrs.evolve(
+            instance().spec,
+            nodes=("node-a", "node-b"),
+            broker_info={"node-a/url": "http://a", "node-a/ok": "1", "node-b/url": "http://b"},
+        ),
+    )
+    (release,) = plan_node_loss("node-a", [inst], []).instances
+    assert release.broker_info == {"node-a/url": "http://a", "node-a/ok": "1"}
+    patched = apply_json_patch(unstructure(inst), release.json_patch())
+    assert patched["spec"]["brokerInfo"] == {"node-b/url": "http://b"}
+    # Reports alone make a release too: a node that left `nodes` but whose reports stayed.
+    only_reports = attrs.evolve(inst, spec=attrs.evolve(inst.spec, nodes=("node-b",)))
+    (release,) = plan_node_loss("node-a", [only_reports], []).instances
+    assert release.node_indexes == () and len(release.broker_info) == 2
 
 
 def test_plan_never_blanks_a_slot_it_removes_it() -> None:

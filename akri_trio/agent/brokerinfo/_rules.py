@@ -23,7 +23,10 @@ from collections.abc import Collection, Iterable, Mapping
 
 import attrs
 
-KEY_SEPARATOR = "/"
+from akri_trio.model import naming
+
+KEY_SEPARATOR = naming.BROKER_INFO_SEPARATOR
+node_entries = naming.node_broker_info  # the part of an Instance's brokerInfo a node writes
 FIELD_MANAGER_PREFIX = "brokerinfo-"
 # Bounds in the Instance CRD (k8s/crds/instance.yaml, spec.brokerInfo): the flags may not
 # promise more than the API server accepts.
@@ -41,12 +44,6 @@ def field_manager(node: str) -> str:
 
 def entry_key(node: str, file_name: str) -> str:
     return f"{node}{KEY_SEPARATOR}{file_name}"
-
-
-def node_entries(broker_info: Mapping[str, str] | None, node: str) -> dict[str, str]:
-    """The part of an Instance's brokerInfo that `node` writes."""
-    prefix = node + KEY_SEPARATOR
-    return {k: v for k, v in (broker_info or {}).items() if k.startswith(prefix)}
 
 
 def _positive(_: object, attribute: attrs.Attribute[int], value: int) -> None:
