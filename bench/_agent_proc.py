@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import attrs
 import httpx
@@ -100,8 +101,18 @@ class _RequestCounts:
     async def on_response(self, response: httpx.Response) -> None:
         self.counts[f"{self._name(response.request)} {response.status_code}"] += 1
 
-    async def on_request(self, request: httpx.Request) -> None:
-        self.counts[f"{self._name(request)} sent"] += 1
+    def count_given_up(self, http: httpx.AsyncClient) -> None:
+        """Count the requests that end without an answer (cancelled, timed out, refused)."""
+        send = http.send
+
+        async def counted(request: httpx.Request, **kwargs: Any) -> httpx.Response:
+            try:
+                return await send(request, **kwargs)
+            except BaseException:
+                self.counts[f"{self._name(request)} gave-up"] += 1
+                raise
+
+        http.send = counted  # type: ignore[method-assign]
 
     async def dump_forever(self) -> None:
         while True:
@@ -117,8 +128,8 @@ async def _main(settings: AgentSettings) -> None:
         async with bench_api(kubeconfig) as api, trio.open_nursery() as nursery:
             if path := os.environ.get(REQUESTS_ENV):
                 counts = _RequestCounts(Path(path))
-                api.http.event_hooks["request"].append(counts.on_request)
                 api.http.event_hooks["response"].append(counts.on_response)
+                counts.count_given_up(api.http)
                 nursery.start_soon(counts.dump_forever)
             nursery.start_soon(lambda: run_agent(settings, api=api))
             async for _ in signals:

@@ -27,7 +27,8 @@ a full server-side apply: etcd writes / Instance writes is that amplification), 
 abandoned by their client or finishing after its own timeout, watch events sent for Instances
 (to every watcher) and their MB, the p99 of Instance write latency (upper bound of its
 histogram bucket). Last: Instances created again after their deletion (a watch of the
-namespace), the agents' CPU seconds and largest RSS. The ideal Instance write counts are N*M
+namespace), the agents' CPU seconds and largest RSS, the API server's and etcd's CPU seconds
+(theirs: another session's traffic adds to them too). The ideal Instance write counts are N*M
 (create), M (one node off or on), N (the storm) and N*M + M (all off: a leave each, a delete
 each).
 """
@@ -136,6 +137,17 @@ def latency_quantile(metrics: Metrics, q: float, **match: str | set[str]) -> flo
     return next(le for le in sorted(buckets) if buckets[le] >= q * count)
 
 
+def server_cpu(env: dict[str, str]) -> tuple[float, float]:
+    """CPU seconds the API server and etcd have used so far (their pid files in the cluster's
+    run directory: "pid start-time")."""
+    pids = Path(env["AKRI_TRIO_CLUSTER_DIR"]) / "pids"
+    apiserver, etcd = (
+        cpu_seconds(int((pids / f"{name}.pid").read_text().split()[0]))
+        for name in ("kube-apiserver", "etcd")
+    )
+    return apiserver, etcd
+
+
 def answered(
     sent: Counter[str],
     verbs: Iterable[str] | None = None,
@@ -147,7 +159,7 @@ def answered(
     out = 0
     for key, count in sent.items():
         verb, resource, code = key.split(" ")
-        if code == "sent" or not code.startswith(codes):
+        if code == "gave-up" or not code.startswith(codes):
             continue
         if (verbs is None or verb in verbs) and (resources is None or resource in resources):
             out += count
@@ -156,7 +168,7 @@ def answered(
 
 def gave_up(sent: Counter[str]) -> int:
     """Requests the agents sent and got no answer to (they gave up or were cancelled)."""
-    return sum(c for k, c in sent.items() if k.endswith(" sent")) - answered(sent)
+    return sum(c for k, c in sent.items() if k.endswith(" gave-up"))
 
 
 class Recreations:
@@ -265,12 +277,15 @@ async def bench(args: argparse.Namespace) -> str:
                     done: Callable[[], Awaitable[bool]],
                 ) -> None:
                     before, cpu0, again0 = await scrape(api), fleet.cpu(), recreations.count
+                    server0 = server_cpu(env)
                     sent0 = fleet.requests()
                     t0 = time.monotonic()
                     await act()
                     took = time.monotonic() - t0 + await until(done, args.limit)
                     await trio.sleep(1)  # late writes of this phase still count here
                     delta = since(await scrape(api), before)
+                    server1 = server_cpu(env)
+                    apiserver_s, etcd_s = server1[0] - server0[0], server1[1] - server0[1]
                     sent = fleet.requests() - sent0
                     if args.verbose:
                         print(f"  {name}: the agents' requests {dict(sorted(sent.items()))}")
@@ -302,6 +317,7 @@ async def bench(args: argparse.Namespace) -> str:
                             f"{p99:g}",
                             str(recreations.count - again0),
                             f"{fleet.cpu() - cpu0:.1f}", f"{fleet.rss():.0f}",
+                            f"{apiserver_s:.1f}", f"{etcd_s:.1f}",
                         ]
                     )  # fmt: skip
                     print("  " + " | ".join(rows[-1]), flush=True)
@@ -406,7 +422,8 @@ async def bench(args: argparse.Namespace) -> str:
     header = [
         "phase", "s", "Instance writes", "ideal", "etcd writes", "Configuration writes", "409",
         "5xx", "given up", "abandoned (server)", "LISTs", "watch events", "watch MB",
-        "write p99 s", "re-created", "agents CPU s", "max RSS MB",
+        "write p99 s", "re-created", "agents CPU s", "max RSS MB", "apiserver CPU s",
+        "etcd CPU s",
     ]  # fmt: skip
     return "\n".join(
         [
