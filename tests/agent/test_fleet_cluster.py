@@ -116,16 +116,33 @@ async def _instances(api: Client) -> dict[str, dict[str, Any]]:
 
 class Requests:
     """Every request our agents (and this test) make on Instances, as (verb, code), counted on
-    the shared client: exact even while other sessions write Instances of their own."""
+    the shared client: exact even while other sessions write Instances of their own. Also the
+    most writes each field manager (a node) had in flight at once."""
 
     def __init__(self, api: Client) -> None:
         self.counts: Counter[tuple[str, str]] = Counter()
+        self.in_flight: Counter[str] = Counter()
+        self.most_in_flight: Counter[str] = Counter()
+        api.http.event_hooks["request"].append(self._sent)
         api.http.event_hooks["response"].append(self._record)
+
+    @staticmethod
+    def _write(request: httpx.Request) -> bool:
+        return f"/namespaces/{NS}/instances" in request.url.path and request.method != "GET"
+
+    async def _sent(self, request: httpx.Request) -> None:
+        if self._write(request) and (manager := request.url.params.get("fieldManager")):
+            self.in_flight[manager] += 1
+            self.most_in_flight[manager] = max(
+                self.most_in_flight[manager], self.in_flight[manager]
+            )
 
     async def _record(self, response: httpx.Response) -> None:
         request = response.request
-        if f"/namespaces/{NS}/instances" not in request.url.path or request.method == "GET":
+        if not self._write(request):
             return
+        if manager := request.url.params.get("fieldManager"):
+            self.in_flight[manager] -= 1
         verb = request.method
         if request.headers.get("content-type") == PATCH_APPLY:
             verb = "APPLY"
@@ -152,6 +169,8 @@ async def test_many_nodes_join_and_leave_shared_instances_at_once_one_write_each
 
     await eventually(all_joined)
     joined = requests.since(before)
+    # each node wrote the two shared Instances one at a time
+    assert {requests.most_in_flight[f"fleet-{i}"] for i in range(FLEET)} == {1}
     assert joined == {("APPLY", "201"): 2, ("APPLY", "200"): 2 * FLEET - 2}, joined
 
     before = requests.counts.copy()
