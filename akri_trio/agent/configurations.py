@@ -74,28 +74,6 @@ def _departs(op: plan_.Operation) -> bool:
     return isinstance(op, plan_.Leave) or (isinstance(op, plan_.Guarded) and op.delete)
 
 
-_NO_LIMIT = contextlib.nullcontext()
-
-
-async def run_all(jobs: Sequence[Callable[[], Awaitable[None]]]) -> None:
-    """Run `jobs` concurrently to the end, then raise the first failure (if any). A failed job
-    does not cancel the others: their writes are in flight, and a write abandoned half-way is
-    work the API server does for nothing (it may still apply it) and the retry does again."""
-    failures: list[Exception] = []
-
-    async def one(job: Callable[[], Awaitable[None]]) -> None:
-        try:
-            await job()
-        except Exception as exc:
-            failures.append(exc)
-
-    async with trio.open_nursery() as nursery:
-        for job in jobs:
-            nursery.start_soon(one, job)
-    if failures:
-        raise failures[0]
-
-
 def _iso(wall: float) -> str:
     return datetime.datetime.fromtimestamp(wall, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -465,3 +443,25 @@ class ConfigurationReconciler:
                 exc,
                 extra=fields(configuration=ObjectKey(namespace, name)),
             )
+
+
+_NO_LIMIT = contextlib.nullcontext()
+
+
+async def run_all(jobs: Sequence[Callable[[], Awaitable[None]]]) -> None:
+    """Run `jobs` concurrently to the end, then raise the first failure (if any). A failed job
+    does not cancel the others: their writes are in flight, and a write abandoned half-way is
+    work the API server does for nothing (it may still apply it) and the retry does again."""
+    failures: list[Exception] = []
+
+    async def one(job: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await job()
+        except Exception as exc:
+            failures.append(exc)
+
+    async with trio.open_nursery() as nursery:
+        for job in jobs:
+            nursery.start_soon(one, job)
+    if failures:
+        raise failures[0]
