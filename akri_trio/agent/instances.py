@@ -243,14 +243,16 @@ def leave_body(current: Instance) -> JSON:
     the values read, so the last node's leave leaves a valid Instance, still owned by its
     Configuration, for that node to delete."""
     meta, spec = current.metadata, current.spec
-    metadata: JSON = {"name": meta.name, "namespace": meta.namespace, "uid": meta.uid}
+    metadata: JSON = {"name": meta.name, "namespace": meta.namespace}
+    body: JSON = {"apiVersion": naming.API_VERSION, "kind": "Instance", "metadata": metadata}
+    if not meta.uid:  # never read from the server: no field that could make it a creation
+        return {**body, "spec": {"nodes": []}}
+    metadata["uid"] = meta.uid
     owners = [ref for ref in meta.owner_references if ref.get("controller")]
     if owners:
         metadata["ownerReferences"] = owners
     return {
-        "apiVersion": naming.API_VERSION,
-        "kind": "Instance",
-        "metadata": metadata,
+        **body,
         "spec": {
             "configurationName": spec.configuration_name,
             "cdiName": spec.cdi_name,

@@ -124,6 +124,16 @@ def test_vanished_device_is_left_by_uid_with_an_empty_nodes_and_the_values_read(
     assert "resourceVersion" not in meta
 
 
+def test_a_leave_without_a_known_uid_states_nothing_that_could_create() -> None:
+    cfg = config()
+    current = as_cluster(desired_body(cfg, found("a"), NODE), nodes=[NODE, "node-b"])
+    assert not current.metadata.uid
+    (op,) = plan(NODE, cfg, [], {current.metadata.name: current})
+    assert isinstance(op, Leave)
+    assert op.body["spec"] == {"nodes": []}  # no required field either
+    assert "uid" not in op.body["metadata"]
+
+
 @given(
     st.lists(st.sampled_from("abcdefghij"), unique=True, max_size=10),
     st.text(min_size=1, max_size=20),
