@@ -24,7 +24,7 @@ from akri_trio.kube.config import load_config
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
 from tests.support.akri_cluster import ensure_namespace, install_crds, purge_namespace
 from tests.support.kubelet_standin import KubeletStandin
-from tests.support.polling import eventually
+from tests.support.polling import until_api
 
 NS = "fleet-tests"
 HANDLER = "fleetEcho"
@@ -167,7 +167,7 @@ async def test_many_nodes_join_and_leave_shared_instances_at_once_one_write_each
         found = await _instances(api)
         return len(found) == 2 and all(len(o["spec"]["nodes"]) == FLEET for o in found.values())
 
-    await eventually(all_joined)
+    await until_api(all_joined, 60)
     joined = requests.since(before)
     # each node wrote the two shared Instances one at a time
     assert {requests.most_in_flight[f"fleet-{i}"] for i in range(FLEET)} == {1}
@@ -179,7 +179,7 @@ async def test_many_nodes_join_and_leave_shared_instances_at_once_one_write_each
     async def all_gone() -> bool:
         return not await _instances(api)
 
-    await eventually(all_gone)
+    await until_api(all_gone, 60)
     await trio.sleep(1)  # a late write would still be counted
     left = requests.since(before)
     assert not any(code.startswith(("4", "5")) for _, code in left), left  # nothing refused
@@ -204,7 +204,7 @@ async def test_claim_storm_on_one_shared_instance_grants_every_node(
         found = list((await _instances(api)).values())
         return found if found and len(found[0]["spec"]["nodes"]) == FLEET else []
 
-    (inst,) = await eventually(joined)
+    (inst,) = await until_api(joined, 60)
     resource = f"akri.sh/{inst['metadata']['name']}"
     for node in nodes:
         await node.wait(lambda k: len(k.healthy(resource)) == FLEET)

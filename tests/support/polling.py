@@ -1,4 +1,5 @@
-"""Waiting for a real cluster to reach a state: poll with a deadline."""
+"""Waiting for a real cluster to reach a state: poll with a deadline (from synchronous tests,
+or from trio tests through an API client)."""
 
 from __future__ import annotations
 
@@ -21,10 +22,16 @@ def until(check: Callable[[], Any], seconds: float = 60, what: str = "") -> Any:
     raise AssertionError(f"not within {seconds}s: {what or check} (last: {last!r})")
 
 
-async def eventually(check: Callable[[], Awaitable[Any]], seconds: float = 60) -> Any:
-    """The async twin of `until`, inside a trio test: `await check()`'s first truthy value,
-    polled every 0.1 s; TooSlowError after `seconds`."""
-    with trio.fail_after(seconds):
-        while not (result := await check()):  # noqa: ASYNC110 (polls the API server)
+async def until_api(
+    check: Callable[[], Awaitable[Any]], seconds: float = 30, what: str = ""
+) -> Any:
+    """`await check()`'s first truthy value, polled every 0.1 s (a test's API client has no
+    watch); AssertionError after `seconds`."""
+    last: Any = None
+    with trio.move_on_after(seconds):
+        while True:
+            last = await check()
+            if last:
+                return last
             await trio.sleep(0.1)
-    return result
+    raise AssertionError(f"not within {seconds}s: {what or check} (last: {last!r})")
