@@ -19,7 +19,7 @@ import datetime
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -39,6 +39,7 @@ from akri_trio.discovery.properties import (
     resolve,
 )
 from akri_trio.discovery.registry import OFFLINE_GRACE_S, Registry
+from akri_trio.kube.batch import run_all
 from akri_trio.kube.client import Client, Resource
 from akri_trio.kube.errors import ApiError, Conflict, Forbidden, Invalid, NotFound
 from akri_trio.kube.queue import Requeue
@@ -446,22 +447,3 @@ class ConfigurationReconciler:
 
 
 _NO_LIMIT = contextlib.nullcontext()
-
-
-async def run_all(jobs: Sequence[Callable[[], Awaitable[None]]]) -> None:
-    """Run `jobs` concurrently to the end, then raise the first failure (if any). A failed job
-    does not cancel the others: their writes are in flight, and a write abandoned half-way is
-    work the API server does for nothing (it may still apply it) and the retry does again."""
-    failures: list[Exception] = []
-
-    async def one(job: Callable[[], Awaitable[None]]) -> None:
-        try:
-            await job()
-        except Exception as exc:
-            failures.append(exc)
-
-    async with trio.open_nursery() as nursery:
-        for job in jobs:
-            nursery.start_soon(one, job)
-    if failures:
-        raise failures[0]

@@ -1,11 +1,11 @@
-"""How a reconcile runs its Instance writes: a failed one never cancels the others."""
+"""A batch of requests: a failed one never cancels the others."""
 
 from __future__ import annotations
 
 import pytest
 import trio
 
-from akri_trio.agent.configurations import run_all
+from akri_trio.kube.batch import run_all
 
 
 async def test_a_failed_write_lets_the_others_finish_then_raises(autojump_clock: object) -> None:
