@@ -1,6 +1,6 @@
 """Fleet: N nodes sharing M network devices — what each change costs the API server.
 
-    .venv/bin/python -m bench.fleet N M [--idle 60] [--limit 300] [--no-record] [--verbose]
+    .venv/bin/python -m bench.fleet N M [--idle 60] [--limit 300] [--no-write] [--verbose]
 
 N agents run as separate processes (`python -m bench._agent_proc`, the agent CLI with the
 benchmark isolation, watching only the namespace `akri-fleet`), each with its own grpcio
@@ -456,7 +456,13 @@ def main() -> None:
     p.add_argument("devices", type=int)
     p.add_argument("--idle", type=float, default=60.0)
     p.add_argument("--limit", type=float, default=300.0, help="bound on each phase, s")
-    p.add_argument("--no-record", action="store_true", help="print, do not append to RESULTS.md")
+    p.add_argument(
+        "--no-write",
+        "--no-record",
+        dest="no_record",
+        action="store_true",
+        help="print, do not append to RESULTS.md",
+    )
     p.add_argument("--verbose", action="store_true", help="print each phase's requests by kind")
     args = p.parse_args()
     report = trio.run(bench, args)

@@ -1,6 +1,6 @@
 """Claims on one shared Instance: at once, against one after another — what contention costs.
 
-    .venv/bin/python -m bench.storm [N] [--rounds 2] [--no-record]
+    .venv/bin/python -m bench.storm [N] [--rounds 2] [--no-write]
 
 One Instance that N nodes share (N membership applies, as the agents make them), then N
 claims of one slot each, as the agents make them (a server-side apply of one `deviceUsage` key
@@ -137,7 +137,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("nodes", type=int, nargs="?", default=25)
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--no-record", action="store_true", help="print, do not append to RESULTS.md")
+    p.add_argument(
+        "--no-write",
+        "--no-record",
+        dest="no_record",
+        action="store_true",
+        help="print, do not append to RESULTS.md",
+    )
     args = p.parse_args()
     report = trio.run(bench, args)
     print(report)
