@@ -1,15 +1,21 @@
-"""Claims on one shared Instance: at once, against one after another — what contention costs.
+"""Writes of many nodes on shared Instances: at once, against in turn — what contention costs.
 
-    .venv/bin/python -m bench.storm [N] [--rounds 2] [--no-write]
+    .venv/bin/python -m bench.storm [N] [--devices 10] [--rounds 2] [--no-write]
 
-One Instance that N nodes share (N membership applies, as the agents make them), then N
-claims of one slot each, as the agents make them (a server-side apply of one `deviceUsage` key
-without force, field manager `dp-<node>`), sent by this process with no agent in between:
-first all at once, then one after another; the slots are freed between rounds. Per round:
-wall time, claim latency p50 and max, the API server's CPU seconds and the etcd writes of
-Instances it made (its own counters, cluster-wide: another session's traffic adds to them).
-The difference is what the API server spends retrying, inside each request, a write that lost
-the race for the object (each retry a full server-side apply of an object that grows with N).
+Sent by this process, as the agents send them, with no agent in between, in the namespace
+`akri-storm`:
+- claims: one Instance that N nodes share (N membership applies), then N claims of one slot
+  each (a server-side apply of one `deviceUsage` key without force, field manager
+  `dp-<node>`): first all at once, then one after another; the slots are freed between rounds;
+- joins: N nodes join M new shared Instances (one apply per node and Instance, field manager
+  `<node>`), every node at once: each node 8 writes at a time in name order (what the agents
+  did before), then one at a time from the node's own starting place (`instances.in_node_order`,
+  what they do now).
+Per round: wall time, latency p50 and max (claims), the API server's CPU seconds and the etcd
+writes of Instances it made (its own counters, cluster-wide: another session's traffic adds to
+them). The difference is what the API server spends retrying, inside each request, a write that
+lost the race for its object (each retry a full server-side apply of an object that grows
+with N).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import time
 
 import trio
 
+from akri_trio.agent.instances import Apply, Operation, in_node_order
 from akri_trio.kube.client import JSON, Client
 from akri_trio.model.resources import INSTANCES
 from bench._common import (
@@ -102,10 +109,43 @@ async def one_round(api: Client, env: dict[str, str], n: int, at_once: bool) -> 
     ]
 
 
+async def joins_round(
+    api: Client, env: dict[str, str], n: int, m: int, tag: str, per_node: int
+) -> list[str]:
+    names = [f"{NAME}-{tag}-{j}" for j in range(m)]
+
+    async def node(i: int) -> None:
+        nd = f"node-{i:03d}"
+        ops: list[Operation] = [Apply(name, {}) for name in names]
+        order = ops if per_node > 1 else in_node_order(ops, nd)
+        limit = trio.Semaphore(per_node)
+
+        async def one(name: str) -> None:
+            async with limit:
+                body = member(nd, n)
+                body["metadata"]["name"] = name
+                await api.apply(INSTANCES, body, field_manager=nd, force=True)
+
+        async with trio.open_nursery() as nursery:
+            for op in order:
+                nursery.start_soon(one, op.name)
+
+    before, cpu0, t0 = await scrape(api), server_cpu(env)[0], time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for i in range(n):
+            nursery.start_soon(node, i)
+    wall, cpu = time.perf_counter() - t0, server_cpu(env)[0] - cpu0
+    delta = since(await scrape(api), before)
+    etcd = total(delta, "etcd_requests_total", resource="instances", operation={"create", "update"})
+    how = "8 at a time, name order" if per_node > 1 else "1 at a time, own start"
+    return [how, f"{wall:.2f}", f"{cpu:.2f}", f"{etcd:.0f}", str(n * m)]
+
+
 async def bench(args: argparse.Namespace) -> str:
     env = cluster_env()
     n = args.nodes
     rows: list[list[str]] = []
+    join_rows: list[list[str]] = []
     async with bench_api(env["KUBECONFIG"]) as api:
         await prepare_namespace(api, STORM_NS)
         try:
@@ -117,17 +157,28 @@ async def bench(args: argparse.Namespace) -> str:
                 for at_once in (True, False):
                     rows.append(await one_round(api, env, n, at_once))
                     print("  " + " | ".join(rows[-1]), flush=True)
+            for r in range(args.rounds):
+                for per_node in (8, 1):
+                    join_rows.append(
+                        await joins_round(api, env, n, args.devices, f"{r}{per_node}", per_node)
+                    )
+                    print("  " + " | ".join(join_rows[-1]), flush=True)
         finally:
             await purge_namespace(api, STORM_NS)
     header = ["claims", "wall s", "p50 ms", "max ms", "apiserver CPU s", "etcd writes"]
+    join_header = ["each node writes", "wall s", "apiserver CPU s", "etcd writes", "writes"]
     return "\n".join(
         [
-            f"### storm N={n} ({now()}, {machine()})",
+            f"### storm N={n} M={args.devices} ({now()}, {machine()})",
             "",
             f"One Instance shared by {n} nodes (~{size / 1000:.0f} KB with its managedFields), "
             f"{n} claims of one slot each:",
             "",
             table(header, rows),
+            "",
+            f"{n} nodes joining {args.devices} new shared Instances at once:",
+            "",
+            table(join_header, join_rows),
             "",
         ]
     )
@@ -136,6 +187,7 @@ async def bench(args: argparse.Namespace) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("nodes", type=int, nargs="?", default=25)
+    p.add_argument("--devices", type=int, default=10, help="shared Instances the nodes join")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument(
         "--no-write",
