@@ -256,7 +256,8 @@ class ConfigurationReconciler:
             return obj is not None and meta.get("uid") == uid and not meta.get("deletionTimestamp")
 
         async def one(op: plan_.Operation) -> None:
-            async with limit, shared_limit if self._shared(namespace, op) else _NO_LIMIT:
+            # the shared turn first: a write waiting for it holds none of the general slots
+            async with shared_limit if self._shared(namespace, op) else _NO_LIMIT, limit:
                 if current():
                     await self._execute(namespace, op)
 

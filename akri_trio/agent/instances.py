@@ -13,9 +13,9 @@ see plugins). `nodes` is a set and `metadata.finalizers` too, so each node owns 
 element of each, and leaving is "apply a body with an empty `nodes` and no finalizer": the
 server removes what only this node owned and keeps what other nodes own. That needs no
 resourceVersion, so any number of nodes join and leave one Instance at once, each with one
-request and no conflict. The body carries the Instance's uid, which the API server checks
-before anything else: an apply naming a uid refuses (409) to create an object that is gone, so
-a late leave never re-creates a deleted Instance. It also restates, without `force`, the
+request and no conflict. The body carries the Instance's uid: an apply naming a uid that no
+object has is refused (409), even where the object is gone, so a late leave never re-creates a
+deleted Instance. It also restates, without `force`, the
 required spec fields with the values read, so the last node's leave is accepted like any other
 (it leaves an Instance with no node) and that node then deletes it, once, with uid and
 resourceVersion preconditions: N nodes leaving cost N applies and one delete. Only departures
