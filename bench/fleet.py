@@ -1,45 +1,57 @@
 """Fleet: N nodes sharing M network devices — what each change costs the API server.
 
-    .venv/bin/python -m bench.fleet N M [--idle 60]
+    .venv/bin/python -m bench.fleet N M [--idle 60] [--limit 300] [--no-write] [--verbose]
 
 N agents run as separate processes (`python -m bench._agent_proc`, the agent CLI with the
-benchmark isolation), each with its own grpcio kubelet stand-in (in this process) and its own
-debugEcho availability file, all discovering the same M shared devices (capacity N). The API
-server's own `apiserver_request_total` is read before and after each phase:
+benchmark isolation, watching only the namespace `akri-fleet`), each with its own grpcio
+kubelet stand-in (in this process) and its own debugEcho availability file, all discovering
+the same M shared devices (capacity N). The API server's own metrics are read before and after
+each phase:
   create    the Configuration is created; until every Instance lists all N nodes
   idle      nothing changes for `--idle` s
   one off   node 0 loses the devices; until every Instance lists N-1 nodes
   one on    node 0 gets them back; until every Instance lists N nodes again
   storm     every node asks its kubelet for one slot of the same Instance at the same moment
             (GetPreferredAllocation, then Allocate); granted / refused / double claims, and
-            Allocate p50 against one node's Allocate on another Instance alone in this run
+            Allocate p50 against the p50 of five nodes' Allocates one at a time on another
+            Instance, measured just before
   all off   every node loses the devices; until no Instance is left
-Per phase: seconds to converge, writes (apply/patch/create/update/delete) of Instances, and of
-Configurations (the create and the nodes' status entries), 409s, 5xx, LISTs, Instances created
-again after their deletion (a watch of the namespace), and the agents' CPU seconds and largest
-RSS. The ideal Instance write counts are N*M (create), M (one node off or on), N (the storm)
-and N*M + M (all off: a leave each, a delete each).
+Per phase: seconds to converge; what the agents sent (each agent counts its own requests, see
+bench._agent_proc, so other sessions on the shared cluster do not add to these): Instance
+writes (apply/patch/create/update/delete, answered), Configuration writes (the create is the
+bench's; the nodes' status entries), 409s, 5xx, requests given up (sent, never answered:
+cancelled or timed out on the agent's side), LISTs. Then the API server's own cluster-wide
+counters (another session's traffic adds to them): the etcd writes the Instance writes took
+(the API server retries a write that lost a race on one object inside the request, each retry
+a full server-side apply: etcd writes / Instance writes is that amplification), requests it saw
+abandoned by their client or finishing after its own timeout, watch events sent for Instances
+(to every watcher) and their MB, the p99 of Instance write latency (upper bound of its
+histogram bucket). Last: Instances created again after their deletion (a watch of the
+namespace), the agents' CPU seconds and largest RSS, the API server's and etcd's CPU seconds
+(theirs: another session's traffic adds to them too). The ideal Instance write counts are N*M
+(create), M (one node off or on), N (the storm) and N*M + M (all off: a leave each, a delete
+each).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import tempfile
 import time
-from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections import Counter, defaultdict
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
 import grpc
 import trio
 
-from akri_trio.kube.client import Client
+from akri_trio.kube.client import JSON, Client
 from akri_trio.kube.watch import Apply, Delete, InitApply, open_watch
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
-from bench._agent_proc import agent_process
+from bench._agent_proc import agent_process, requests_of
 from bench._common import (
-    BENCH_NS,
     bench_api,
     cluster_env,
     echo_config,
@@ -49,31 +61,114 @@ from bench._common import (
     percentile,
     prepare_namespace,
     purge_namespace,
+    record_run,
     table,
-    write_run,
 )
 from bench.scale import cpu_seconds, rss_mb
 from tests.support.kubelet_standin import KubeletStandin
 
 CONFIG = "fleet"
+# Its own namespace: the other benchmarks share `akri-bench`, and a fleet of agents watching it
+# would serve their Configurations too.
+FLEET_NS = "akri-fleet"
+SOLO_SAMPLES = 5
 WRITE_VERBS = {"APPLY", "PATCH", "POST", "PUT", "CREATE", "UPDATE", "DELETE"}
 
 
-async def request_counts(api: Client) -> Counter[tuple[str, str, str]]:
-    """apiserver_request_total by (resource, verb, code)."""
-    text = (await api.http.get("/metrics")).text
-    out: Counter[tuple[str, str, str]] = Counter()
+Labels = tuple[tuple[str, str], ...]
+Metrics = dict[tuple[str, Labels], float]
+SCRAPED = (
+    "apiserver_request_total",
+    "apiserver_request_duration_seconds_bucket",
+    "apiserver_request_aborts_total",
+    "apiserver_request_post_timeout_total",
+    "etcd_requests_total",
+    "apiserver_watch_events_total",
+    "apiserver_watch_events_sizes_sum",
+)
+
+
+def parse_metrics(text: str) -> Metrics:
+    """The counters this bench reads from the API server's /metrics, by (name, labels)."""
+    out: Metrics = defaultdict(float)
     for line in text.splitlines():
-        if not line.startswith("apiserver_request_total{"):
+        name, brace, rest = line.partition("{")
+        if not brace or name not in SCRAPED:
             continue
-        labels = {}
-        for part in line[line.index("{") + 1 : line.rindex("}")].split('",'):
-            key, _, value = part.partition("=")
-            labels[key.strip(",")] = value.strip('"')
-        out[(labels.get("resource", ""), labels.get("verb", ""), labels.get("code", ""))] += int(
-            float(line.rsplit(" ", 1)[1])
-        )
+        body, _, value = rest.rpartition("} ")
+        labels = []
+        for part in body.split('",'):
+            key, _, val = part.partition("=")
+            labels.append((key.strip(","), val.strip('"')))
+        out[(name, tuple(sorted(labels)))] += float(value)
     return out
+
+
+async def scrape(api: Client) -> Metrics:
+    return parse_metrics((await api.http.get("/metrics")).text)
+
+
+def since(after: Metrics, before: Metrics) -> Metrics:
+    return {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)}
+
+
+Match = dict[str, str | set[str]]
+
+
+def _fits(labels: Labels, match: Match) -> bool:
+    d = dict(labels)
+    return all(d.get(k) in v if isinstance(v, set) else d.get(k) == v for k, v in match.items())
+
+
+def total(metrics: Metrics, name: str, **match: str | set[str]) -> float:
+    """Sum of `name` over the label sets matching `match` (a value, or a set of values)."""
+    return sum(v for (n, labels), v in metrics.items() if n == name and _fits(labels, match))
+
+
+def latency_quantile(metrics: Metrics, q: float, **match: str | set[str]) -> float:
+    """Upper bound of the apiserver_request_duration_seconds bucket holding quantile `q`."""
+    buckets: defaultdict[float, float] = defaultdict(float)
+    for (name, labels), v in metrics.items():
+        if name == "apiserver_request_duration_seconds_bucket" and _fits(labels, match):
+            buckets[float(dict(labels)["le"])] += v
+    count = buckets.get(math.inf, 0.0)
+    if not count:
+        return 0.0
+    return next(le for le in sorted(buckets) if buckets[le] >= q * count)
+
+
+def server_cpu(env: dict[str, str]) -> tuple[float, float]:
+    """CPU seconds the API server and etcd have used so far (their pid files in the cluster's
+    run directory: "pid start-time")."""
+    pids = Path(env["AKRI_TRIO_CLUSTER_DIR"]) / "pids"
+    apiserver, etcd = (
+        cpu_seconds(int((pids / f"{name}.pid").read_text().split()[0]))
+        for name in ("kube-apiserver", "etcd")
+    )
+    return apiserver, etcd
+
+
+def answered(
+    sent: Counter[str],
+    verbs: Iterable[str] | None = None,
+    resources: Iterable[str] | None = None,
+    codes: tuple[str, ...] = ("",),
+) -> int:
+    """The agents' requests answered with a code starting with one of `codes`, of `verbs` on
+    `resources` (None: any)."""
+    out = 0
+    for key, count in sent.items():
+        verb, resource, code = key.split(" ")
+        if code == "gave-up" or not code.startswith(codes):
+            continue
+        if (verbs is None or verb in verbs) and (resources is None or resource in resources):
+            out += count
+    return out
+
+
+def gave_up(sent: Counter[str]) -> int:
+    """Requests the agents sent and got no answer to (they gave up or were cancelled)."""
+    return sum(c for k, c in sent.items() if k.endswith(" gave-up"))
 
 
 class Recreations:
@@ -84,7 +179,7 @@ class Recreations:
         self.count = 0
 
     async def run(self, api: Client) -> None:
-        async with open_watch(api, INSTANCES, namespace=BENCH_NS) as events:
+        async with open_watch(api, INSTANCES, namespace=FLEET_NS) as events:
             async for event in events:
                 if isinstance(event, Delete):
                     self.deleted.add(event.obj["metadata"]["name"])
@@ -120,10 +215,15 @@ class Fleet:
                 self.kubelets.append(KubeletStandin(home / "dp").start())
                 stack.callback(self.kubelets[-1].stop)
                 proc = await stack.enter_async_context(
-                    agent_process(home, kubeconfig, name, "--debug-echo-shared")
+                    agent_process(
+                        home, kubeconfig, name, "--debug-echo-shared", "--namespace", FLEET_NS
+                    )
                 )
                 self.pids.append(proc.pid)
             yield
+
+    def requests(self) -> Counter[str]:
+        return sum((requests_of(self.root / name) for name in self.names), Counter())
 
     def cpu(self) -> float:
         return sum(cpu_seconds(pid) for pid in self.pids)
@@ -132,7 +232,7 @@ class Fleet:
         return max(rss_mb(pid)[0] for pid in self.pids)
 
     async def nodes_per_instance(self) -> list[int]:
-        items = (await self.api.list(INSTANCES, namespace=BENCH_NS)).items
+        items = (await self.api.list(INSTANCES, namespace=FLEET_NS)).items
         return [len(o["spec"].get("nodes") or []) for o in items]
 
 
@@ -162,7 +262,7 @@ async def bench(args: argparse.Namespace) -> str:
     rows: list[list[str]] = []
     notes: list[str] = []
     async with bench_api(env["KUBECONFIG"]) as api, trio.open_nursery() as nursery:
-        await prepare_namespace(api)
+        await prepare_namespace(api, FLEET_NS)
         recreations = Recreations()
         nursery.start_soon(recreations.run, api)
         with tempfile.TemporaryDirectory(prefix="akf", dir="/tmp") as tmp:
@@ -176,32 +276,48 @@ async def bench(args: argparse.Namespace) -> str:
                     act: Callable[[], Awaitable[None]],
                     done: Callable[[], Awaitable[bool]],
                 ) -> None:
-                    before, cpu0, again0 = await request_counts(api), fleet.cpu(), recreations.count
+                    before, cpu0, again0 = await scrape(api), fleet.cpu(), recreations.count
+                    server0 = server_cpu(env)
+                    sent0 = fleet.requests()
                     t0 = time.monotonic()
                     await act()
                     took = time.monotonic() - t0 + await until(done, args.limit)
                     await trio.sleep(1)  # late writes of this phase still count here
-                    delta = await request_counts(api) - before
-                    ours = {"instances", "configurations"}
-
-                    def writes_of(resource: str) -> int:
-                        return sum(
-                            c
-                            for (r, v, _), c in delta.items()
-                            if r == resource and v in WRITE_VERBS
-                        )
-
-                    conflicts = sum(
-                        c for (r, _, code), c in delta.items() if r in ours and code == "409"
+                    delta = since(await scrape(api), before)
+                    server1 = server_cpu(env)
+                    apiserver_s, etcd_s = server1[0] - server0[0], server1[1] - server0[1]
+                    sent = fleet.requests() - sent0
+                    if args.verbose:
+                        print(f"  {name}: the agents' requests {dict(sorted(sent.items()))}")
+                    instances = {"resource": "instances"}
+                    storage = total(
+                        delta,
+                        "etcd_requests_total",
+                        resource="instances",
+                        operation={"create", "update", "delete"},
                     )
-                    errors = sum(c for (_, _, code), c in delta.items() if code.startswith("5"))
-                    lists = sum(c for (_, v, _), c in delta.items() if v == "LIST")
+                    abandoned = total(delta, "apiserver_request_aborts_total") + total(
+                        delta, "apiserver_request_post_timeout_total"
+                    )
+                    watch_mb = total(delta, "apiserver_watch_events_sizes_sum", **instances) / 1e6
+                    p99 = latency_quantile(delta, 0.99, resource="instances", verb=WRITE_VERBS)
                     rows.append(
                         [
-                            name, f"{took:.1f}", str(writes_of("instances")), ideal,
-                            str(writes_of("configurations")), str(conflicts), str(errors),
-                            str(lists), str(recreations.count - again0),
+                            name, f"{took:.1f}",
+                            str(answered(sent, WRITE_VERBS, {"instances"})), ideal,
+                            f"{storage:.0f}",
+                            str(answered(sent, WRITE_VERBS, {"configurations"})),
+                            str(answered(sent, codes=("409",))),
+                            str(answered(sent, codes=("5",))),
+                            str(gave_up(sent)),
+                            f"{abandoned:.0f}",
+                            str(answered(sent, {"LIST"})),
+                            f"{total(delta, 'apiserver_watch_events_total', **instances):.0f}",
+                            f"{watch_mb:.1f}",
+                            f"{p99:g}",
+                            str(recreations.count - again0),
                             f"{fleet.cpu() - cpu0:.1f}", f"{fleet.rss():.0f}",
+                            f"{apiserver_s:.1f}", f"{etcd_s:.1f}",
                         ]
                     )  # fmt: skip
                     print("  " + " | ".join(rows[-1]), flush=True)
@@ -213,10 +329,12 @@ async def bench(args: argparse.Namespace) -> str:
                     per = await fleet.nodes_per_instance()
                     return len(per) == m and all(x == k for x in per)
 
+                created: JSON = {}
+
                 async def create() -> None:
-                    await api.create(
-                        CONFIGURATIONS, echo_config(CONFIG, [f"d{j}" for j in range(m)], n)
-                    )
+                    body = echo_config(CONFIG, [f"d{j}" for j in range(m)], n)
+                    body["metadata"]["namespace"] = FLEET_NS
+                    created.update(await api.create(CONFIGURATIONS, body))
 
                 await phase("create", str(n * m), create, lambda: all_nodes(n))
 
@@ -240,7 +358,7 @@ async def bench(args: argparse.Namespace) -> str:
                 # the storm: one Instance, every node at once; the baseline: one node alone, on
                 # another Instance, measured just before
                 items = sorted(
-                    (await api.list(INSTANCES, namespace=BENCH_NS)).items,
+                    (await api.list(INSTANCES, namespace=FLEET_NS)).items,
                     key=lambda o: o["metadata"]["name"],
                 )
                 storm_res, solo_res = (f"akri.sh/{o['metadata']['name']}" for o in items[:2])
@@ -248,7 +366,11 @@ async def bench(args: argparse.Namespace) -> str:
                     await trio.to_thread.run_sync(
                         kubelet.wait_for, lambda k: len(k.healthy(storm_res)) == n, 60.0
                     )
-                solo = [(await trio.to_thread.run_sync(allocate, fleet.kubelets[0], solo_res))[1]]
+                solo = [
+                    (await trio.to_thread.run_sync(allocate, kubelet, solo_res))[1]
+                    for kubelet in fleet.kubelets[:SOLO_SAMPLES]
+                ]
+                solo_p50 = percentile(solo, 50)
                 results: list[tuple[str, float, str | None]] = []
 
                 async def storm() -> None:
@@ -267,7 +389,7 @@ async def bench(args: argparse.Namespace) -> str:
                 usage = (
                     next(
                         o
-                        for o in (await api.list(INSTANCES, namespace=BENCH_NS)).items
+                        for o in (await api.list(INSTANCES, namespace=FLEET_NS)).items
                         if f"akri.sh/{o['metadata']['name']}" == storm_res
                     )["spec"].get("deviceUsage")
                     or {}
@@ -280,12 +402,15 @@ async def bench(args: argparse.Namespace) -> str:
                     f"storm: {len(granted)} granted, {len(results) - len(granted)} refused, "
                     f"{doubles} double claims ({len(usage)} slots held by "
                     f"{len(set(usage.values()))} nodes); Allocate p50 {ms(p50)}, p99 "
-                    f"{ms(percentile(latencies, 99))}; one node alone {ms(solo[0])} "
-                    f"(ratio {p50 / solo[0]:.2f})"
+                    f"{ms(percentile(latencies, 99))}; one node alone p50 {ms(solo_p50)} of "
+                    f"{len(solo)} (ratio {p50 / solo_p50:.2f})"
                 )
                 for slot, _, error in results:
                     if error:
                         notes.append(f"refused {slot}: {error}")
+                config = await api.get(CONFIGURATIONS, CONFIG, namespace=FLEET_NS)
+                purged = config["metadata"]["uid"] != created["metadata"]["uid"]
+                notes.append(f"purged by someone else: {purged}")
                 await phase(
                     "all off",
                     f"{n * m + m}",
@@ -295,8 +420,10 @@ async def bench(args: argparse.Namespace) -> str:
         nursery.cancel_scope.cancel()
     await purge_after(env)
     header = [
-        "phase", "s", "Instance writes", "ideal", "Configuration writes", "409", "5xx",
-        "LISTs", "re-created", "agents CPU s", "max RSS MB",
+        "phase", "s", "Instance writes", "ideal", "etcd writes", "Configuration writes", "409",
+        "5xx", "given up", "abandoned (server)", "LISTs", "watch events", "watch MB",
+        "write p99 s", "re-created", "agents CPU s", "max RSS MB", "apiserver CPU s",
+        "etcd CPU s",
     ]  # fmt: skip
     return "\n".join(
         [
@@ -315,12 +442,12 @@ async def _true() -> bool:
 
 
 async def _no_instances(api: Client) -> bool:
-    return not (await api.list(INSTANCES, namespace=BENCH_NS)).items
+    return not (await api.list(INSTANCES, namespace=FLEET_NS)).items
 
 
 async def purge_after(env: dict[str, str]) -> None:
     async with bench_api(env["KUBECONFIG"]) as api:
-        await purge_namespace(api)
+        await purge_namespace(api, FLEET_NS)
 
 
 def main() -> None:
@@ -329,12 +456,18 @@ def main() -> None:
     p.add_argument("devices", type=int)
     p.add_argument("--idle", type=float, default=60.0)
     p.add_argument("--limit", type=float, default=300.0, help="bound on each phase, s")
-    p.add_argument("--no-record", action="store_true", help="print, do not append to RESULTS.md")
+    p.add_argument(
+        "--no-write",
+        "--no-record",
+        dest="no_record",
+        action="store_true",
+        help="print, do not append to RESULTS.md",
+    )
+    p.add_argument("--verbose", action="store_true", help="print each phase's requests by kind")
     args = p.parse_args()
     report = trio.run(bench, args)
     print(report)
-    if not args.no_record:
-        write_run("fleet", report)
+    record_run("fleet", report, write=not args.no_record)
 
 
 if __name__ == "__main__":

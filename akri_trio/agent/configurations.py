@@ -14,7 +14,9 @@ newer event) is simply done again: the queue guarantees one reconcile per key at
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -39,6 +41,7 @@ from akri_trio.discovery.properties import (
     resolve,
 )
 from akri_trio.discovery.registry import OFFLINE_GRACE_S, Registry
+from akri_trio.kube.batch import run_all
 from akri_trio.kube.client import Client, Resource
 from akri_trio.kube.errors import ApiError, Conflict, Forbidden, Invalid, NotFound
 from akri_trio.kube.queue import Requeue
@@ -68,6 +71,10 @@ MAX_DEPART_ATTEMPTS = 5
 # "no devices": upstream's grace for an unresponsive handler.
 HANDLER_GRACE_S = OFFLINE_GRACE_S
 WRITE_CONCURRENCY = 8  # parallel Instance writes per reconcile: a big discovery lands fast
+# ... but one at a time on shared Instances: every node of the fleet writes those too, and the
+# API server retries a write that lost the race on one object internally (each retry a full
+# server-side apply), so k writes in flight on one object cost it about k*k/2 applies.
+SHARED_WRITE_CONCURRENCY = 1
 
 
 def _departs(op: plan_.Operation) -> bool:
@@ -355,6 +362,7 @@ class ConfigurationReconciler:
         replaced (its reconcile then leaves what was made), so a deleted Configuration with
         a thousand devices does not go on getting Instances for tens of seconds."""
         limit = trio.Semaphore(WRITE_CONCURRENCY)
+        shared_limit = trio.Semaphore(SHARED_WRITE_CONCURRENCY)
 
         def current() -> bool:
             obj = self.configs.get(key)
@@ -362,17 +370,22 @@ class ConfigurationReconciler:
             return obj is not None and meta.get("uid") == uid and not meta.get("deletionTimestamp")
 
         async def one(op: plan_.Operation) -> None:
-            async with limit:
+            # the shared turn first: a write waiting for it holds none of the general slots
+            async with shared_limit if self._shared(namespace, op) else _NO_LIMIT, limit:
                 if current():
                     await self._execute(namespace, op)
 
-        async with trio.open_nursery() as nursery:
-            for op in ops:
-                nursery.start_soon(one, op)
+        await run_all([functools.partial(one, op) for op in plan_.in_node_order(ops, self.node)])
 
-    async def _apply(self, namespace: str, body: JSON) -> Instance:
+    def _shared(self, namespace: str, op: plan_.Operation) -> bool:
+        if isinstance(op, plan_.Apply):
+            return bool(op.body["spec"].get("shared"))
+        known = self.view.instance(ObjectKey(namespace, op.name))
+        return known is not None and known.spec.shared
+
+    async def _apply(self, namespace: str, body: JSON, *, force: bool = True) -> Instance:
         written = await self.api.apply(
-            INSTANCES, body, field_manager=self.node, force=True, namespace=namespace
+            INSTANCES, body, field_manager=self.node, force=force, namespace=namespace
         )
         return self.view.put_instance(written)
 
@@ -385,13 +398,18 @@ class ConfigurationReconciler:
                 await self._depart(namespace, op)
 
     async def _depart(self, namespace: str, op: plan_.Leave | plan_.Guarded) -> None:
-        """Leave an Instance with one unguarded apply (see instances.Leave); decide again from a
-        fresh read when that is refused, and as the last node remove it."""
+        """Leave an Instance with one apply (see instances.Leave); the node whose leave empties
+        it deletes it. Decide again from a fresh read when the leave is refused."""
         if isinstance(op, plan_.Leave):
             try:
-                inst = await self._apply(namespace, op.body)
-            except Invalid:
-                pass  # this node held the last copy of a required field, or it is gone
+                # Without force: a required field that changed since the read is a 409, not
+                # our stale value written back.
+                inst = await self._apply(namespace, op.body, force=False)
+            except NotFound:
+                self.view.drop_instance(ObjectKey(namespace, op.name))
+                return
+            except (Conflict, Invalid):
+                pass  # gone or replaced (the uid), or a required field changed: re-read
             else:
                 if self.node not in inst.spec.nodes and self.node not in inst.metadata.finalizers:
                     log.info(
@@ -556,3 +574,6 @@ class ConfigurationReconciler:
                 exc,
                 extra=fields(configuration=ObjectKey(namespace, name)),
             )
+
+
+_NO_LIMIT = contextlib.nullcontext()

@@ -10,18 +10,24 @@ load.
 
 Writes use server-side apply under the field manager `<node>` (deviceUsage has its own manager,
 see plugins). `nodes` is a set and `metadata.finalizers` too, so each node owns exactly its own
-element of each, and leaving is "apply a body that states nothing but an empty `nodes`": the
+element of each, and leaving is "apply a body with an empty `nodes` and no finalizer": the
 server removes what only this node owned and keeps what other nodes own. That needs no
 resourceVersion, so any number of nodes join and leave one Instance at once, each with one
-request and no conflict; and since the body lacks the required fields, it can never create an
-Instance that is gone. Only the last node's departure is guarded by a resourceVersion (see
-`Guarded`): it deletes the Instance, once. A guarded write is a JSON patch, never an apply: the
-API server creates a missing object from an apply even when it carries a resourceVersion.
+request and no conflict. The body carries the Instance's uid: an apply naming a uid that no
+object has is refused (409), even where the object is gone, so a late leave never re-creates a
+deleted Instance. It also restates, without `force`, the
+required spec fields with the values read, so the last node's leave is accepted like any other
+(it leaves an Instance with no node) and that node then deletes it, once, with uid and
+resourceVersion preconditions: N nodes leaving cost N applies and one delete. Only departures
+decided from a fresh read after a refused leave are guarded by a resourceVersion (see
+`Guarded`). A guarded write is a JSON patch, never an apply: the API server creates a missing
+object from an apply even when it carries a resourceVersion (a uid it does check).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import zlib
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
 import attrs
@@ -52,11 +58,11 @@ class Apply:
 
 @attrs.frozen
 class Leave:
-    """Drop this node's `nodes` entry and finalizer: apply `body`, which states nothing else.
+    """Drop this node's `nodes` entry and finalizer: apply `body` (see `leave_body`).
 
-    It fails (422) only where this node was the last to own a required field (it was the last
-    node, or an earlier force-apply took those fields over) or the Instance is gone; the caller
-    then decides again from a fresh read (`guarded_departure`)."""
+    It is refused (409) only when the Instance is gone or was replaced (the uid), or when a
+    required field changed since it was read; the caller then decides again from a fresh read
+    (`guarded_departure`)."""
 
     name: str
     body: JSON
@@ -219,6 +225,16 @@ def plan(
     return ops
 
 
+def in_node_order(ops: Sequence[Operation], node: str) -> list[Operation]:
+    """`ops` (in the plan's name order) rotated to start at a place that depends on `node`
+    only, so nodes writing the same shared Instances at the same moment start on different
+    ones instead of all queueing on the first."""
+    if not ops:
+        return []
+    start = zlib.crc32(node.encode()) % len(ops)
+    return [*ops[start:], *ops[:start]]
+
+
 def departure(current: Instance, node: str) -> Leave | Guarded:
     """How this node stops serving `current`: leave it to the others (or to the garbage
     collector deleting it), or, as the last node, remove it."""
@@ -261,12 +277,26 @@ def guarded_ops(current: Instance, node: str, drop_entry: bool) -> list[JSON]:
 
 
 def leave_body(current: Instance) -> JSON:
-    """Names the Instance and states an empty `nodes`: this node's entry and finalizer go,
-    every field other nodes own stays."""
-    meta = current.metadata
+    """Names the Instance by uid (so it can never create one) and states an empty `nodes` and
+    no finalizer: this node's entry and finalizer go, every field other nodes own stays. It
+    keeps a share of the required spec fields and of the Configuration's owner reference, with
+    the values read, so the last node's leave leaves a valid Instance, still owned by its
+    Configuration, for that node to delete."""
+    meta, spec = current.metadata, current.spec
+    metadata: JSON = {"name": meta.name, "namespace": meta.namespace}
+    body: JSON = {"apiVersion": naming.API_VERSION, "kind": "Instance", "metadata": metadata}
+    if not meta.uid:  # never read from the server: no field that could make it a creation
+        return {**body, "spec": {"nodes": []}}
+    metadata["uid"] = meta.uid
+    owners = [ref for ref in meta.owner_references if ref.get("controller")]
+    if owners:
+        metadata["ownerReferences"] = owners
     return {
-        "apiVersion": naming.API_VERSION,
-        "kind": "Instance",
-        "metadata": {"name": meta.name, "namespace": meta.namespace},
-        "spec": {"nodes": []},
+        **body,
+        "spec": {
+            "configurationName": spec.configuration_name,
+            "cdiName": spec.cdi_name,
+            "capacity": spec.capacity,
+            "nodes": [],
+        },
     }

@@ -37,6 +37,25 @@ PATCH_APPLY = "application/apply-patch+yaml"
 
 DEFAULT_PAGE_SIZE = 500
 
+# The API server answers every ordinary request within its --request-timeout (60 s unless set
+# otherwise), with a 504 when its own deadline passes. A write is given longer than that: a
+# client that gives up first leaves the server applying a write nobody waits for (it counts a
+# 500, "context canceled", and the write may still land), which the caller then retries — so
+# under load the work doubles instead of the latency growing. Reads keep the shorter default.
+APISERVER_REQUEST_TIMEOUT_S = 60.0
+WRITE_READ_TIMEOUT_S = APISERVER_REQUEST_TIMEOUT_S + 15.0
+READ_METHODS = frozenset({"GET", "HEAD"})
+
+
+def write_timeout(timeout: httpx.Timeout) -> httpx.Timeout:
+    """`timeout` with a read timeout that outlasts the API server's own request deadline."""
+    return httpx.Timeout(
+        connect=timeout.connect,
+        read=max(timeout.read or 0.0, WRITE_READ_TIMEOUT_S),
+        write=timeout.write,
+        pool=timeout.pool,
+    )
+
 
 @attrs.frozen
 class ListPage:
@@ -101,8 +120,14 @@ class Client:
         """One request; a JSON answer, or the typed `ApiError` for its `Status`."""
         content = None if body is None else json.dumps(body).encode()
         headers = {"Content-Type": content_type} if content is not None else None
+        timeout = self.http.timeout if method in READ_METHODS else write_timeout(self.http.timeout)
         response = await self.http.request(
-            method, path, params=dict(params or {}), content=content, headers=headers
+            method,
+            path,
+            params=dict(params or {}),
+            content=content,
+            headers=headers,
+            timeout=timeout,
         )
         if response.status_code >= 400:
             raise error_from_response(

@@ -31,7 +31,8 @@ import yaml
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 # The API server closes a watch after the timeoutSeconds we ask for (~290 s); the watch driver
-# sets its own read timeout per request. These are for ordinary verbs.
+# sets its own read timeout per request. These are for ordinary verbs (a write waits longer for
+# its answer: kube.client.write_timeout).
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=10.0)
 
 

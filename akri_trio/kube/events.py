@@ -251,10 +251,12 @@ class EventRecorder:
             if isinstance(decision, Drop):
                 self.dropped += 1
                 continue
+            # No deadline of our own: the client's write timeout outlasts the API server's, so
+            # an Event is never abandoned half-written (the server may still create it, and
+            # the correlator, having forgotten it, would create a second one).
             try:
-                with trio.fail_after(10):
-                    await self._write(event, decision)
-            except (ApiError, httpx.HTTPError, trio.TooSlowError) as exc:
+                await self._write(event, decision)
+            except (ApiError, httpx.HTTPError) as exc:
                 self.failed += 1
                 self.correlator.forget(event)
                 log.debug("could not record event %s on %s: %s", event.reason, event.obj, exc)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from hypothesis import given
@@ -12,8 +13,10 @@ from akri_trio.agent.instances import (
     Apply,
     Guarded,
     Leave,
+    Operation,
     desired_body,
     guarded_departure,
+    in_node_order,
     plan,
 )
 from akri_trio.model.convert import structure
@@ -94,15 +97,61 @@ def test_capacity_and_property_changes_propagate() -> None:
     assert isinstance(op, Apply) and op.body["spec"]["brokerProperties"]["X"] == "1"
 
 
-def test_vanished_device_is_left_with_a_body_that_states_only_an_empty_nodes() -> None:
+def test_vanished_device_is_left_by_uid_with_an_empty_nodes_and_the_values_read() -> None:
     cfg = config()
     body = desired_body(cfg, found("a"), NODE)
+    body["metadata"]["uid"] = "inst-uid"
     current = as_cluster(body, nodes=[NODE, "node-b"])
     (op,) = plan(NODE, cfg, [], {current.metadata.name: current})
     assert isinstance(op, Leave)
-    assert op.body["spec"] == {"nodes": []}  # no required field: it can never create
-    assert op.body["metadata"] == {"name": current.metadata.name, "namespace": "ns"}
+    # the required fields as read (so the last node's leave is valid), no finalizer, no node
+    assert op.body["spec"] == {
+        "configurationName": "cam",
+        "cdiName": current.spec.cdi_name,
+        "capacity": 2,
+        "nodes": [],
+    }
+    meta = op.body["metadata"]
+    assert "finalizers" not in meta
+    # the uid: the API server refuses to create an object from an apply that names one
+    assert (meta["name"], meta["namespace"], meta["uid"]) == (
+        current.metadata.name,
+        "ns",
+        "inst-uid",
+    )
+    assert meta["ownerReferences"] == list(current.metadata.owner_references)
     # no resourceVersion: any number of nodes leave at once without a conflict
+    assert "resourceVersion" not in meta
+
+
+def test_a_leave_without_a_known_uid_states_nothing_that_could_create() -> None:
+    cfg = config()
+    current = as_cluster(desired_body(cfg, found("a"), NODE), nodes=[NODE, "node-b"])
+    assert not current.metadata.uid
+    (op,) = plan(NODE, cfg, [], {current.metadata.name: current})
+    assert isinstance(op, Leave)
+    assert op.body["spec"] == {"nodes": []}  # no required field either
+    assert "uid" not in op.body["metadata"]
+
+
+@given(
+    st.lists(st.sampled_from("abcdefghij"), unique=True, max_size=10),
+    st.text(min_size=1, max_size=20),
+)
+def test_node_order_is_a_rotation_of_the_plan(names: list[str], node: str) -> None:
+    ops: list[Operation] = [Apply(n, {}) for n in sorted(names)]
+    ordered = in_node_order(ops, node)
+    assert sorted(ordered, key=lambda op: op.name) == ops
+    if ops:
+        start = ops.index(ordered[0])
+        assert ordered == ops[start:] + ops[:start]
+    assert in_node_order(ops, node) == ordered  # the same node, the same order
+
+
+def test_nodes_start_their_shared_writes_on_different_instances() -> None:
+    ops = [Apply(f"cam-{i}", {}) for i in range(10)]
+    firsts = Counter(in_node_order(ops, f"fleet-{n:03d}")[0].name for n in range(50))
+    assert len(firsts) >= 8 and max(firsts.values()) <= 12  # not all fifty on one Instance
 
 
 def test_guarded_leave_is_a_json_patch_testing_the_read_version() -> None:

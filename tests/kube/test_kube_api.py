@@ -39,6 +39,7 @@ from akri_trio.kube import (
     reflect,
     run_watch,
 )
+from akri_trio.kube.client import APISERVER_REQUEST_TIMEOUT_S
 from tests.support.akri_cluster import CRDS, NAMESPACES
 
 pytestmark = pytest.mark.k8s
@@ -334,6 +335,43 @@ async def test_server_side_apply_with_two_managers(client: Client, namespace: st
     # Alice re-applying her old intent now conflicts with bob, and changes nothing.
     with pytest.raises(Conflict):
         await client.apply(CONFIGMAPS, cm(name, namespace, {"a": "1"}), field_manager="alice")
+
+
+async def test_an_apply_naming_a_uid_never_creates(client: Client, namespace: str) -> None:
+    """What a node's leave of a shared Instance relies on: an apply naming a uid is refused
+    when the object is gone (a resourceVersion would not stop it creating one)."""
+    name = unique("uid")
+    made = await client.apply(CONFIGMAPS, cm(name, namespace, {"a": "1"}), field_manager="alice")
+    uid = made["metadata"]["uid"]
+    body = cm(name, namespace, {"a": "1"})
+    body["metadata"]["uid"] = uid
+    same = await client.apply(CONFIGMAPS, body, field_manager="bob")
+    assert same["metadata"]["uid"] == uid
+    await client.delete(CONFIGMAPS, name, namespace=namespace)
+    with pytest.raises(Conflict, match="uid mismatch"):
+        await client.apply(CONFIGMAPS, body, field_manager="bob")
+    with pytest.raises(NotFound):
+        await client.get(CONFIGMAPS, name, namespace=namespace)
+
+
+async def test_writes_outwait_the_servers_request_timeout(client: Client, namespace: str) -> None:
+    """A write is never abandoned before the API server's own deadline answers it (a 504):
+    an abandoned write may still be applied, and is then done twice by the retry."""
+    read_timeouts: dict[str, float] = {}
+
+    async def record(request: httpx.Request) -> None:
+        read_timeouts[request.method] = request.extensions["timeout"]["read"]
+
+    client.http.event_hooks["request"].append(record)
+    name = unique("timeouts")
+    await client.create(CONFIGMAPS, cm(name, namespace))
+    await client.get(CONFIGMAPS, name, namespace=namespace)
+    await client.merge_patch(CONFIGMAPS, name, {"data": {"a": "1"}}, namespace=namespace)
+    await client.delete(CONFIGMAPS, name, namespace=namespace)
+    assert set(read_timeouts) == {"POST", "GET", "PATCH", "DELETE"}
+    for method in ("POST", "PATCH", "DELETE"):
+        assert read_timeouts[method] > APISERVER_REQUEST_TIMEOUT_S
+    assert read_timeouts["GET"] == client.http.timeout.read  # reads keep the default
 
 
 # --- lists --------------------------------------------------------------------------------------

@@ -1,0 +1,206 @@
+"""Writes of many nodes on shared Instances: at once, against in turn — what contention costs.
+
+    .venv/bin/python -m bench.storm [N] [--devices 10] [--rounds 2] [--no-write]
+
+Sent by this process, as the agents send them, with no agent in between, in the namespace
+`akri-storm`:
+- claims: one Instance that N nodes share (N membership applies), then N claims of one slot
+  each (a server-side apply of one `deviceUsage` key without force, field manager
+  `dp-<node>`): first all at once, then one after another; the slots are freed between rounds;
+- joins: N nodes join M new shared Instances (one apply per node and Instance, field manager
+  `<node>`), every node at once: each node 8 writes at a time in name order (what the agents
+  did before), then one at a time from the node's own starting place (`instances.in_node_order`,
+  what they do now).
+Per round: wall time, latency p50 and max (claims), the API server's CPU seconds and the etcd
+writes of Instances it made (its own counters, cluster-wide: another session's traffic adds to
+them). The difference is what the API server spends retrying, inside each request, a write that
+lost the race for its object (each retry a full server-side apply of an object that grows
+with N).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import trio
+
+from akri_trio.agent.instances import Apply, Operation, in_node_order
+from akri_trio.kube.client import JSON, Client
+from akri_trio.model.resources import INSTANCES
+from bench._common import (
+    bench_api,
+    cluster_env,
+    machine,
+    ms,
+    now,
+    percentile,
+    prepare_namespace,
+    purge_namespace,
+    record_run,
+    table,
+)
+from bench.fleet import scrape, server_cpu, since, total
+
+NAME = "storm"
+STORM_NS = "akri-storm"  # its own: a fleet run in akri-fleet is never purged by this one
+
+
+def member(node: str, n: int) -> JSON:
+    return {
+        "apiVersion": "akri.sh/v0",
+        "kind": "Instance",
+        "metadata": {"name": NAME, "namespace": STORM_NS, "finalizers": [node]},
+        "spec": {
+            "configurationName": "storm",
+            "cdiName": f"akri.sh/storm={NAME}",
+            "capacity": n,
+            "nodes": [node],
+            "shared": True,
+            "brokerProperties": {"ID": NAME},
+        },
+    }
+
+
+def claim(slot: str, node: str) -> JSON:
+    return {
+        "apiVersion": "akri.sh/v0",
+        "kind": "Instance",
+        "metadata": {"name": NAME, "namespace": STORM_NS},
+        "spec": {"deviceUsage": {slot: node}},
+    }
+
+
+async def one_round(api: Client, env: dict[str, str], n: int, at_once: bool) -> list[str]:
+    nodes = [f"node-{i:03d}" for i in range(n)]
+    latencies: list[float] = []
+
+    async def one(i: int) -> None:
+        t0 = time.perf_counter()
+        await api.apply(INSTANCES, claim(f"{NAME}-{i}", nodes[i]), field_manager=f"dp-{nodes[i]}")
+        latencies.append(time.perf_counter() - t0)
+
+    before, cpu0, t0 = await scrape(api), server_cpu(env)[0], time.perf_counter()
+    if at_once:
+        async with trio.open_nursery() as nursery:
+            for i in range(n):
+                nursery.start_soon(one, i)
+    else:
+        for i in range(n):
+            await one(i)
+    wall, cpu = time.perf_counter() - t0, server_cpu(env)[0] - cpu0
+    delta = since(await scrape(api), before)
+    etcd = total(delta, "etcd_requests_total", resource="instances", operation="update")
+    for i in range(n):  # free the slots for the next round
+        await api.json_patch(
+            INSTANCES,
+            NAME,
+            [{"op": "remove", "path": f"/spec/deviceUsage/{NAME}-{i}"}],
+            namespace=STORM_NS,
+            field_manager=f"dp-{nodes[i]}",
+        )
+    return [
+        "at once" if at_once else "one by one",
+        f"{wall:.2f}",
+        ms(percentile(latencies, 50)),
+        ms(max(latencies)),
+        f"{cpu:.2f}",
+        f"{etcd:.0f}",
+    ]
+
+
+async def joins_round(
+    api: Client, env: dict[str, str], n: int, m: int, tag: str, per_node: int
+) -> list[str]:
+    names = [f"{NAME}-{tag}-{j}" for j in range(m)]
+
+    async def node(i: int) -> None:
+        nd = f"node-{i:03d}"
+        ops: list[Operation] = [Apply(name, {}) for name in names]
+        order = ops if per_node > 1 else in_node_order(ops, nd)
+        limit = trio.Semaphore(per_node)
+
+        async def one(name: str) -> None:
+            async with limit:
+                body = member(nd, n)
+                body["metadata"]["name"] = name
+                await api.apply(INSTANCES, body, field_manager=nd, force=True)
+
+        async with trio.open_nursery() as nursery:
+            for op in order:
+                nursery.start_soon(one, op.name)
+
+    before, cpu0, t0 = await scrape(api), server_cpu(env)[0], time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for i in range(n):
+            nursery.start_soon(node, i)
+    wall, cpu = time.perf_counter() - t0, server_cpu(env)[0] - cpu0
+    delta = since(await scrape(api), before)
+    etcd = total(delta, "etcd_requests_total", resource="instances", operation={"create", "update"})
+    how = "8 at a time, name order" if per_node > 1 else "1 at a time, own start"
+    return [how, f"{wall:.2f}", f"{cpu:.2f}", f"{etcd:.0f}", str(n * m)]
+
+
+async def bench(args: argparse.Namespace) -> str:
+    env = cluster_env()
+    n = args.nodes
+    rows: list[list[str]] = []
+    join_rows: list[list[str]] = []
+    async with bench_api(env["KUBECONFIG"]) as api:
+        await prepare_namespace(api, STORM_NS)
+        try:
+            for i in range(n):
+                node = f"node-{i:03d}"
+                await api.apply(INSTANCES, member(node, n), field_manager=node, force=True)
+            size = len(str(await api.get(INSTANCES, NAME, namespace=STORM_NS)))
+            for _ in range(args.rounds):
+                for at_once in (True, False):
+                    rows.append(await one_round(api, env, n, at_once))
+                    print("  " + " | ".join(rows[-1]), flush=True)
+            for r in range(args.rounds):
+                for per_node in (8, 1):
+                    join_rows.append(
+                        await joins_round(api, env, n, args.devices, f"{r}{per_node}", per_node)
+                    )
+                    print("  " + " | ".join(join_rows[-1]), flush=True)
+        finally:
+            await purge_namespace(api, STORM_NS)
+    header = ["claims", "wall s", "p50 ms", "max ms", "apiserver CPU s", "etcd writes"]
+    join_header = ["each node writes", "wall s", "apiserver CPU s", "etcd writes", "writes"]
+    return "\n".join(
+        [
+            f"### storm N={n} M={args.devices} ({now()}, {machine()})",
+            "",
+            f"One Instance shared by {n} nodes (~{size / 1000:.0f} KB with its managedFields), "
+            f"{n} claims of one slot each:",
+            "",
+            table(header, rows),
+            "",
+            f"{n} nodes joining {args.devices} new shared Instances at once:",
+            "",
+            table(join_header, join_rows),
+            "",
+        ]
+    )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("nodes", type=int, nargs="?", default=25)
+    p.add_argument("--devices", type=int, default=10, help="shared Instances the nodes join")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument(
+        "--no-write",
+        "--no-record",
+        dest="no_record",
+        action="store_true",
+        help="print, do not append to RESULTS.md",
+    )
+    args = p.parse_args()
+    report = trio.run(bench, args)
+    print(report)
+    record_run("storm", report, write=not args.no_record)
+
+
+if __name__ == "__main__":
+    main()
