@@ -58,6 +58,15 @@ def parse_args(argv: list[str], env: Mapping[str, str]) -> ControllerSettings:
     )
     p.add_argument("--identity", default=None, help="this replica's holder identity")
     p.add_argument("--workers", type=int, default=8, help="Instances reconciled in parallel")
+    p.add_argument(
+        "--allocation",
+        choices=("device-plugin", "dra"),
+        default="device-plugin",
+        help="how brokers get their device: `akri.sh/<instance>` limits served by the agents' "
+        "device plugins, or (dra, Kubernetes >= 1.34) ResourceClaims; in dra mode the "
+        "controller also keeps one DeviceClass per Configuration and publishes the shared "
+        "Instances' ResourceSlices",
+    )
     p.add_argument("--log-level", default=env.get("AKRI_LOG_LEVEL", "INFO"))
     args = p.parse_args(argv)
     logging.basicConfig(
@@ -73,6 +82,7 @@ def parse_args(argv: list[str], env: Mapping[str, str]) -> ControllerSettings:
         lease_namespace=args.lease_namespace or _own_namespace(),
         identity=args.identity or default_identity(),
         workers=args.workers,
+        allocation=args.allocation,
     )
 
 

@@ -48,6 +48,8 @@ from akri_trio.controller import (
     release_status,
     up_to_date,
 )
+from akri_trio.controller.dra import claim_broker_job, claim_broker_pod
+from akri_trio.controller.dra_reconcilers import DraReconcilers
 from akri_trio.controller.metrics import ControllerMetrics
 from akri_trio.kube import (
     JSON,
@@ -163,6 +165,10 @@ class Reconcilers:
         self._models: dict[tuple[type, ObjectKey], tuple[str, Any]] = {}
         self.launched: dict[ObjectKey, str] = {}
         self.node_states: dict[str, NodeState] = {}
+        self.dra: DraReconcilers | None = None  # DRA mode: brokers claim their device
+
+    def read_instance(self, key: ObjectKey) -> Instance | None:
+        return self._read(self.c.instances, key, Instance)
 
     def _read(self, store: Store, key: ObjectKey, cls: type[T]) -> T | None:
         obj = store.get(key)
@@ -219,6 +225,9 @@ class Reconcilers:
         wanted = instance is not None and config is not None
         pods = broker_pods(config, instance) if config and instance else {}
         job = broker_job(config, instance) if config and instance else None
+        if self.dra is not None and instance is not None:
+            pods = {name: claim_broker_pod(body, instance) for name, body in pods.items()}
+            job = None if job is None else claim_broker_job(job, instance)
 
         by_label = label_key(key.namespace, key.name)
         observed = [
@@ -236,6 +245,8 @@ class Reconcilers:
         jobs = self.c.jobs.select("instance", by_label).values()
         job_plan = plan_job(job, jobs, self.launched.get(key))
 
+        if self.dra is not None and instance is not None and (plan.create or job_plan.create):
+            await self.dra.ensure_claim_template(instance)  # before the Pods that use it
         async with trio.open_nursery() as nursery:
             for d in plan.delete:
                 nursery.start_soon(self._delete, PODS, d)

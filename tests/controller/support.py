@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import trio
 
 from akri_trio.controller.reconcilers import JOBS, NODES, PODS, SERVICES
+from akri_trio.controller.run import ControllerSettings, RunningController, run_controller
 from akri_trio.kube import JSON, Client, NotFound, Resource
 from akri_trio.model import naming
 from akri_trio.model.resources import INSTANCES
@@ -206,3 +207,19 @@ async def set_pod_phase(api: Client, pod: Mapping[str, Any], phase: str) -> None
     await api.merge_patch(
         PODS, meta["name"], {"status": status}, namespace=meta["namespace"], subresource="status"
     )
+
+
+@asynccontextmanager
+async def running_controller(
+    api: Client, settings: ControllerSettings
+) -> AsyncIterator[RunningController]:
+    """`run_controller(settings)` in-process, yielded once its caches are synced."""
+    async with trio.open_nursery() as nursery:
+        running: RunningController = await nursery.start(
+            lambda **kw: run_controller(settings, api=api, **kw)
+        )
+        with trio.fail_after(30):
+            while not running.synced:  # noqa: ASYNC110  (a flag the controller sets)
+                await trio.sleep(0.05)
+        yield running
+        nursery.cancel_scope.cancel()
