@@ -90,6 +90,15 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         help="debugEcho availability file (env DEBUG_ECHO_AVAILABILITY_PATH, as the standalone "
         "handler; default /tmp/debug-echo-availability.txt)",
     )
+    p.add_argument(
+        "--allocation",
+        choices=("device-plugin", "dra"),
+        default="device-plugin",
+        help="how Pods get devices: device plugins (default) or DRA (ResourceSlices + a kubelet "
+        "DRA plugin; Kubernetes >= 1.34 and a runtime with CDI)",
+    )
+    p.add_argument("--kubelet-root-dir", type=Path, default=Path("/var/lib/kubelet"))
+    p.add_argument("--cdi-dir", type=Path, default=Path("/var/run/cdi"))
     p.add_argument("--reclaim-period", type=float, default=10.0)
     p.add_argument("--reclaim-grace", type=float, default=None)
     add_log_arguments(p, env)
@@ -113,6 +122,9 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         metrics_port=None if args.metrics_port < 0 else args.metrics_port,
         reclaim_period=args.reclaim_period,
         reclaim_grace=args.reclaim_grace,
+        allocation=args.allocation,
+        kubelet_root_dir=args.kubelet_root_dir,
+        cdi_dir=args.cdi_dir,
     )
     return settings, args
 

@@ -31,6 +31,7 @@ import attrs
 import trio
 
 from akri_trio.agent.configurations import ConfigurationReconciler
+from akri_trio.agent.dra.node import DraNode
 from akri_trio.agent.events import AgentEvents
 from akri_trio.agent.metrics import AgentMetrics
 from akri_trio.agent.plugins.claims import Claims
@@ -82,6 +83,9 @@ class AgentSettings:
     metrics_host: str = "0.0.0.0"
     reclaim_period: float = DEFAULT_PERIOD_S
     reclaim_grace: float | None = None
+    allocation: str = "device-plugin"  # or "dra": ResourceSlices + a DRA kubelet plugin
+    kubelet_root_dir: Path = Path("/var/lib/kubelet")
+    cdi_dir: Path = Path("/var/run/cdi")
 
 
 @attrs.define
@@ -97,6 +101,7 @@ class Agent:
     reclaimer: Reclaimer
     metrics: AgentMetrics
     metrics_port: int | None = None
+    dra: DraNode | None = None
 
 
 async def _child_nursery(*, task_status: trio.TaskStatus[trio.Nursery]) -> None:
@@ -246,10 +251,24 @@ async def run_agent(
             lambda: float(len(controller.queue))
         )
         await root.start(controller.run)
-        await root.start(watch.run)
-        await root.start(plugins.run)
-        root.start_soon(reclaimer.run)
+        dra = None
+        if settings.allocation == "dra":  # no device plugins, nothing to reclaim
+            dra = DraNode(
+                api,
+                view,
+                instances,
+                namespace=ns,
+                kubelet_root_dir=settings.kubelet_root_dir,
+                cdi_dir=settings.cdi_dir,
+            )
+            await root.start(dra.run)
+        else:
+            await root.start(watch.run)
+            await root.start(plugins.run)
+            root.start_soon(reclaimer.run)
         log.info("agent for node %s is running", settings.node)
         task_status.started(
-            Agent(settings, view, registry, configs, instances, plugins, reclaimer, metrics, port)
+            Agent(
+                settings, view, registry, configs, instances, plugins, reclaimer, metrics, port, dra
+            )
         )

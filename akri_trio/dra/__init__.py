@@ -51,6 +51,12 @@ from akri_trio.dra.names import (
     shared_pool,
     slice_name,
 )
+from akri_trio.dra.resources import (
+    DEVICE_CLASSES,
+    RESOURCE_CLAIM_TEMPLATES,
+    RESOURCE_CLAIMS,
+    RESOURCE_SLICES,
+)
 from akri_trio.dra.slices import (
     HOSTNAME_LABEL,
     LABEL_POOL_KIND,
@@ -69,6 +75,7 @@ from akri_trio.dra.slices import (
 __all__ = [
     "CDI_KIND",
     "CDI_VERSION",
+    "DEVICE_CLASSES",
     "DOMAIN",
     "DRIVER",
     "HOSTNAME_LABEL",
@@ -76,6 +83,9 @@ __all__ = [
     "LABEL_POOL_KIND",
     "MAX_DEVICES_PER_SLICE",
     "PROBE_NAME",
+    "RESOURCE_CLAIMS",
+    "RESOURCE_CLAIM_TEMPLATES",
+    "RESOURCE_SLICES",
     "SLOTS",
     "Allocated",
     "Attributes",

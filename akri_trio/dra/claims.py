@@ -46,6 +46,7 @@ class Allocated:
     request: str
     pool: str
     device: str
+    share_id: str | None = None  # set for a device allocated with allowMultipleAllocations
 
 
 def our_results(claim: Mapping[str, Any]) -> list[Allocated]:
@@ -57,7 +58,13 @@ def our_results(claim: Mapping[str, Any]) -> list[Allocated]:
         raise NotAllocated(f"claim {name!r} is not allocated")
     results = (allocation.get("devices") or {}).get("results") or []
     return [
-        Allocated(i, str(r.get("request", "")), str(r.get("pool", "")), str(r.get("device", "")))
+        Allocated(
+            i,
+            str(r.get("request", "")),
+            str(r.get("pool", "")),
+            str(r.get("device", "")),
+            str(r["shareID"]) if r.get("shareID") else None,
+        )
         for i, r in enumerate(results)
         if r.get("driver") == DRIVER
     ]

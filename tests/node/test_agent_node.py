@@ -20,10 +20,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from akri_trio.model import naming
 from tests.support.kubectl import Kubectl, busybox_pod, free_port
+from tests.support.node_agent import (
+    AgentProcess,
+    clear_namespace,
+    debug_echo_configuration,
+    fresh_namespace,
+)
 from tests.support.polling import until
 
 pytestmark = pytest.mark.node
@@ -37,12 +42,29 @@ class Env:
     def __init__(self, env: dict[str, str], tmp: Path) -> None:
         self.env = env
         self.node = env["AKRI_TRIO_NODE_NAME"]
-        self.kubectl_env = {**os.environ, "KUBECONFIG": env["KUBECONFIG"]}
         self._kubectl = Kubectl(env)
         self.availability = tmp / "availability"
         self.tmp = tmp
-        self.agent: subprocess.Popen[bytes] | None = None
         self.metrics_port = free_port()
+        self.agent = AgentProcess(
+            self._kubectl,
+            tmp / "agent.log",
+            [
+                "--node-name",
+                self.node,
+                "--discovery-handlers-directory",
+                str(tmp / "akri"),
+                "--enable-debug-echo",
+                "--debug-echo-availability",
+                str(self.availability),
+                "--metrics-port",
+                str(self.metrics_port),
+                "--reclaim-period",
+                "1",
+                "--reclaim-grace",
+                "3",
+            ],
+        )
         self.instances = {
             d: naming.instance_name(CONFIG, naming.device_hash(d, self.node)) for d in DESCRIPTIONS
         }
@@ -54,37 +76,10 @@ class Env:
         return json.loads(self.kubectl(*args, "-o", "json"))
 
     def start_agent(self) -> None:
-        log = open(self.tmp / "agent.log", "ab")  # noqa: SIM115  (closed with the process)
-        self.agent = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "akri_trio",
-                "agent",
-                "--node-name",
-                self.node,
-                "--discovery-handlers-directory",
-                str(self.tmp / "akri"),
-                "--enable-debug-echo",
-                "--debug-echo-availability",
-                str(self.availability),
-                "--metrics-port",
-                str(self.metrics_port),
-                "--reclaim-period",
-                "1",
-                "--reclaim-grace",
-                "3",
-            ],
-            env={**self.kubectl_env, "PYTHONUNBUFFERED": "1"},
-            stdout=log,
-            stderr=log,
-        )
+        self.agent.start()
 
     def stop_agent(self) -> None:
-        if self.agent is not None:
-            self.agent.send_signal(signal.SIGTERM)
-            assert self.agent.wait(timeout=15) == 0, self.agent_log()
-            self.agent = None
+        self.agent.stop()
 
     def metric(self, name: str) -> float:
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"
@@ -105,9 +100,6 @@ class Env:
                 return False
 
         until(registered, what=f"{plugins} plugins registered")
-
-    def agent_log(self) -> str:
-        return (self.tmp / "agent.log").read_text()[-4000:]
 
     def allocatable(self) -> dict[str, str]:
         """This test's akri.sh resources (the kubelet keeps every extended resource it ever saw,
@@ -146,54 +138,14 @@ def _alive(pid: int) -> bool:
 @pytest.fixture(scope="module")
 def e2e(node_cluster: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     env = Env(node_cluster, tmp_path_factory.mktemp("node-e2e"))
-    env.kubectl("apply", "-f", str(Path(__file__).parents[2] / "k8s" / "crds"))
-    env.kubectl(
-        "wait", "--for=condition=Established", "crd/configurations.akri.sh", "crd/instances.akri.sh"
-    )
-    env.kubectl("create", "namespace", NS, check=False)
-    # Start clean: Pods or the Configuration left by an interrupted earlier run hold slots.
-    env.kubectl("delete", "pods", "--all", "-n", NS, "--wait=true", "--timeout=60s", check=False)
-    env.kubectl(
-        "delete",
-        "configurations.akri.sh",
-        "--all",
-        "-n",
-        NS,
-        "--wait=true",
-        "--timeout=30s",
-        check=False,
-    )
+    fresh_namespace(env._kubectl, NS)
     env.start_agent()
-    config = {
-        "apiVersion": "akri.sh/v0",
-        "kind": "Configuration",
-        "metadata": {"name": CONFIG, "namespace": NS},
-        "spec": {
-            "discoveryHandler": {
-                "name": "debugEcho",
-                "discoveryDetails": yaml.safe_dump({"descriptions": list(DESCRIPTIONS)}),
-            },
-            "capacity": 2,
-        },
-    }
-    env.kubectl("apply", "-f", "-", input=json.dumps(config))
+    env._kubectl.apply(debug_echo_configuration(CONFIG, NS, DESCRIPTIONS, capacity=2))
     env.wait_registered()
     try:
         yield env
     finally:
-        env.kubectl(
-            "delete", "pods", "--all", "-n", NS, "--wait=true", "--timeout=60s", check=False
-        )
-        env.kubectl(
-            "delete",
-            "configurations.akri.sh",
-            CONFIG,
-            "-n",
-            NS,
-            "--wait=true",
-            "--timeout=30s",
-            check=False,
-        )
+        clear_namespace(env._kubectl, NS, CONFIG)
         env.stop_agent()
 
 

@@ -1,0 +1,184 @@
+"""NodePrepareResources / NodeUnprepareResources behind the kubelet plugin (the I/O edge).
+
+Prepare reads each claim from the API server, keeps the devices of driver `akri.sh`, checks that
+this node can stand behind each one (`pools.usable_devices`, `dra.resolve`), writes one CDI spec
+per claim giving the container what device-plugin mode's Allocate gives, records the claim in
+the checkpoint, and answers with the CDI device ids. Unprepare removes the spec and the record.
+
+- Idempotent: a claim already in the checkpoint (with its spec file still there) is answered
+  from the checkpoint without reading the API; unpreparing an unknown claim succeeds.
+- Survives restarts: the checkpoint is a file in the plugin's directory, written atomically
+  after the spec, so a prepared claim is never forgotten; a spec without a record (a crash in
+  between) is rewritten by the retried prepare or removed by unprepare, which goes by uid.
+- Bounded: one call is cut after PREPARE_TIMEOUT_S (below the kubelet's 45 s); claims not done
+  by then are answered with an error, and the kubelet asks again.
+- Serialized: one call at a time, so the checkpoint has one writer.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+
+import attrs
+import httpx
+import trio
+
+from akri_trio.address import ObjectKey
+from akri_trio.agent.dra.pools import usable_devices
+from akri_trio.agent.view import NodeView
+from akri_trio.dra import (
+    RESOURCE_CLAIMS,
+    ClaimError,
+    cdi_device_id,
+    cdi_spec,
+    resolve,
+    spec_file_name,
+)
+from akri_trio.dra.checkpoint import PreparedClaim, PreparedDevice, decode, encode
+from akri_trio.kube import ApiError, Client
+from akri_trio.model.edits import instance_edits
+
+log = logging.getLogger(__name__)
+
+PREPARE_TIMEOUT_S = 30.0
+CHECKPOINT_FILE = "checkpoint.json"
+
+
+@attrs.frozen
+class ClaimRef:
+    """A claim as the kubelet names it."""
+
+    namespace: str
+    uid: str
+    name: str
+
+
+class PrepareError(Exception):
+    pass
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Readers (the runtime's CDI cache, a restarted agent) see the old file or the new one.
+    The temporary name ends in neither .json nor .yaml, so no CDI reader picks it up."""
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+class Preparer:
+    def __init__(
+        self,
+        api: Client,
+        view: NodeView,
+        *,
+        cdi_dir: Path,
+        state_dir: Path,
+        consumable: bool,
+    ) -> None:
+        self.api = api
+        self.view = view
+        self.cdi_dir = cdi_dir
+        self.checkpoint = state_dir / CHECKPOINT_FILE
+        self.consumable = consumable
+        self._lock = trio.Lock()
+        self.prepared: dict[str, PreparedClaim] = {}
+
+    def load(self) -> None:
+        """Read the checkpoint (a missing one is empty; an unreadable one raises)."""
+        self.cdi_dir.mkdir(parents=True, exist_ok=True)
+        self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            text = self.checkpoint.read_text()
+        except FileNotFoundError:
+            self.prepared = {}
+            return
+        self.prepared = decode(text)
+        log.info("DRA checkpoint: %d prepared claim(s)", len(self.prepared))
+
+    def _save(self) -> None:
+        write_atomically(self.checkpoint, encode(self.prepared))
+
+    async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PreparedClaim | str]:
+        """claim uid -> what was prepared, or why not."""
+        return await self._each(claims, self._prepare_one, "prepare")
+
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, PreparedClaim | str]:
+        return await self._each(claims, self._unprepare_one, "unprepare")
+
+    async def _each(
+        self,
+        claims: Sequence[ClaimRef],
+        one: Callable[[ClaimRef], Awaitable[PreparedClaim]],
+        verb: str,
+    ) -> dict[str, PreparedClaim | str]:
+        out: dict[str, PreparedClaim | str] = {}
+        async with self._lock:
+            with trio.move_on_after(PREPARE_TIMEOUT_S):
+                for ref in claims:
+                    try:
+                        out[ref.uid] = await one(ref)
+                    except (ClaimError, PrepareError, ApiError, httpx.HTTPError, OSError) as exc:
+                        log.warning("%s %s/%s: %s", verb, ref.namespace, ref.name, exc)
+                        out[ref.uid] = f"{verb} {ref.namespace}/{ref.name}: {exc}"
+        for ref in claims:
+            out.setdefault(ref.uid, f"{verb} {ref.namespace}/{ref.name}: timed out")
+        return out
+
+    async def _prepare_one(self, ref: ClaimRef) -> PreparedClaim:
+        held = self.prepared.get(ref.uid)
+        if held is not None and (self.cdi_dir / held.spec_file).exists():
+            return held
+        claim = await self.api.get(RESOURCE_CLAIMS, ref.name, namespace=ref.namespace)
+        usable = usable_devices(
+            self.view.instances(),
+            self.view.node,
+            lambda key: self.view.device(key) is not None,
+            consumable=self.consumable,
+        )
+        resolved = resolve(claim, ref.uid, usable)
+        edits = []
+        for allocated, device_ref in resolved:
+            key = ObjectKey(device_ref.namespace, device_ref.instance)
+            inst = self.view.instance(key)
+            if inst is None:
+                raise PrepareError(f"Instance {key} is gone")
+            edits.append((allocated.index, instance_edits(inst, self.view.device(key))))
+        spec_file = spec_file_name(ref.uid)
+        write_atomically(self.cdi_dir / spec_file, json.dumps(cdi_spec(ref.uid, edits), indent=1))
+        devices = tuple(
+            PreparedDevice(
+                (a.request,), a.pool, a.device, (cdi_device_id(ref.uid, a.index),), a.share_id
+            )
+            for a, _ in resolved
+        )
+        prepared = PreparedClaim(ref.namespace, ref.name, devices, spec_file)
+        self.prepared[ref.uid] = prepared
+        self._save()
+        log.info(
+            "prepared claim %s/%s: %s",
+            ref.namespace,
+            ref.name,
+            ", ".join(f"{d.pool}/{d.device}" for d in devices) or "no device of ours",
+        )
+        return prepared
+
+    async def _unprepare_one(self, ref: ClaimRef) -> PreparedClaim:
+        held = self.prepared.get(ref.uid)
+        spec_file = held.spec_file if held is not None else spec_file_name(ref.uid)
+        (self.cdi_dir / spec_file).unlink(missing_ok=True)
+        if held is not None:
+            del self.prepared[ref.uid]
+            self._save()
+            log.info("unprepared claim %s/%s", ref.namespace, ref.name)
+        return held or PreparedClaim(ref.namespace, ref.name, (), spec_file)

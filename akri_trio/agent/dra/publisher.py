@@ -1,0 +1,209 @@
+"""The node's pools as ResourceSlices, kept in step with the Instances (the I/O edge).
+
+Woken by any change of the Instances or of this node's slices, it plans every pool it owns with
+`dra.plan_pool` and writes the plan: slices by server-side apply (they are whole objects we
+own), then deletions. Its own slices are watched, so a slice someone else deletes — the kubelet
+wipes a node's slices when it starts, and 30 s after the node's plugin went away — is published
+again at once, at a generation above every one this run has written.
+
+Owned pools: the node pools (label `akri.sh/pool-kind=node`) on this node, of the agent's
+namespace when it watches one namespace (agents scoped to different namespaces on one node do
+not touch each other's pools), of every namespace otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+from collections.abc import Iterable
+
+import httpx
+import trio
+
+from akri_trio.address import ObjectKey
+from akri_trio.agent.dra.pools import node_pools
+from akri_trio.dra import (
+    DRIVER,
+    LABEL_NAMESPACE,
+    LABEL_POOL_KIND,
+    RESOURCE_SLICES,
+    Omitted,
+    PoolPlan,
+    generation_of,
+    node_placement,
+    plan_pool,
+    pool_labels,
+    pool_name_of,
+)
+from akri_trio.kube import JSON, ApiError, Backoff, Client, NotFound, Store, drop_managed_fields
+from akri_trio.kube.store import reflect
+from akri_trio.model.convert import structure
+from akri_trio.model.resources import Instance
+
+log = logging.getLogger(__name__)
+
+FIELD_MANAGER = "akri-agent-dra"
+SETTLE_S = 0.05  # a burst of Instance changes costs one round of writes
+RESYNC_S = 300.0  # replan now and then even when nothing woke us (cheap: no writes if equal)
+CATCH_UP_S = 10.0  # how long to wait for the slice watch to show our own writes
+
+
+class NodePoolPublisher:
+    def __init__(
+        self,
+        api: Client,
+        instances: Store,
+        node: str,
+        *,
+        namespace: str | None,
+        consumable: bool,
+    ) -> None:
+        self.api = api
+        self.instances = instances
+        self.node = node
+        self.namespace = namespace
+        self.consumable = consumable
+        self.slices = Store(transform=drop_managed_fields)
+        self.written: dict[str, int] = {}  # pool -> highest generation written by this run
+        self.rounds = 0  # completed publishing rounds (tests wait on it)
+        self._omitted: dict[str, tuple[Omitted, ...]] = {}
+        self._dirty = trio.Event()
+        self._published = trio.Event()
+
+    def _instances(self) -> list[Instance]:
+        out = []
+        for obj in self.instances.snapshot().values():
+            try:
+                out.append(structure(obj, Instance))
+            except Exception as exc:  # one bad object must not stop the node's publishing
+                log.warning("skipping an Instance the model cannot read: %s", exc)
+        return out
+
+    def _owned(self, obj: JSON) -> bool:
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        if labels.get(LABEL_POOL_KIND) != "node":
+            return False
+        return self.namespace is None or labels.get(LABEL_NAMESPACE) == self.namespace
+
+    def plans(self) -> list[tuple[str, PoolPlan]]:
+        """What to write now, per pool (pure given the two caches)."""
+        desired = node_pools(self._instances(), self.node, consumable=self.consumable)
+        if self.namespace is not None:
+            desired = {p: v for p, v in desired.items() if v[0] == self.namespace}
+        existing: dict[str, list[JSON]] = {}
+        namespaces = {pool: ns for pool, (ns, _) in desired.items()}
+        for obj in self.slices.snapshot().values():
+            if self._owned(obj):
+                pool = pool_name_of(obj)
+                existing.setdefault(pool, []).append(obj)
+                labels = (obj.get("metadata") or {}).get("labels") or {}
+                namespaces.setdefault(pool, str(labels.get(LABEL_NAMESPACE, "")))
+        for _, pool_devices in desired.values():
+            self._report_omitted(pool_devices.omitted.items())
+        plans = []
+        for pool in sorted(namespaces):
+            devices = desired[pool][1].devices if pool in desired else ()
+            plan = plan_pool(
+                pool,
+                devices,
+                node_placement(self.node),
+                existing.get(pool, []),
+                labels=pool_labels("node", namespaces[pool]),
+                written=self.written.get(pool, 0),
+            )
+            if not plan.unchanged:
+                plans.append((pool, plan))
+        return plans
+
+    def _report_omitted(self, items: Iterable[tuple[str, tuple[Omitted, ...]]]) -> None:
+        for instance, omitted in items:
+            if self._omitted.get(instance) != omitted:
+                self._omitted[instance] = omitted
+                log.info(
+                    "Instance %s: properties left out of its DRA attributes: %s",
+                    instance,
+                    "; ".join(f"{o.name} ({o.reason})" for o in omitted),
+                )
+
+    async def _write(self, pool: str, plan: PoolPlan) -> None:
+        for body in plan.apply:
+            await self.api.apply(RESOURCE_SLICES, body, field_manager=FIELD_MANAGER, force=True)
+        for name in plan.delete:
+            with contextlib.suppress(NotFound):
+                await self.api.delete(RESOURCE_SLICES, name)
+        self.written[pool] = max(self.written.get(pool, 0), plan.generation)
+        log.info(
+            "pool %s: generation %d, %d slice(s) written, %d deleted",
+            pool,
+            plan.generation,
+            len(plan.apply),
+            len(plan.delete),
+        )
+        # Plan the next round from a cache that holds these writes, or it would write again.
+        with trio.move_on_after(CATCH_UP_S):
+            for body in plan.apply:
+                await self.slices.wait_for(
+                    ObjectKey("", body["metadata"]["name"]),
+                    lambda o: o is not None and generation_of(o) >= plan.generation,
+                )
+            for name in plan.delete:
+                await self.slices.wait_for(ObjectKey("", name), lambda o: o is None)
+
+    async def publish_once(self) -> None:
+        for pool, plan in self.plans():
+            await self._write(pool, plan)
+        self.rounds += 1
+        self._published.set()
+        self._published = trio.Event()
+
+    async def wait_published(self) -> None:
+        """Until the next publishing round completes (tests)."""
+        await self._published.wait()
+
+    def wake(self) -> None:
+        self._dirty.set()
+
+    async def _wake_on(self, store: Store) -> None:
+        with store.subscribe() as changes:
+            async for _ in changes:
+                self.wake()
+
+    async def _resync(self) -> None:
+        while True:
+            await trio.sleep(RESYNC_S)
+            self.wake()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        selector = f"spec.nodeName={self.node},spec.driver={DRIVER}"
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(
+                functools.partial(
+                    reflect, self.api, RESOURCE_SLICES, self.slices, field_selector=selector
+                )
+            )
+            with trio.fail_after(60):
+                await self.slices.wait_synced()
+            nursery.start_soon(self._wake_on, self.instances)
+            nursery.start_soon(self._wake_on, self.slices)
+            nursery.start_soon(self._resync)
+            backoff, attempt = Backoff(), 0
+            self.wake()
+            task_status.started()
+            while True:
+                await self._dirty.wait()
+                self._dirty = trio.Event()
+                await trio.sleep(SETTLE_S)
+                try:
+                    await self.publish_once()
+                    attempt = 0
+                except (ApiError, httpx.HTTPError) as exc:
+                    delay = backoff.delay(attempt)
+                    attempt += 1
+                    log.warning(
+                        "publishing the node's ResourceSlices failed (%s); again in %.1f s",
+                        exc,
+                        delay,
+                    )
+                    await trio.sleep(delay)
+                    self.wake()

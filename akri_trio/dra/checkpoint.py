@@ -1,0 +1,79 @@
+"""What the kubelet plugin has prepared, as it is kept on disk between agent runs.
+
+The kubelet may ask to unprepare a claim after the agent restarted, or after the claim is gone
+from the API server; what to remove and what to answer must then come from here. The record
+is small JSON with a version, read strictly: a file we cannot read is an error to report, never
+silently an empty record (that would leak CDI specs).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, Final
+
+import attrs
+
+VERSION: Final = 1
+
+
+class BadCheckpoint(ValueError):
+    pass
+
+
+@attrs.frozen
+class PreparedDevice:
+    """One device of a prepared claim, as NodePrepareResources answered it."""
+
+    requests: tuple[str, ...]
+    pool: str
+    device: str
+    cdi_ids: tuple[str, ...]
+    share_id: str | None = None
+
+
+@attrs.frozen
+class PreparedClaim:
+    namespace: str
+    name: str
+    devices: tuple[PreparedDevice, ...]
+    spec_file: str  # the CDI spec's file name in the CDI directory
+
+
+def encode(claims: Mapping[str, PreparedClaim]) -> str:
+    """`claims`: claim uid -> what was prepared for it."""
+    return json.dumps(
+        {"version": VERSION, "claims": {uid: attrs.asdict(c) for uid, c in sorted(claims.items())}},
+        indent=1,
+        sort_keys=True,
+    )
+
+
+def _device(data: Mapping[str, Any]) -> PreparedDevice:
+    return PreparedDevice(
+        tuple(str(r) for r in data["requests"]),
+        str(data["pool"]),
+        str(data["device"]),
+        tuple(str(i) for i in data["cdi_ids"]),
+        None if data.get("share_id") is None else str(data["share_id"]),
+    )
+
+
+def decode(text: str) -> dict[str, PreparedClaim]:
+    try:
+        data = json.loads(text)
+        if data.get("version") != VERSION:
+            raise BadCheckpoint(f"checkpoint version {data.get('version')!r}, expected {VERSION}")
+        return {
+            str(uid): PreparedClaim(
+                str(c["namespace"]),
+                str(c["name"]),
+                tuple(_device(d) for d in c["devices"]),
+                str(c["spec_file"]),
+            )
+            for uid, c in data["claims"].items()
+        }
+    except BadCheckpoint:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise BadCheckpoint(f"unreadable checkpoint: {exc!r}") from exc

@@ -1,0 +1,130 @@
+"""The DRA node-pool publisher against the real API server, with exactly k8s/agent.yaml's RBAC:
+it publishes the node's pool, writes nothing while nothing changes, bumps the generation on a
+change, publishes again at once what someone else deletes (as the kubelet wipes a node's slices
+when it starts), and deletes the pool when its last Instance goes. The node is made up, so no
+kubelet takes part; the claim read is the one the kubelet plugin does."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from akri_trio import dra
+from akri_trio.agent.dra.node import probe_consumable_capacity
+from akri_trio.agent.dra.publisher import NodePoolPublisher
+from akri_trio.kube import Apply, Client, Delete, Init, InitApply, InitDone, Store
+from akri_trio.model.convert import unstructure
+from tests.dra.support import instance
+from tests.support.akri_cluster import ensure_namespace
+from tests.support.polling import until_api
+from tests.support.rbac import manifest_client
+
+MANIFEST = Path(__file__).parents[2] / "k8s" / "agent.yaml"
+NS = "dra-publisher-tests"
+
+
+@pytest.fixture
+async def agent_api(api: Client, cluster: dict[str, str]) -> AsyncIterator[Client]:
+    """A client that authenticates as the agent's ServiceAccount."""
+    async with manifest_client(api, cluster, MANIFEST, "akri", "akri-agent-sa") as client:
+        yield client
+
+
+def _instance(name: str, node: str, description: str) -> dict[str, Any]:
+    inst = instance(
+        name,
+        namespace=NS,
+        configuration="echo",
+        properties={"DEBUG_ECHO_DESCRIPTION": description},
+        nodes=(node,),
+    )
+    obj: dict[str, Any] = unstructure(inst)
+    obj["metadata"]["resourceVersion"] = "1"
+    return obj
+
+
+async def _slices(api: Client, node: str) -> list[dict[str, Any]]:
+    answer = await api.list(dra.RESOURCE_SLICES, field_selector=f"spec.nodeName={node}")
+    return list(answer.items)
+
+
+async def test_publisher_keeps_the_node_pool_with_the_manifest_rbac(
+    api: Client, agent_api: Client
+) -> None:
+    await ensure_namespace(api, NS)
+    node = f"dra-test-node-{secrets.token_hex(3)}"
+    consumable = await probe_consumable_capacity(agent_api)
+    instances = Store()
+    instances.apply(Init())
+    instances.apply(InitApply(_instance("echo-aaaaaa", node, "a")))
+    instances.apply(InitDone())
+    publisher = NodePoolPublisher(agent_api, instances, node, namespace=NS, consumable=consumable)
+    async with trio.open_nursery() as nursery:
+        try:
+            await nursery.start(publisher.run)
+            (first,) = await until_api(lambda: _slices(api, node), what="the pool published")
+            assert first["spec"]["pool"]["name"] == dra.node_pool(node, NS)
+            assert first["spec"]["pool"]["generation"] == 1
+            names = {d["name"] for d in first["spec"]["devices"]}
+            assert names == ({"echo-aaaaaa"} if consumable else {"echo-aaaaaa-0", "echo-aaaaaa-1"})
+
+            rounds = publisher.rounds
+            publisher.wake()
+            await publisher.wait_published()
+            assert publisher.rounds > rounds
+            (same,) = await _slices(api, node)
+            assert same["metadata"]["resourceVersion"] == first["metadata"]["resourceVersion"]
+
+            instances.apply(Apply(_instance("echo-bbbbbb", node, "b")))
+
+            async def two_instances() -> list[dict[str, Any]]:
+                slices = await _slices(api, node)
+                devices = {d["name"] for s in slices for d in s["spec"]["devices"]}
+                return slices if any("echo-bbbbbb" in d for d in devices) else []
+
+            (second,) = await until_api(two_instances, what="the new Instance published")
+            assert second["spec"]["pool"]["generation"] == 2
+
+            # Someone (the kubelet, starting) deletes the node's slices: back at once, newer.
+            await api.delete(dra.RESOURCE_SLICES, second["metadata"]["name"])
+
+            async def republished() -> list[dict[str, Any]]:
+                slices = await _slices(api, node)
+                return [s for s in slices if s["metadata"]["uid"] != second["metadata"]["uid"]]
+
+            (third,) = await until_api(republished, what="the pool published again")
+            assert third["spec"]["pool"]["generation"] == 3
+
+            instances.apply(Delete(_instance("echo-aaaaaa", node, "a")))
+            instances.apply(Delete(_instance("echo-bbbbbb", node, "b")))
+
+            async def gone() -> bool:
+                return not await _slices(api, node)
+
+            await until_api(gone, what="the pool deleted with its last Instance")
+        finally:
+            nursery.cancel_scope.cancel()
+            with trio.move_on_after(10, shield=True):
+                for s in await _slices(api, node):
+                    await api.delete(dra.RESOURCE_SLICES, s["metadata"]["name"])
+
+
+async def test_the_agent_may_read_the_claims_it_prepares(api: Client, agent_api: Client) -> None:
+    await ensure_namespace(api, NS)
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": f"rbac-{secrets.token_hex(3)}", "namespace": NS},
+        "spec": dra.claim_spec("echo", NS),
+    }
+    made = await api.create(dra.RESOURCE_CLAIMS, claim)
+    try:
+        read = await agent_api.get(dra.RESOURCE_CLAIMS, made["metadata"]["name"], namespace=NS)
+        assert read["metadata"]["uid"] == made["metadata"]["uid"]
+    finally:
+        await api.delete(dra.RESOURCE_CLAIMS, made["metadata"]["name"], namespace=NS)

@@ -1,0 +1,283 @@
+"""DRA mode on a real node: the agent's ResourceSlices, the real scheduler allocating claims and
+the real kubelet preparing them through the agent's DRA plugin and containerd's CDI (issue 15).
+
+The agent runs as a real process scoped to this module's namespace, with the embedded debugEcho
+handler; the test creates the Configuration's DeviceClass itself from `dra.device_class`. One
+Configuration (capacity 2, two devices) serves the whole story, which runs in file order:
+publish, consume, share, refuse, free, survive an agent restart, go offline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from akri_trio import dra
+from akri_trio.dra.checkpoint import decode
+from akri_trio.model import naming
+from tests.support.kubectl import Kubectl, busybox_pod
+from tests.support.node_agent import (
+    AgentProcess,
+    clear_namespace,
+    debug_echo_configuration,
+    fresh_namespace,
+)
+from tests.support.polling import until
+
+pytestmark = pytest.mark.node
+
+NS = "akri-dra-node-e2e"
+CONFIG = "dra-echo"
+DESCRIPTIONS = ("d0", "d1")
+TEMPLATE = "dra-echo-d0"  # a ResourceClaimTemplate: one device of the d0 Instance
+
+
+class Env:
+    def __init__(self, env: dict[str, str], tmp: Path) -> None:
+        self.env = env
+        self.node = env["AKRI_TRIO_NODE_NAME"]
+        self.kubectl = Kubectl(env)
+        self.root = Path(env["AKRI_TRIO_KUBELET_ROOT_DIR"])
+        self.cdi = Path(env["AKRI_TRIO_CDI_DIR"])
+        self.availability = tmp / "availability"
+        self.tmp = tmp
+        self.agent = AgentProcess(
+            self.kubectl,
+            tmp / "agent.log",
+            [
+                "--node-name",
+                self.node,
+                "--namespace",
+                NS,
+                "--allocation",
+                "dra",
+                "--kubelet-root-dir",
+                str(self.root),
+                "--cdi-dir",
+                str(self.cdi),
+                "--discovery-handlers-directory",
+                str(tmp / "akri"),
+                "--enable-debug-echo",
+                "--debug-echo-availability",
+                str(self.availability),
+                "--metrics-port",
+                "-1",
+            ],
+        )
+        self.instances = {
+            d: naming.instance_name(CONFIG, naming.device_hash(d, self.node)) for d in DESCRIPTIONS
+        }
+        self.pool = dra.node_pool(self.node, NS)
+        self.consumable = dra.takes_consumable_capacity(
+            json.loads(
+                self.kubectl(
+                    "create",
+                    "--dry-run=server",
+                    "-o",
+                    "json",
+                    "-f",
+                    "-",
+                    stdin=json.dumps(dra.probe_slice()),
+                )
+            )
+        )
+
+    def start_agent(self) -> None:
+        self.agent.start()
+
+    def wait_registered(self) -> None:
+        """Until the kubelet says it registered this run's plugin (before that a Pod's claim
+        cannot be prepared and the kubelet keeps retrying)."""
+        line = f"the kubelet registered DRA driver {dra.DRIVER}"
+        until(lambda: line in self.agent.this_run(), what="the kubelet registered the plugin")
+
+    def stop_agent(self) -> None:
+        self.agent.stop()
+
+    def slices(self) -> list[dict[str, Any]]:
+        items = self.kubectl.json("get", "resourceslices")["items"]
+        return [s for s in items if dra.pool_name_of(s) == self.pool]
+
+    def devices(self) -> dict[str, dict[str, Any]]:
+        """This module's pool at its newest generation: device name -> device."""
+        slices = self.slices()
+        newest = max((dra.generation_of(s) for s in slices), default=0)
+        return {
+            d["name"]: d
+            for s in slices
+            if dra.generation_of(s) == newest
+            for d in s["spec"].get("devices", [])
+        }
+
+    def pod(self, name: str) -> None:
+        script = "env | grep ^DEBUG_ECHO | sort; sleep 3600"
+        pod = busybox_pod(name, NS, script)
+        pod["spec"]["resourceClaims"] = [{"name": "echo", "resourceClaimTemplateName": TEMPLATE}]
+        pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "echo"}]}
+        self.kubectl.apply(pod)
+
+    def pod_json(self, name: str) -> dict[str, Any]:
+        return dict(self.kubectl.json("get", "pod", name, "-n", NS))
+
+    def pod_phase(self, name: str) -> str:
+        return str(self.pod_json(name).get("status", {}).get("phase", ""))
+
+    def claim_uid(self, pod: str) -> str:
+        (status,) = self.pod_json(pod)["status"]["resourceClaimStatuses"]
+        claim = self.kubectl.json("get", "resourceclaim", status["resourceClaimName"], "-n", NS)
+        return str(claim["metadata"]["uid"])
+
+    def logs(self, name: str) -> dict[str, str]:
+        out = self.kubectl("logs", name, "-n", NS)
+        return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+    def delete_pods(self, *names: str, wait: bool = True) -> None:
+        self.kubectl(
+            "delete", "pod", "-n", NS, f"--wait={str(wait).lower()}", "--timeout=60s", *names
+        )
+
+    def checkpoint(self) -> dict[str, Any]:
+        path = self.root / "plugins" / dra.DRIVER / "checkpoint.json"
+        return dict(decode(path.read_text())) if path.exists() else {}
+
+    def spec_exists(self, uid: str) -> bool:
+        return (self.cdi / dra.spec_file_name(uid)).exists()
+
+
+@pytest.fixture(scope="module")
+def e2e(node_cluster: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    env = Env(node_cluster, tmp_path_factory.mktemp("dra-node-e2e"))
+    fresh_namespace(env.kubectl, NS)
+    env.kubectl.apply(dra.device_class(CONFIG, NS))
+    env.kubectl.apply(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": TEMPLATE, "namespace": NS},
+            "spec": {"spec": dra.claim_spec(CONFIG, NS, env.instances["d0"])},
+        }
+    )
+    env.start_agent()
+    env.kubectl.apply(debug_echo_configuration(CONFIG, NS, DESCRIPTIONS, capacity=2))
+    env.wait_registered()
+    try:
+        yield env
+    finally:
+        clear_namespace(env.kubectl, NS, CONFIG)
+        env.kubectl("delete", "deviceclass", dra.device_class_name(CONFIG, NS), check=False)
+        env.stop_agent()
+
+
+def test_the_node_pool_publishes_each_instance(e2e: Env) -> None:
+    names = {
+        dra.device_name(inst, slot)
+        for inst in e2e.instances.values()
+        for slot in ((None,) if e2e.consumable else (0, 1))
+    }
+    devices = until(
+        lambda: e2e.devices() if set(e2e.devices()) == names else None,
+        what=f"devices {sorted(names)}",
+    )
+    for description, inst in e2e.instances.items():
+        attributes = devices[dra.device_name(inst, None if e2e.consumable else 0)]["attributes"]
+        assert attributes["akri.sh/instance"] == {"string": inst}
+        assert attributes["akri.sh/configuration"] == {"string": CONFIG}
+        assert attributes["akri.sh/namespace"] == {"string": NS}
+        assert attributes["akri.sh/DEBUG_ECHO_DESCRIPTION"] == {"string": description}
+    (one,) = e2e.slices()  # two devices: one slice
+    assert one["spec"]["nodeName"] == e2e.node
+
+
+def test_a_pod_with_a_claim_runs_with_the_devices_env(e2e: Env) -> None:
+    e2e.pod("first")
+    until(lambda: e2e.pod_phase("first") == "Running", seconds=90, what="first Running")
+    digest = e2e.instances["d0"].rsplit("-", 1)[1].upper()
+    assert e2e.logs("first") == {
+        "DEBUG_ECHO_DESCRIPTION": "d0",
+        f"DEBUG_ECHO_DESCRIPTION_{digest}": "d0",
+    }
+    uid = e2e.claim_uid("first")
+    assert e2e.spec_exists(uid)
+    assert uid in e2e.checkpoint()
+
+
+def test_a_second_pod_shares_the_instance_and_a_third_waits(e2e: Env) -> None:
+    e2e.pod("second")
+    until(lambda: e2e.pod_phase("second") == "Running", seconds=90, what="second Running")
+    assert e2e.logs("second")["DEBUG_ECHO_DESCRIPTION"] == "d0"
+    e2e.pod("third")
+
+    def unschedulable() -> str:
+        events = e2e.kubectl.json(
+            "get", "events", "-n", NS, "--field-selector", "involvedObject.name=third"
+        )["items"]
+        return " ".join(e["message"] for e in events if e["reason"] == "FailedScheduling")
+
+    reason = until(unschedulable, seconds=60, what="the scheduler's reason for third")
+    assert "cannot allocate all claims" in reason
+    assert e2e.pod_phase("third") == "Pending"
+
+
+def test_deleting_a_pod_unprepares_and_frees_its_share(e2e: Env) -> None:
+    uid = e2e.claim_uid("first")
+    e2e.delete_pods("first")
+    until(lambda: not e2e.spec_exists(uid), seconds=30, what="first's CDI spec removed")
+    assert uid not in e2e.checkpoint()
+    until(lambda: e2e.pod_phase("third") == "Running", seconds=90, what="third Running")
+
+
+def test_agent_restart_between_prepare_and_unprepare_loses_nothing(e2e: Env) -> None:
+    kept, dropped = e2e.claim_uid("third"), e2e.claim_uid("second")
+    e2e.stop_agent()
+    e2e.delete_pods("second", wait=False)  # the kubelet cannot unprepare: no plugin
+    e2e.start_agent()
+    e2e.wait_registered()
+    until(lambda: not e2e.spec_exists(dropped), seconds=90, what="second's spec removed")
+    until(lambda: dropped not in e2e.checkpoint(), seconds=10, what="second's record removed")
+    assert e2e.spec_exists(kept) and kept in e2e.checkpoint()
+    e2e.pod("fourth")  # third + fourth: the Instance's capacity, so second's share was freed
+    until(lambda: e2e.pod_phase("fourth") == "Running", seconds=90, what="fourth Running")
+    assert e2e.pod_phase("third") == "Running"
+
+
+def test_offline_removes_the_devices_from_the_slices(e2e: Env) -> None:
+    e2e.availability.write_text("OFFLINE")
+    until(lambda: not e2e.devices(), seconds=30, what="no device of ours left in the slices")
+    e2e.availability.write_text("")
+    until(lambda: len(e2e.devices()) >= 2, seconds=30, what="devices published again")
+
+
+def test_kubelet_restart_republishes_the_node_pool(e2e: Env) -> None:
+    """Destructive (restarts the node's kubelet, which wipes the node's ResourceSlices at
+    start), like test_agent_node's kubelet restart test."""
+    until(lambda: e2e.slices(), what="the pool is published")
+    before = {s["metadata"]["uid"] for s in e2e.slices()}
+    run_dir = Path(e2e.env["AKRI_TRIO_CLUSTER_DIR"])
+    pid = int(next(run_dir.rglob("kubelet.pid")).read_text().split()[0])
+    os.kill(pid, signal.SIGTERM)
+    until(lambda: not Path(f"/proc/{pid}").exists(), seconds=30, what="kubelet exited")
+    subprocess.run(
+        [sys.executable, "-m", "akri_trio", "cluster", "up", "--node"],
+        check=True,
+        capture_output=True,
+    )
+    until(
+        lambda: e2e.slices() and not before & {s["metadata"]["uid"] for s in e2e.slices()},
+        seconds=90,
+        what="the pool published again after the kubelet wiped it",
+    )
+    e2e.delete_pods("third", "fourth")
+    e2e.pod("after-kubelet")
+    until(
+        lambda: e2e.pod_phase("after-kubelet") == "Running",
+        seconds=90,
+        what="a pod with a claim runs after the kubelet restart",
+    )
