@@ -19,7 +19,6 @@ import attrs
 import trio
 
 from akri_trio import dra
-from akri_trio.address import Resource
 from akri_trio.controller.dra import (
     claim_template,
     class_up_to_date,
@@ -29,6 +28,7 @@ from akri_trio.controller.dra import (
     shared_pool_of,
 )
 from akri_trio.controller.metrics import ControllerMetrics
+from akri_trio.dra import DEVICE_CLASSES, RESOURCE_CLAIM_TEMPLATES, RESOURCE_SLICES
 from akri_trio.kube import (
     JSON,
     AlreadyExists,
@@ -49,12 +49,6 @@ from akri_trio.model.resources import Instance
 
 log = logging.getLogger(__name__)
 
-GROUP: Final = "resource.k8s.io"
-RESOURCE_SLICES: Final = Resource(GROUP, "v1", "resourceslices", "ResourceSlice", namespaced=False)
-DEVICE_CLASSES: Final = Resource(GROUP, "v1", "deviceclasses", "DeviceClass", namespaced=False)
-RESOURCE_CLAIM_TEMPLATES: Final = Resource(
-    GROUP, "v1", "resourceclaimtemplates", "ResourceClaimTemplate"
-)
 FIELD_MANAGER: Final = "akri-controller"
 PROBE_BACKOFF = Backoff(base=0.5, cap=30.0)
 

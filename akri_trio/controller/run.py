@@ -39,9 +39,7 @@ import trio
 
 from akri_trio.controller.dra_reconcilers import (
     CONFIGURATION_INDEXES,
-    DEVICE_CLASSES,
     INSTANCE_INDEXES,
-    RESOURCE_SLICES,
     DraCaches,
     DraReconcilers,
     class_key,
@@ -63,7 +61,7 @@ from akri_trio.controller.reconcilers import (
     Reconcilers,
     label_key,
 )
-from akri_trio.dra import HOSTNAME_LABEL
+from akri_trio.dra import DEVICE_CLASSES, HOSTNAME_LABEL, RESOURCE_SLICES
 from akri_trio.kube import (
     JSON,
     Change,

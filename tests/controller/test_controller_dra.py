@@ -16,13 +16,14 @@ import pytest
 import trio
 
 from akri_trio import dra
-from akri_trio.controller.dra_reconcilers import (
+from akri_trio.controller.run import ControllerSettings, RunningController
+from akri_trio.dra import (
     DEVICE_CLASSES,
     RESOURCE_CLAIM_TEMPLATES,
+    RESOURCE_CLAIMS,
     RESOURCE_SLICES,
 )
-from akri_trio.controller.run import ControllerSettings, RunningController
-from akri_trio.kube import JSON, Client, NotFound, Resource, load_config
+from akri_trio.kube import JSON, Client, NotFound, load_config
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
 from tests.controller.support import (
     NODES,
@@ -36,8 +37,6 @@ from tests.controller.support import (
     unique,
     until,
 )
-
-RESOURCE_CLAIMS = Resource("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim")
 
 
 @pytest.fixture

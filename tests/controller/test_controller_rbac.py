@@ -12,8 +12,8 @@ import pytest
 import trio
 
 from akri_trio import dra
-from akri_trio.controller.dra_reconcilers import DEVICE_CLASSES, RESOURCE_SLICES
 from akri_trio.controller.run import ControllerSettings, RunningController, run_controller
+from akri_trio.dra import DEVICE_CLASSES, RESOURCE_SLICES
 from akri_trio.kube import Client, NotFound, load_config
 from akri_trio.model.resources import CONFIGURATIONS
 from tests.controller.support import (
