@@ -70,7 +70,10 @@ def main(argv: list[str]) -> int:
     availability = settings.debug_echo_availability or Path("/tmp/debug-echo-availability.txt")
     poll = float(os.environ.get("BENCH_ECHO_POLL", "0.2"))
     echo = bench_echo(availability, poll, shared=settings.debug_echo_shared)
-    settings = attrs.evolve(settings, namespace=BENCH_NS, enable_debug_echo=False, handlers=(echo,))
+    namespace = settings.namespace or BENCH_NS  # a bench may give its own with --namespace
+    settings = attrs.evolve(
+        settings, namespace=namespace, enable_debug_echo=False, handlers=(echo,)
+    )
     trio.run(_main, settings)
     return 0
 
