@@ -232,7 +232,7 @@ async def bench_pods(args: argparse.Namespace) -> str:
                             "the device plugin's resource on the node",
                         )
                     else:
-                        await api.create(
+                        await api.apply(
                             dra.RESOURCE_CLAIM_TEMPLATES,
                             {
                                 "apiVersion": "resource.k8s.io/v1",
@@ -240,6 +240,8 @@ async def bench_pods(args: argparse.Namespace) -> str:
                                 "metadata": {"name": TEMPLATE, "namespace": PODS_NS},
                                 "spec": {"spec": dra.claim_spec(CONFIG, PODS_NS, instance)},
                             },
+                            field_manager="akri-trio-bench",
+                            force=True,
                         )
                         make = claim_pod
                         await wait_for(

@@ -210,6 +210,16 @@ class DraReconcilers:
                 nursery.start_soon(self._apply_slice, body)
         if plan.apply:
             self.written[pool] = max(self.written.get(pool, 0), plan.generation)
+            if instance is not None:
+                omitted = dra.device_attributes(
+                    instance.spec.configuration_name,
+                    instance.metadata.namespace,
+                    instance.metadata.name,
+                    instance.spec.broker_properties,
+                    capacities=1 if self.consumable else 0,
+                ).omitted
+                for o in omitted:
+                    log.info("%s: property %s is no attribute (%s)", pool, o.name, o.reason)
             log.info(
                 "published shared pool %s at generation %d (%d slice(s))",
                 pool,
