@@ -215,6 +215,7 @@ async def bench_pods(args: argparse.Namespace) -> str:
                             "--allocation", "dra",
                             "--kubelet-root-dir", env["AKRI_TRIO_KUBELET_ROOT_DIR"],
                             "--cdi-dir", env["AKRI_TRIO_CDI_DIR"],
+                            "--log-level", "INFO",  # to see the kubelet's registration
                         ]  # fmt: skip
                         await stack.enter_async_context(
                             controller_process(kubeconfig, PODS_NS, home / "controller.log")
@@ -246,6 +247,11 @@ async def bench_pods(args: argparse.Namespace) -> str:
                         make = claim_pod
                         await wait_for(
                             lambda: _device_class(api), 60, "the controller's DeviceClass"
+                        )
+                        await wait_for(
+                            functools.partial(_registered, home / "agent.log"),
+                            60,
+                            "the kubelet's registration of the agent's DRA plugin",
                         )
                     floors, devices = await measure(api, args.samples, make)
                     await api.delete(CONFIGURATIONS, CONFIG, namespace=PODS_NS)
@@ -290,6 +296,10 @@ async def _device_class(api: Client) -> bool:
     except NotFound:
         return False
     return True
+
+
+async def _registered(log: Path) -> bool:
+    return f"the kubelet registered DRA driver {dra.DRIVER}" in await trio.Path(log).read_text()
 
 
 async def _no_instances(api: Client, namespace: str) -> bool:
