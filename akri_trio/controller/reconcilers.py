@@ -9,6 +9,10 @@ Three reconcilers, each keyed by the object it is about:
 - `node(key)`: a Node's Ready transitions (nodeloss.node_transition); on a loss, the guarded
   JSON patches of nodeloss.plan_node_loss, then the Instances left with no node are deleted.
 
+In DRA mode (`self.dra`, dra_reconcilers.py) `instance` also makes the Instance's broker claim
+template before the Pods that use it, and the brokers claim their device instead of asking for
+`akri.sh/<instance>`.
+
 Reads come only from the caches (no GET on the steady path), so a reconcile with nothing to
 change makes no request. Writes are idempotent: AlreadyExists on a create and NotFound or a
 failed uid precondition on a delete mean someone (a previous run of ours, the garbage
