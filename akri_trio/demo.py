@@ -1,15 +1,23 @@
-"""The README's demo: devices discovered and used, on a real local Kubernetes node.
+"""The README's demo: the whole Akri flow on a real local Kubernetes node.
 
 Runs as `scripts/just demo` (or `python -m akri_trio.demo`):
 1. a real cluster with a node (etcd, apiserver, controller-manager, scheduler, containerd,
-   kubelet), built from source on the first run;
-2. Akri's CRDs and the akri-trio agent on the node (a host process here; a DaemonSet in a
-   real cluster, see k8s/agent.yaml), with the embedded debugEcho discovery handler;
-3. a debugEcho Configuration: two fake devices become two Instances and three kubelet
-   resources (one per device, one for "any of them");
-4. a Pod that asks for one device and a Pod that asks for two of the Configuration: their logs
-   show the env vars Allocate gave them — two *different* devices for the second;
-5. cleanup of what the demo made (the cluster keeps running; `scripts/just cluster-down`).
+   kubelet), built from source on the first run; started if it is not running, left running;
+2. Akri's CRDs, then the akri-trio agent (embedded debugEcho discovery handler) and the
+   akri-trio controller as host processes (a DaemonSet and a Deployment in a real cluster,
+   see k8s/), both watching only the demo's namespace, `akri-demo`;
+3. a debugEcho Configuration with a busybox broker and Services
+   (k8s/examples/debug-echo-broker.yaml): two fake devices become two Instances and three
+   kubelet resources, the controller starts a broker Pod for each Instance (its log shows the
+   device's properties, which Allocate put in its env) and a Service for each Instance and one
+   for the Configuration; `kubectl describe` shows the controller's Events;
+4. a Pod that asks for two devices of the Configuration gets the two slots the brokers left;
+5. cleanup of what the demo made: its Pod and its Configuration (the agent removes the
+   Instances, the controller's brokers and Services go with them). The cluster keeps running
+   (`scripts/just cluster-down` stops it).
+
+It touches and waits for its own objects only: the Instances of its Configuration in its
+namespace, never other Instances the cluster holds (stuck ones of other users included).
 """
 
 from __future__ import annotations
@@ -23,15 +31,19 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from akri_trio.cluster.exports import parse_exports
 
 REPO = Path(__file__).resolve().parent.parent
-EXAMPLE = REPO / "k8s" / "examples" / "debug-echo.yaml"
+EXAMPLE = REPO / "k8s" / "examples" / "debug-echo-broker.yaml"
 CONFIG = "akri-debug-echo-foo"
+NAMESPACE = "akri-demo"
+APP_POD = "two-devices"
+BROKERS = f"akri.sh/configuration={CONFIG}"
 
 
 def _step(title: str) -> None:
@@ -64,15 +76,21 @@ class Kubectl:
         print(f"$ kubectl {' '.join(args)}", flush=True)
         subprocess.run([self.path, *args], env=self.env, input=stdin, text=True, check=True)
 
+    def output(self, *args: str) -> str:
+        proc = subprocess.run(
+            [self.path, *args], env=self.env, text=True, capture_output=True, check=True
+        )
+        return proc.stdout
+
     def json(self, *args: str) -> Any:
-        out = subprocess.run(
-            [self.path, *args, "-o", "json"],
-            env=self.env,
-            text=True,
-            capture_output=True,
-            check=True,
-        ).stdout
-        return json.loads(out)
+        return json.loads(self.output(*args, "-o", "json"))
+
+    def maybe_json(self, *args: str) -> Any:
+        """The object, or None when kubectl fails (not found)."""
+        try:
+            return self.json(*args)
+        except subprocess.CalledProcessError:
+            return None
 
     def quiet(self, *args: str) -> None:
         subprocess.run([self.path, *args], env=self.env, capture_output=True, check=False)
@@ -100,15 +118,15 @@ def _pod(name: str, resource: str, count: int) -> str:
         {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": name},
+            "metadata": {"name": name, "namespace": NAMESPACE},
             "spec": {
                 "terminationGracePeriodSeconds": 1,
                 "restartPolicy": "Never",
                 "containers": [
                     {
-                        "name": "broker",
+                        "name": "app",
                         "image": "docker.io/library/busybox:latest",
-                        "imagePullPolicy": "Never",
+                        "imagePullPolicy": "IfNotPresent",
                         "command": ["sh", "-c", "env | grep ^DEBUG_ECHO | sort; sleep 3600"],
                         "resources": {"limits": {resource: str(count)}},
                     }
@@ -116,6 +134,78 @@ def _pod(name: str, resource: str, count: int) -> str:
             },
         }
     )
+
+
+def ours(instances: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The demo's own among `instances`: those of its Configuration in its namespace (being
+    deleted or not). The only ones it waits for."""
+    return [
+        i
+        for i in instances
+        if i["metadata"].get("namespace") == NAMESPACE
+        and i.get("spec", {}).get("configurationName") == CONFIG
+    ]
+
+
+def _ours(k: Kubectl) -> list[dict[str, Any]]:
+    return ours(k.json("get", "akrii", "-n", NAMESPACE)["items"])
+
+
+def _brokers(k: Kubectl, phase: str | None = None) -> list[dict[str, Any]]:
+    pods = k.json("get", "pods", "-n", NAMESPACE, "-l", BROKERS)["items"]
+    return [p for p in pods if phase is None or p.get("status", {}).get("phase") == phase]
+
+
+def _services(k: Kubectl) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = k.json(
+        "get", "services", "-n", NAMESPACE, "-l", "controller=akri.sh"
+    )["items"]
+    return items
+
+
+def _namespace(k: Kubectl) -> None:
+    """The demo's namespace, made if missing; one still being deleted is waited for first."""
+
+    def terminating() -> bool:
+        ns = k.maybe_json("get", "namespace", NAMESPACE)
+        return ns is not None and ns.get("status", {}).get("phase") == "Terminating"
+
+    _until(lambda: not terminating(), f"namespace {NAMESPACE} (being deleted) to go", 120)
+    if k.maybe_json("get", "namespace", NAMESPACE) is None:
+        k.show("create", "namespace", NAMESPACE)
+
+
+def _remove_ours(k: Kubectl, what: str) -> None:
+    """Delete the demo's Pod and Configuration and wait until its Instances, broker Pods and
+    Services are gone (the agent and the controller run meanwhile: the agent releases its
+    finalizers on the Instances)."""
+    k.quiet("delete", "pod", APP_POD, "-n", NAMESPACE, "--wait=true", "--timeout=60s")
+    k.quiet("delete", "-n", NAMESPACE, "-f", str(EXAMPLE), "--wait=true", "--timeout=60s")
+    _until(lambda: not _ours(k), what, 60)
+    _until(lambda: not _brokers(k) and not _services(k), "its broker Pods and Services to go", 60)
+
+
+@contextmanager
+def _process(name: str, args: list[str], env: dict[str, str], work: Path) -> Iterator[None]:
+    """`akri-trio <args>` as a process for the duration; SIGTERM (then SIGKILL) afterwards."""
+    log = open(work / f"{name}.log", "wb")  # noqa: SIM115  (lives as long as the process)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "akri_trio", *args],
+        env={**env, "PYTHONUNBUFFERED": "1"},
+        stdout=log,
+        stderr=log,
+    )
+    print(f"{name}: pid {proc.pid}, log {work / (name + '.log')}")
+    try:
+        yield
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
 
 
 def main() -> int:
@@ -134,89 +224,98 @@ def main() -> int:
         "crd/configurations.akri.sh",
         "crd/instances.akri.sh",
     )
+    _step(f"the demo's own namespace: {NAMESPACE}")
+    _namespace(k)
 
-    _step(f"starting the akri-trio agent for node {node} (embedded debugEcho handler)")
-    work = Path(tempfile.mkdtemp(prefix="akri-demo-"))
-    metrics_port = _free_port()
-    log = open(work / "agent.log", "wb")  # noqa: SIM115  (lives as long as the agent)
-    agent = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "akri_trio",
-            "agent",
-            "--node-name",
-            node,
-            "--discovery-handlers-directory",
-            str(work / "akri"),
-            "--enable-debug-echo",
-            "--debug-echo-availability",
-            str(work / "availability"),
-            "--metrics-port",
-            str(metrics_port),
-        ],
-        env={**k.env, "PYTHONUNBUFFERED": "1"},
-        stdout=log,
-        stderr=log,
+    _step(
+        f"starting the akri-trio agent for node {node} (embedded debugEcho handler) and the "
+        f"akri-trio controller, both watching only {NAMESPACE}"
     )
-    print(f"agent pid {agent.pid}, log {work / 'agent.log'}")
-    try:
-        # Leftovers of an interrupted earlier demo: remove them while the agent runs (it
-        # releases its finalizers on their Instances), so the story starts from a clean slate.
-        k.quiet("delete", "pod", "one-device", "two-devices", "--wait=true", "--timeout=60s")
-        k.quiet("delete", "-f", str(EXAMPLE), "--wait=true", "--timeout=60s")
-        _until(lambda: not k.json("get", "akrii")["items"], "leftover Instances to go", 60)
-        _step("applying a debugEcho Configuration: two fake devices, capacity 2")
-        k.show("apply", "-f", str(EXAMPLE))
-        _until(lambda: len(k.json("get", "akrii")["items"]) == 2, "two Instances")
-        k.show("get", "akric,akrii")
-        # Pods admitted before the plugins are registered would fail admission: wait for the
-        # agent to say so (the node's allocatable lags behind, and may be stale).
-        _until(
-            lambda: _metric(metrics_port, "akri_device_plugins_registered") == 3,
-            "the three device plugins to register with the kubelet",
-        )
-        ours = {f"akri.sh/{CONFIG}"} | {
-            f"akri.sh/{i['metadata']['name']}" for i in k.json("get", "akrii")["items"]
-        }
-
-        def offered() -> bool:
-            allocatable = k.json("get", "node", node)["status"]["allocatable"]
-            return all(int(allocatable.get(r, "0")) > 0 for r in ours)
-
-        _until(offered, "the node to offer the three resources")
-        allocatable = k.json("get", "node", node)["status"]["allocatable"]
-        print("node allocatable:", {r: allocatable[r] for r in sorted(ours)})
-
-        instance = k.json("get", "akrii")["items"][0]["metadata"]["name"]
-        _step(f"a Pod that asks for one specific device: akri.sh/{instance}: 1")
-        k.show("apply", "-f", "-", stdin=_pod("one-device", f"akri.sh/{instance}", 1))
-        _step(f"a Pod that asks for any two devices: akri.sh/{CONFIG}: 2")
-        k.show("apply", "-f", "-", stdin=_pod("two-devices", f"akri.sh/{CONFIG}", 2))
-        k.show(
-            "wait", "--for=condition=Ready", "--timeout=90s", "pod/one-device", "pod/two-devices"
-        )
-        k.show("logs", "one-device")
-        k.show("logs", "two-devices")
-        _step("the slots they hold, in each Instance's deviceUsage")
-        k.show(
-            "get",
-            "akrii",
-            "-o",
-            "custom-columns=INSTANCE:.metadata.name,DEVICE-USAGE:.spec.deviceUsage",
-        )
-    finally:
-        _step("cleaning up what the demo made (the cluster keeps running)")
-        k.quiet("delete", "pod", "one-device", "two-devices", "--wait=true", "--timeout=60s")
-        k.quiet("delete", "-f", str(EXAMPLE), "--wait=true", "--timeout=60s")
-        # The agent releases its Instances (and its finalizers on them) before it stops.
-        _until(lambda: not k.json("get", "akrii")["items"], "the Instances to go", 60)
-        agent.send_signal(signal.SIGTERM)
-        agent.wait(timeout=30)
-        log.close()
+    work = Path(tempfile.mkdtemp(prefix="akri-demo-"))
+    agent_port = _free_port()
+    agent = [
+        "agent",
+        "--node-name", node,
+        "--namespace", NAMESPACE,
+        "--discovery-handlers-directory", str(work / "akri"),
+        "--enable-debug-echo",
+        "--debug-echo-availability", str(work / "availability"),
+        "--metrics-port", str(agent_port),
+    ]  # fmt: skip
+    controller = [
+        "controller",
+        "--namespace", NAMESPACE,
+        "--no-leader-elect",
+        "--metrics-port", str(_free_port()),
+    ]  # fmt: skip
+    with _process("agent", agent, k.env, work), _process("controller", controller, k.env, work):
+        try:
+            # Leftovers of an interrupted earlier demo (its own objects only), removed while
+            # the agent runs, so the story starts from a clean slate.
+            _remove_ours(k, "the Instances an earlier demo left to go")
+            _story(k, node, agent_port)
+        finally:
+            _step("cleaning up what the demo made (the cluster keeps running)")
+            _remove_ours(k, "the demo's Instances to go")
     print(f"\nUse the cluster with:  export KUBECONFIG={env['KUBECONFIG']}")
     print("Stop it with:          scripts/just cluster-down")
     return 0
+
+
+def _story(k: Kubectl, node: str, agent_port: int) -> None:
+    _step("applying a debugEcho Configuration: two fake devices, capacity 2, a busybox broker")
+    k.show("apply", "-n", NAMESPACE, "-f", str(EXAMPLE))
+    _until(lambda: len(_ours(k)) == 2, "two Instances")
+    k.show("get", "akric,akrii", "-n", NAMESPACE)
+    # Pods admitted before the plugins are registered would fail admission: wait for the
+    # agent to say so (the node's allocatable lags behind, and may be stale).
+    _until(
+        lambda: _metric(agent_port, "akri_device_plugins_registered") == 3,
+        "the three device plugins to register with the kubelet",
+    )
+
+    _step("the controller starts a broker Pod for each Instance, pinned to the node that sees it")
+    _until(lambda: len(_brokers(k, "Running")) == 2, "two broker Pods Running", 120)
+    k.show("get", "pods", "-n", NAMESPACE, "-l", BROKERS, "-o", "wide")
+    broker = sorted(p["metadata"]["name"] for p in _brokers(k))[0]
+    _step("a broker's env: the properties of its device, given by the agent's Allocate")
+    k.show("logs", broker, "-n", NAMESPACE)
+
+    _step("Services: one in front of each Instance's brokers, one for the whole Configuration")
+    _until(lambda: len(_services(k)) == 3, "three Services")
+    k.show("get", "services", "-n", NAMESPACE, "-l", "controller=akri.sh")
+
+    instance = _brokers(k)[0]["metadata"]["labels"]["akri.sh/instance"]
+    _step(f"what the controller did, in the Events of `kubectl describe akrii {instance}`")
+    _until(
+        lambda: "BrokerCreated" in k.output("describe", "akrii", instance, "-n", NAMESPACE),
+        "the controller's Events",
+        30,
+    )
+    described = k.output("describe", "akrii", instance, "-n", NAMESPACE)
+    print(described[described.index("Events:") :], end="")
+
+    resource = f"akri.sh/{CONFIG}"
+
+    def offered() -> bool:
+        allocatable = k.json("get", "node", node)["status"]["allocatable"]
+        return int(allocatable.get(resource, "0")) >= 2
+
+    _until(offered, f"the node to offer {resource}")
+    _step(f"a Pod that asks for any two devices ({resource}: 2) gets the slots the brokers left")
+    k.show("apply", "-f", "-", stdin=_pod(APP_POD, resource, 2))
+    k.show("wait", "--for=condition=Ready", "--timeout=90s", f"pod/{APP_POD}", "-n", NAMESPACE)
+    k.show("logs", APP_POD, "-n", NAMESPACE)
+
+    _step("every slot and who holds it, in each Instance's deviceUsage")
+    k.show(
+        "get",
+        "akrii",
+        "-n",
+        NAMESPACE,
+        "-o",
+        "custom-columns=INSTANCE:.metadata.name,DEVICE-USAGE:.spec.deviceUsage",
+    )
 
 
 if __name__ == "__main__":

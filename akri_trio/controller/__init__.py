@@ -46,6 +46,7 @@ from akri_trio.controller.nodeloss import (
     plan_node_loss,
     release_instance,
     release_status,
+    served_nodes,
 )
 from akri_trio.controller.observed import Delete, ObservedPod, timestamp
 from akri_trio.controller.services import (
@@ -98,6 +99,7 @@ __all__ = [
     "release_instance",
     "release_status",
     "rename_placeholder",
+    "served_nodes",
     "timestamp",
     "up_to_date",
 ]

@@ -6,15 +6,19 @@ hands its Lease back on the way out so a standby takes over at once."""
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
-import signal
 from collections.abc import Mapping
 from pathlib import Path
 
+import attrs
 import trio
 
 from akri_trio.controller.run import ControllerSettings, default_identity, run_controller
+from akri_trio.kube import Client, KubeConfig, load_config
+from akri_trio.observe.logs import add_log_arguments, log_startup, setup_logging
+from akri_trio.shutdown import run_until_signalled
 
 log = logging.getLogger("akri_trio.controller")
 
@@ -29,20 +33,28 @@ def _own_namespace(path: Path = IN_CLUSTER_NAMESPACE) -> str:
         return DEFAULT_LEASE_NAMESPACE
 
 
-def parse_args(argv: list[str], env: Mapping[str, str]) -> ControllerSettings:
+def _parse(
+    argv: list[str], env: Mapping[str, str]
+) -> tuple[ControllerSettings, argparse.Namespace]:
     p = argparse.ArgumentParser(prog="akri-trio controller", description=__doc__)
-    p.add_argument("--kubeconfig", type=Path, default=None)
+    p.add_argument(
+        "--kubeconfig",
+        type=Path,
+        default=None,
+        help="kubectl's order by default: env KUBECONFIG, in-cluster, ~/.kube/config",
+    )
     p.add_argument(
         "--metrics-port",
         type=int,
         default=int(env.get("METRICS_PORT", "8080")),
-        help="health and Prometheus metrics port (env METRICS_PORT); 0 picks one, -1 disables",
+        help="health and Prometheus metrics port (env METRICS_PORT; default 8080); "
+        "0 picks one, -1 disables",
     )
     p.add_argument(
         "--namespace",
         default=env.get("AKRI_NAMESPACE") or None,
         help="watch Instances, Configurations and brokers in this namespace only "
-        "(default: all namespaces, as upstream)",
+        "(env AKRI_NAMESPACE; default: all namespaces, as upstream)",
     )
     p.add_argument(
         "--leader-elect",
@@ -50,30 +62,33 @@ def parse_args(argv: list[str], env: Mapping[str, str]) -> ControllerSettings:
         default=True,
         help="run only while holding the Lease (default on; off for a single replica)",
     )
-    p.add_argument("--lease-name", default="akri-controller")
+    p.add_argument("--lease-name", default="akri-controller", help="default akri-controller")
     p.add_argument(
         "--lease-namespace",
         default=None,
         help=f"namespace of the Lease (default: this Pod's, else {DEFAULT_LEASE_NAMESPACE})",
     )
-    p.add_argument("--identity", default=None, help="this replica's holder identity")
-    p.add_argument("--workers", type=int, default=8, help="Instances reconciled in parallel")
+    p.add_argument(
+        "--identity",
+        default=None,
+        help="this replica's holder identity (default: env POD_NAME or the host name, "
+        "and a random suffix)",
+    )
+    p.add_argument(
+        "--workers", type=int, default=8, help="Instances reconciled in parallel (default 8)"
+    )
     p.add_argument(
         "--allocation",
         choices=("device-plugin", "dra"),
         default="device-plugin",
         help="how brokers get their device: `akri.sh/<instance>` limits served by the agents' "
-        "device plugins, or (dra, Kubernetes >= 1.34) ResourceClaims; in dra mode the "
-        "controller also keeps one DeviceClass per Configuration and publishes the shared "
+        "device plugins (default), or (dra, Kubernetes >= 1.34) ResourceClaims; in dra mode "
+        "the controller also keeps one DeviceClass per Configuration and publishes the shared "
         "Instances' ResourceSlices",
     )
-    p.add_argument("--log-level", default=env.get("AKRI_LOG_LEVEL", "INFO"))
+    add_log_arguments(p, env)
     args = p.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per API request is noise
-    return ControllerSettings(
+    settings = ControllerSettings(
         kubeconfig=args.kubeconfig,
         namespace=args.namespace,
         metrics_port=None if args.metrics_port < 0 else args.metrics_port,
@@ -84,20 +99,24 @@ def parse_args(argv: list[str], env: Mapping[str, str]) -> ControllerSettings:
         workers=args.workers,
         allocation=args.allocation,
     )
+    return settings, args
 
 
-async def _main(settings: ControllerSettings) -> None:
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(run_controller, settings)
-            async for signum in signals:
-                log.info("%s: shutting down", signal.Signals(signum).name)
-                nursery.cancel_scope.cancel()
-                return
+def parse_args(argv: list[str], env: Mapping[str, str]) -> ControllerSettings:
+    return _parse(argv, env)[0]
+
+
+async def _main(settings: ControllerSettings, config: KubeConfig) -> None:
+    async with Client.open(config) as api:
+        await run_until_signalled(functools.partial(run_controller, settings, api=api), log)
 
 
 def main(argv: list[str]) -> int:
-    settings = parse_args(argv, os.environ)
-    trio.run(_main, settings)
+    settings, args = _parse(argv, os.environ)
+    config = load_config(settings.kubeconfig)  # a bad kubeconfig is one error line, first
+    setup_logging(args.log_level, args.log_format)
+    logs = {"log_level": args.log_level, "log_format": args.log_format}
+    log_startup(log, "controller", {**attrs.asdict(settings, recurse=False), **logs})
+    trio.run(_main, settings, config)
     log.info("controller stopped")
     return 0

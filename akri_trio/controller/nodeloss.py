@@ -6,6 +6,19 @@ deviceUsage slots it held (`<node>` and `C:<vdev>:<node>`) and its entry in each
 Configuration's `status.nodes`. Nobody else may remove them, so the controller does it, once
 per loss (`node_transition` says when).
 
+A node can also be lost while no controller runs (or between two leaders). What a controller
+that starts (or starts leading) can know about it:
+- a node that Instances or Configuration statuses name (`served_nodes`) but that does not
+  exist was deleted: it is cleaned like a live deletion;
+- a node that exists and is NotReady: whether it was Ready before is not recorded anywhere
+  (the Ready condition only says since when it is what it is). But an agent writes its node
+  into an Instance only while it runs there, and it runs on a Ready node (a DaemonSet Pod is
+  not scheduled onto a NotReady one), so a node named as serving something had been Ready:
+  it is cleaned once, as upstream cleans a node it saw go from Ready to NotReady. A NotReady
+  node that serves nothing (a node still joining) is only remembered, as upstream does.
+A node deleted while the Node watch was away (a relist) needs none of this: the cache drops it
+at the relist and tells its key as changed, so it is cleaned as a live deletion is.
+
 The plan is a set of removals, rendered as RFC 6902 JSON patches that `test` each entry just
 before removing it. Upstream blanks the slots to "" with a merge patch, which makes the
 controller the owner of those keys under server-side apply, so the agent's next claim of the
@@ -41,19 +54,39 @@ def node_ready(node: Mapping[str, Any]) -> bool:
 
 
 def node_transition(
-    previous: NodeState | None, ready: bool | None
+    previous: NodeState | None, ready: bool | None, *, serving: bool = False
 ) -> tuple[NodeState | None, bool]:
-    """(next state, clean up now?) for a Node event; `ready` is None when it was deleted.
+    """(next state, clean up now?) for a Node event; `ready` is None when it was deleted (or
+    does not exist). `serving`: some Instance or Configuration status names the node.
 
-    A node seen NotReady before ever being Ready is not cleaned (it may be starting); a deleted
-    node is, unless that was already done."""
+    A node seen NotReady before ever being Ready is not cleaned (it may be starting), unless it
+    is seen for the first time while serving something (a controller that has just started:
+    see the module's docstring); a deleted node is cleaned, unless that was already done."""
     if ready is None:
         return None, previous is not NodeState.CLEANED
     if ready:
         return NodeState.READY, False
-    if previous is NodeState.READY:
+    if previous is NodeState.READY or (previous is None and serving):
         return NodeState.CLEANED, True
     return previous or NodeState.KNOWN, False
+
+
+def served_nodes(
+    instances: Iterable[Instance], configurations: Iterable[Configuration]
+) -> set[str]:
+    """Every node in some Instance's `nodes` or some Configuration's `status.nodes`. (Not
+    deviceUsage holders: a value another tool wrote reads as an opaque holder, not a node; nor
+    finalizers, which other controllers add too. A lost node's slots and finalizer go with its
+    entries in `nodes`.)"""
+    named: set[str] = set()
+    for instance in instances:
+        named.update(instance.spec.nodes)
+    for configuration in configurations:
+        for entry in configuration.status.get("nodes") or []:
+            if isinstance(entry, dict) and isinstance(entry.get("node"), str):
+                named.add(entry["node"])
+    named.discard("")
+    return named
 
 
 def pointer(*parts: str | int) -> str:

@@ -8,6 +8,12 @@ Three reconcilers, each keyed by the object it is about:
   (services.plan_services), applied only when their fingerprint differs;
 - `node(key)`: a Node's Ready transitions (nodeloss.node_transition); on a loss, the guarded
   JSON patches of nodeloss.plan_node_loss, then the Instances left with no node are deleted.
+  `lost_while_away()` names the nodes that Instances or statuses still list but that no longer
+  exist, for run.py to reconcile once the caches are first synced.
+
+What each write did is also told as an Event on the Instance or Configuration concerned
+(controller/events.py decides which; the recorder never blocks), and log lines carry the
+`configuration`, `instance` and `node` they are about as fields.
 
 In DRA mode (`self.dra`, dra_reconcilers.py) `instance` also makes the Instance's broker claim
 template before the Pods that use it, and the brokers claim their device instead of asking for
@@ -50,17 +56,21 @@ from akri_trio.controller import (
     plan_services,
     release_instance,
     release_status,
+    served_nodes,
     up_to_date,
 )
+from akri_trio.controller import events as ev
 from akri_trio.controller.dra import claim_broker_job, claim_broker_pod
 from akri_trio.controller.dra_reconcilers import DraReconcilers
 from akri_trio.controller.metrics import ControllerMetrics
 from akri_trio.kube import (
     JSON,
     AlreadyExists,
+    ApiError,
     Backoff,
     Client,
     Conflict,
+    EventRecorder,
     Invalid,
     NotFound,
     ObjectKey,
@@ -68,8 +78,10 @@ from akri_trio.kube import (
     Resource,
     Store,
 )
+from akri_trio.model import naming
 from akri_trio.model.convert import error_messages, structure
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES, Configuration, Instance
+from akri_trio.observe.logs import fields
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +131,28 @@ def label_key(namespace: str, name: str) -> ObjectKey:
     return ObjectKey(namespace, label_value(name))
 
 
+def about(obj: Mapping[str, Any]) -> dict[str, str]:
+    """Log fields for an object the controller writes, from its akri labels."""
+    meta = obj.get("metadata") or {}
+    ns, labels = meta.get("namespace") or "", meta.get("labels") or {}
+    config = labels.get(naming.LABEL_CONFIGURATION)
+    instance = labels.get(naming.LABEL_INSTANCE)
+    return fields(
+        configuration=None if config is None else ObjectKey(ns, config),
+        instance=None if instance is None else ObjectKey(ns, instance),
+        node=labels.get(naming.LABEL_TARGET_NODE),
+    )
+
+
+def about_owner(on: Mapping[str, Any] | None) -> dict[str, str]:
+    """Log fields naming the Instance or Configuration an Event subject (events.py) is."""
+    if on is None or on.get("kind") not in ("Instance", "Configuration"):
+        return {}
+    meta = on.get("metadata") or {}
+    key = ObjectKey(str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+    return fields(**{str(on["kind"]).lower(): key})
+
+
 def owned_by_instance(obj: Mapping[str, Any]) -> bool:
     refs = (obj.get("metadata") or {}).get("ownerReferences") or ()
     return any(ref.get("kind") == "Instance" for ref in refs)
@@ -157,8 +191,10 @@ class Reconcilers:
         *,
         clock: Callable[[], float] = time.time,
         rand: Callable[[], float] = random.random,
+        recorder: EventRecorder | None = None,
     ) -> None:
         self.api = api
+        self.recorder = recorder
         self.c = caches
         self.metrics = metrics
         self.clock = clock  # wall clock: Pod timestamps are compared with it
@@ -189,18 +225,47 @@ class Reconcilers:
             self._models[(cls, key)] = (version, made)
         return made
 
+    def record(self, event: ev.Event | None) -> None:
+        if self.recorder is not None and event is not None:
+            self.recorder.record(event.obj, event.type, event.reason, event.message)
+
     # --- writes ----------------------------------------------------------------------------
 
-    async def _create(self, res: Resource, body: JSON) -> None:
+    async def _create(self, res: Resource, body: JSON) -> bool:
+        """Create `body`; False when its name is taken already. A refusal is an Event on the
+        owner, then raises (the queue retries with backoff)."""
         meta = body["metadata"]
         try:
             await self.api.create(res, body, field_manager=FIELD_MANAGER)
-            log.info("created %s %s/%s", res.kind, meta["namespace"], meta["name"])
+            log.info(
+                "created %s %s/%s", res.kind, meta["namespace"], meta["name"], extra=about(body)
+            )
+            return True
         except AlreadyExists:
-            pass
-        self.metrics.writes.labels(kind=res.kind, verb="create").inc()
+            return False
+        except ApiError as exc:
+            log.warning(
+                "could not create %s %s/%s: %s",
+                res.kind,
+                meta["namespace"],
+                meta["name"],
+                exc,
+                extra=about(body),
+            )
+            self.record(ev.refused(body, exc.message or str(exc)))
+            raise
+        finally:
+            self.metrics.writes.labels(kind=res.kind, verb="create").inc()
 
-    async def _delete(self, res: Resource, d: Delete, resource_version: str | None = None) -> None:
+    async def _delete(
+        self,
+        res: Resource,
+        d: Delete,
+        resource_version: str | None = None,
+        on: JSON | None = None,
+    ) -> bool:
+        """Delete what `d` names; False when it was gone (or replaced) already. `on`: the
+        owner to tell with an Event."""
         try:
             await self.api.delete(
                 res,
@@ -210,10 +275,20 @@ class Reconcilers:
                 resource_version=resource_version,
                 propagation_policy=d.propagation,
             )
-            log.info("deleted %s %s/%s (%s)", res.kind, d.namespace, d.name, d.reason)
+            log.info(
+                "deleted %s %s/%s (%s)",
+                res.kind,
+                d.namespace,
+                d.name,
+                d.reason,
+                extra=about_owner(on),
+            )
         except (NotFound, Conflict):
-            pass  # gone already, or another object now has the name: not what we decided on
-        self.metrics.writes.labels(kind=res.kind, verb="delete").inc()
+            return False  # gone already, or another object has the name: not what we decided on
+        finally:
+            self.metrics.writes.labels(kind=res.kind, verb="delete").inc()
+        self.record(ev.deleted(res.kind, d, on))
+        return True
 
     # --- brokers of one Instance -------------------------------------------------------------
 
@@ -251,15 +326,22 @@ class Reconcilers:
 
         if self.dra is not None and instance is not None and (plan.create or job_plan.create):
             await self.dra.ensure_claim_template(instance)  # before the Pods that use it
+
+        on = None if instance is None else ev.ref(instance)
+
+        async def create(res: Resource, body: JSON) -> None:
+            if await self._create(res, body):
+                self.record(ev.created(body, plan.retries.get(body["metadata"]["name"])))
+
         async with trio.open_nursery() as nursery:
             for d in plan.delete:
-                nursery.start_soon(self._delete, PODS, d)
+                nursery.start_soon(self._delete, PODS, d, None, on)
             for d in job_plan.delete:
-                nursery.start_soon(self._delete, JOBS, d)
+                nursery.start_soon(self._delete, JOBS, d, None, on)
             for body in plan.create:
-                nursery.start_soon(self._create, PODS, body)
+                nursery.start_soon(create, PODS, body)
             if job_plan.create is not None:
-                nursery.start_soon(self._create, JOBS, job_plan.create)
+                nursery.start_soon(create, JOBS, job_plan.create)
         if job_plan.launched is not None and wanted:
             self.launched[key] = job_plan.launched
         else:
@@ -295,69 +377,150 @@ class Reconcilers:
             existing = self.c.services.get(ObjectKey.of(body))
             if up_to_date(existing, body):
                 return
-            await self.api.apply(
-                SERVICES, fingerprinted(body), field_manager=FIELD_MANAGER, force=True
-            )
-            self.metrics.writes.labels(kind="Service", verb="apply").inc()
-            log.info("applied Service %s", ObjectKey.of(body))
+            try:
+                await self.api.apply(
+                    SERVICES, fingerprinted(body), field_manager=FIELD_MANAGER, force=True
+                )
+            except ApiError as exc:
+                if existing is None:
+                    self.record(ev.refused(body, exc.message or str(exc)))
+                raise
+            finally:
+                self.metrics.writes.labels(kind="Service", verb="apply").inc()
+            log.info("applied Service %s", ObjectKey.of(body), extra=about(body))
+            if existing is None:
+                self.record(ev.created(body))
 
         async with trio.open_nursery() as nursery:
             for body in plan.apply:
                 nursery.start_soon(apply, body)
             for d in plan.delete:
-                nursery.start_soon(self._delete, SERVICES, d)
+                cached = self.c.services.get(ObjectKey(d.namespace, d.name))
+                owner = None if cached is None else ev.owner(cached)
+                nursery.start_soon(self._delete, SERVICES, d, None, owner)
         return None
 
     # --- lost nodes --------------------------------------------------------------------------
 
+    def _instances(self) -> list[Instance]:
+        read = (self._read(self.c.instances, k, Instance) for k in self.c.instances.snapshot())
+        return [i for i in read if i is not None]
+
+    def _configurations(self) -> list[Configuration]:
+        keys = self.c.configurations.snapshot()
+        read = (self._read(self.c.configurations, k, Configuration) for k in keys)
+        return [c for c in read if c is not None]
+
+    def lost_while_away(self) -> list[ObjectKey]:
+        """Nodes that Instances or Configuration statuses name but that the node cache does
+        not hold: deleted while no controller (or no leader) watched. Read once the caches
+        are synced; `node` confirms each with a GET before cleaning."""
+        named = served_nodes(self._instances(), self._configurations())
+        return [
+            ObjectKey("", n) for n in sorted(named) if self.c.nodes.get(ObjectKey("", n)) is None
+        ]
+
+    async def _exists(self, node: str) -> bool:
+        try:
+            await self.api.get(NODES, node)
+        except NotFound:
+            return False
+        return True
+
     async def node(self, key: ObjectKey) -> Requeue | None:
         obj = self.c.nodes.get(key)
-        ready = None if obj is None else node_ready(obj)
         previous = self.node_states.get(key.name)
-        state, clean = node_transition(previous, ready)
+        if obj is None and previous is None and await self._exists(key.name):
+            return None  # not in the cache yet: its watch event will come
+        ready = None if obj is None else node_ready(obj)
+        serving = (
+            previous is None
+            and ready is False
+            and key.name in served_nodes(self._instances(), self._configurations())
+        )
+        state, clean = node_transition(previous, ready, serving=serving)
         if clean:
-            log.warning("node %s is lost: removing its entries", key.name)
-            await self._release_node(key.name)
+            if obj is None:
+                why = "deleted" if previous is not None else "deleted while no controller ran"
+            elif previous is None:
+                why = "NotReady when this controller started"
+            else:
+                why = "NotReady"
+            log.warning(
+                "node %s is lost (%s): removing its entries",
+                key.name,
+                why,
+                extra=fields(node=key.name),
+            )
+            await self._release_node(key.name, why)
         if state is None:
             self.node_states.pop(key.name, None)
         else:
             self.node_states[key.name] = state
         return None
 
-    async def _release_node(self, node: str) -> None:
-        instances = [self._read(self.c.instances, k, Instance) for k in self.c.instances.snapshot()]
-        configs = [
-            self._read(self.c.configurations, k, Configuration)
-            for k in self.c.configurations.snapshot()
-        ]
-        plan = plan_node_loss(
-            node, (i for i in instances if i), (c for c in configs if c is not None)
-        )
-        await _each(plan.instances, self._release_instance)
-        await _each(plan.statuses, self._release_status)
+    async def _release_node(self, node: str, why: str) -> None:
+        plan = plan_node_loss(node, self._instances(), self._configurations())
 
-    async def _release_instance(self, release: InstanceRelease) -> None:
+        async def instance(release: InstanceRelease) -> None:
+            await self._release_instance(release, why)
+
+        async def status(release: StatusRelease) -> None:
+            await self._release_status(release, why)
+
+        await _each(plan.instances, instance)
+        await _each(plan.statuses, status)
+
+    def _configuration_of(self, namespace: str, instance: str) -> JSON | None:
+        inst = self._read(self.c.instances, ObjectKey(namespace, instance), Instance)
+        if inst is None:
+            return None
+        key = ObjectKey(namespace, inst.spec.configuration_name)
+        config = self._read(self.c.configurations, key, Configuration)
+        return None if config is None else ev.ref(config)
+
+    async def _release_instance(self, release: InstanceRelease, why: str = "lost") -> None:
         """Apply one Instance's removals, then delete it if no node is left on it."""
+        configuration = self._configuration_of(release.namespace, release.name)
 
         def again(obj: JSON) -> InstanceRelease | None:
             fresh = _model(obj, Instance)
             return None if fresh is None else release_instance(fresh, release.node)
 
         written = await self._guarded(INSTANCES, release, again)
-        if written is None or not release.node_indexes:
+        if written is None:
+            return
+        key = ObjectKey(release.namespace, release.name)
+        log.info(
+            "removed lost node %s from Instance %s",
+            release.node,
+            key,
+            extra=fields(instance=key, node=release.node),
+        )
+        subject = ev.subject("akri.sh/v0", "Instance", release.namespace, release.name, release.uid)
+        self.record(
+            ev.node_lost(release.node, why, subject, release.slots, bool(release.node_indexes))
+        )
+        if not release.node_indexes:
             return
         after = _model(written, Instance)
         doomed = None if after is None else left_without_nodes(after)
         if doomed is not None:
             rv = str(written["metadata"].get("resourceVersion") or "") or None
-            await self._delete(INSTANCES, doomed, resource_version=rv)
+            if await self._delete(INSTANCES, doomed, resource_version=rv) and configuration:
+                self.record(ev.instance_deleted(release.node, why, configuration, release.name))
 
-    async def _release_status(self, release: StatusRelease) -> None:
+    async def _release_status(self, release: StatusRelease, why: str = "lost") -> None:
         def again(obj: JSON) -> StatusRelease | None:
             fresh = _model(obj, Configuration)
             return None if fresh is None else release_status(fresh, release.node)
 
-        await self._guarded(CONFIGURATIONS, release, again, subresource="status")
+        written = await self._guarded(CONFIGURATIONS, release, again, subresource="status")
+        if written is not None:
+            subject = ev.subject(
+                "akri.sh/v0", "Configuration", release.namespace, release.name, release.uid
+            )
+            self.record(ev.status_released(release.node, why, subject))
 
     async def _guarded(
         self,

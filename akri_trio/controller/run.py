@@ -6,6 +6,7 @@
         └── reconcile_while_leading
             ├── watches -> stores: Instances, Configurations, Nodes, and only what is ours:
             │   Pods and Jobs labelled akri.sh/configuration, Services labelled controller=akri.sh
+            ├── event recorder                      Events on Instances and Configurations
             ├── instance queue   Instance key       broker Pods and Job   (reconcilers.instance)
             ├── services queue   Configuration key  its Services          (reconcilers.services)
             ├── node queue       Node key           lost-node cleanup     (reconcilers.node)
@@ -14,9 +15,13 @@
             └── pool queue       pool name          a shared Instance's pool (dra_reconcilers)
 
 The standby keeps no watches: becoming leader lists everything afresh, so a new leader never
-acts on a cache the old one filled. Losing the Lease cancels the whole subtree. Nothing needs a
-timer: each queue is woken by cache changes, and by the `wake_at` a plan returns (a Pending
-deadline, a broker's backoff), so with nothing changing the controller sends no request.
+acts on a cache the old one filled. Once the first lists are in, the node queue also gets the
+nodes that Instances or Configuration statuses still name but that no longer exist: nodes
+deleted while no controller led are cleaned as a live deletion is (nodeloss.py says what a
+fresh controller can know about NotReady ones). Losing the Lease cancels the whole subtree.
+Nothing needs a timer: each queue is woken by cache changes, and by the `wake_at` a plan
+returns (a Pending deadline, a broker's backoff), so with nothing changing the controller sends
+no request.
 
 Caches hold only what the decisions read (`slim_pod`, `slim_job`, `slim_node`): a busy
 kubelet's status updates then change nothing in the cache and wake nobody.
@@ -67,6 +72,7 @@ from akri_trio.kube import (
     Change,
     Client,
     Controller,
+    EventRecorder,
     Mapper,
     ObjectKey,
     Requeue,
@@ -274,6 +280,57 @@ def _instance_to_configuration(change: Change) -> Iterable[ObjectKey]:
     return {key for key in map(_config_of, _both(change)) if key is not None}
 
 
+def _running(pod: JSON | None) -> bool:
+    """A broker that makes its Services wanted (services.py): Running, not being deleted."""
+    if pod is None:
+        return False
+    deleting = (pod.get("metadata") or {}).get("deletionTimestamp")
+    return (pod.get("status") or {}).get("phase") == "Running" and not deleting
+
+
+def _has_services(caches: Caches, config: ObjectKey) -> bool:
+    """Any Service of this Configuration cached (instance Services carry its label too)."""
+    return bool(caches.services.keys_for("config", label_key(config.namespace, config.name)))
+
+
+def _pod_to_services(caches: Caches, config_of: Mapper) -> Mapper:
+    """While a Configuration has no Service, its plan (services.plan_services) turns on its
+    brokers being Running and nothing else: a Pod change that leaves that as it was (a broker
+    created Pending, scheduled, ...) does not reconcile it. With 1,000 brokers starting at once
+    that is 1,000 fewer plans over all the Configuration's Instances."""
+
+    def mapper(change: Change) -> Iterable[ObjectKey]:
+        if change.old == change.new:
+            return ()
+        keys = config_of(change)
+        if _running(change.old) != _running(change.new):
+            return keys
+        return {key for key in keys if _has_services(caches, key)}
+
+    return mapper
+
+
+def _instance_to_services(caches: Caches) -> Mapper:
+    """An Instance's change matters to its Configuration's Services when some exist, or when
+    a broker of it already runs (it needs its Service now); otherwise not (an Instance made or
+    edited before its brokers run)."""
+
+    def mapper(change: Change) -> Iterable[ObjectKey]:
+        keys = set()
+        for key in _instance_to_configuration(change):
+            if _has_services(caches, key):
+                keys.add(key)
+                continue
+            for obj in _both(change):
+                meta = obj.get("metadata") or {}
+                selected = label_key(str(meta.get("namespace") or ""), str(meta.get("name")))
+                if any(map(_running, caches.pods.select("instance", selected).values())):
+                    keys.add(key)
+        return keys
+
+    return mapper
+
+
 def _never(change: Change) -> Iterable[ObjectKey]:
     """For a store a reconciler reads but whose changes it does not react to: the runner
     still waits for its first list."""
@@ -307,7 +364,8 @@ async def reconcile_while_leading(
     dra_mode = settings.allocation == "dra"
     caches = make_caches(dra=dra_mode)
     metrics = running.metrics
-    reconcilers = Reconcilers(api, caches, metrics)
+    recorder = EventRecorder(api, "akri-controller")
+    reconcilers = Reconcilers(api, caches, metrics, recorder=recorder)
     ns = settings.namespace
     ours = f"{naming.LABEL_CONTROLLER}={naming.CONTROLLER_VALUE}"
     watches: list[tuple[Resource, Store, str | None]] = [
@@ -337,9 +395,9 @@ async def reconcile_while_leading(
             workers=max(1, settings.workers // 2),
             drain=0,
         )
-        .watches(caches.pods, _when_changed(config_of))
+        .watches(caches.pods, _pod_to_services(caches, config_of))
         .watches(caches.services, _when_changed(_service_to_configurations(caches)))
-        .watches(caches.instances, _instance_to_configuration),
+        .watches(caches.instances, _instance_to_services(caches)),
         "node": Controller(
             _measured("node", reconcilers.node, metrics), caches.nodes, workers=2, drain=0
         )
@@ -362,6 +420,7 @@ async def reconcile_while_leading(
                     )
                 )
             nursery.start_soon(reflect, api, NODES, caches.nodes)
+            nursery.start_soon(recorder.run)
             running.caches, running.reconcilers = caches, reconcilers
             metrics.broker_pods = lambda: caches.pods.snapshot().values()
             # No deadline on the first lists: with the API server away this waits (and /readyz
@@ -371,6 +430,8 @@ async def reconcile_while_leading(
                 metrics.queue_depth.labels(controller=name).set_function(
                     functools.partial(len, controller.queue)
                 )
+            for key in reconcilers.lost_while_away():
+                controllers["node"].queue.enqueue(key)
             running.synced = True
             log.info("controller synced: %d Instances cached", len(caches.instances))
     finally:

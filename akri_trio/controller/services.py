@@ -145,19 +145,22 @@ def plan_services(
     instances = list(instances)
     existing = {s["metadata"]["name"]: s for s in services}
     deleting = configuration.metadata.deletion_timestamp is not None
-    ours = [
-        (instance_service(configuration, i), brokers.instance_selector(i.metadata.name))
-        for i in instances
-        if not deleting and i.metadata.deletion_timestamp is None
-    ]
+    apply: list[JSON] = []
+    # A body is built only for a Service that is wanted: while brokers start (all Pending, no
+    # Service yet) a plan over N Instances is N dictionary lookups.
+    if not deleting and configuration.spec.instance_service_spec is not None:
+        for i in instances:
+            name = names.instance_service_name(i.metadata.name)
+            selector = brokers.instance_selector(i.metadata.name)
+            if i.metadata.deletion_timestamp is None and phases.wanted(selector, name in existing):
+                body = instance_service(configuration, i)
+                if body is not None:
+                    apply.append(body)
     if not deleting:
-        config_selector = brokers.configuration_selector(configuration.metadata.name)
-        ours.append((configuration_service(configuration), config_selector))
-    apply = [
-        body
-        for body, selector in ours
-        if body is not None and phases.wanted(selector, body["metadata"]["name"] in existing)
-    ]
+        body = configuration_service(configuration)
+        selector = brokers.configuration_selector(configuration.metadata.name)
+        if body is not None and phases.wanted(selector, body["metadata"]["name"] in existing):
+            apply.append(body)
     keep = {body["metadata"]["name"] for body in apply}
     delete = [
         Delete.of(svc)

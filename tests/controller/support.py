@@ -7,6 +7,7 @@ and other tests purge akri objects or run agents of their own.
 
 from __future__ import annotations
 
+import datetime as dt
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager, suppress
@@ -18,7 +19,7 @@ from akri_trio.controller.reconcilers import JOBS, NODES, PODS, SERVICES
 from akri_trio.controller.run import ControllerSettings, RunningController, run_controller
 from akri_trio.kube import JSON, Client, NotFound, Resource
 from akri_trio.model import naming
-from akri_trio.model.resources import INSTANCES
+from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
 from tests.support.akri_cluster import NAMESPACES, ensure_namespace, install_crds
 
 T = TypeVar("T")
@@ -27,6 +28,11 @@ BUSYBOX = "docker.io/library/busybox:latest"
 # no Instances for these Configurations; the tests write them.
 NO_HANDLER = "controllerTestsOnly"
 SERVICE_ACCOUNTS = Resource.core("serviceaccounts", "ServiceAccount")
+LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease")
+NODE_LEASE_NAMESPACE = "kube-node-lease"
+# On every fake Node: the scheduler places no other test's Pod on a node without a kubelet.
+NO_KUBELET_TAINT = {"key": "akri-trio-test/no-kubelet", "effect": "NoSchedule"}
+HEARTBEAT_S = 10.0
 NOWHERE = {"akri-trio-test/nowhere": "true"}  # a nodeSelector no node matches: Pods stay Pending
 
 __all__ = ["JOBS", "NODES", "PODS", "SERVICES"]
@@ -66,6 +72,71 @@ async def namespace(api: Client, prefix: str) -> AsyncIterator[str]:
                         )
             with suppress(NotFound):
                 await api.delete(NAMESPACES, name)
+
+
+def _now(micro: bool = False) -> str:
+    stamp = dt.datetime.now(dt.UTC)
+    return stamp.strftime("%Y-%m-%dT%H:%M:%S.%fZ" if micro else "%Y-%m-%dT%H:%M:%SZ")
+
+
+async def set_ready(api: Client, node: str, ready: bool) -> None:
+    """Write a Node's Ready condition (nodes/status), as its kubelet would."""
+    condition = {
+        "type": "Ready",
+        "status": "True" if ready else "False",
+        "reason": "Test",
+        "message": "set by the controller's tests",
+        "lastHeartbeatTime": _now(),
+        "lastTransitionTime": _now(),
+    }
+    await api.merge_patch(
+        NODES, node, {"status": {"conditions": [condition]}}, subresource="status"
+    )
+
+
+async def _heartbeat(api: Client, node: str) -> None:
+    """Renew the node's Lease as a kubelet does, so the node lifecycle controller does not
+    mark a fake node Unknown after its grace period (the controller would take it as lost)."""
+    while True:
+        renew = {
+            "spec": {"holderIdentity": node, "leaseDurationSeconds": 40, "renewTime": _now(True)}
+        }
+        try:
+            await api.merge_patch(LEASES, node, renew, namespace=NODE_LEASE_NAMESPACE)
+        except NotFound:
+            body: JSON = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease"}
+            body["metadata"] = {"name": node, "namespace": NODE_LEASE_NAMESPACE}
+            await api.create(LEASES, {**body, **renew}, namespace=NODE_LEASE_NAMESPACE)
+        await trio.sleep(HEARTBEAT_S)
+
+
+@asynccontextmanager
+async def fake_nodes(
+    api: Client, count: int = 1, *, heartbeat: bool = True
+) -> AsyncIterator[list[str]]:
+    """`count` Node objects of our own (no kubelet behind them): Ready, kept so by renewing
+    their node Leases, tainted so nothing is scheduled onto them; deleted afterwards. The
+    controller cleans up after nodes that Instances name but that do not exist, so every node
+    a test's Instance names must be one of these (or the real one). Without `heartbeat` they
+    stay Ready only for the node lifecycle controller's grace period (tens of seconds)."""
+    names = [unique("ctl-test-node") for _ in range(count)]
+    async with trio.open_nursery() as nursery:
+        try:
+            for name in names:
+                body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
+                await api.create(NODES, {**body, "spec": {"taints": [NO_KUBELET_TAINT]}})
+                await set_ready(api, name, True)
+                if heartbeat:
+                    nursery.start_soon(_heartbeat, api, name)
+            yield names
+        finally:
+            nursery.cancel_scope.cancel()
+            with trio.CancelScope(shield=True), trio.move_on_after(10):
+                for name in names:
+                    with suppress(NotFound):
+                        await api.delete(NODES, name)
+                    with suppress(NotFound):
+                        await api.delete(LEASES, name, namespace=NODE_LEASE_NAMESPACE)
 
 
 def pod_spec(
@@ -207,6 +278,31 @@ async def set_pod_phase(api: Client, pod: Mapping[str, Any], phase: str) -> None
     await api.merge_patch(
         PODS, meta["name"], {"status": status}, namespace=meta["namespace"], subresource="status"
     )
+
+
+async def with_nodes(api: Client, ns: str, name: str, nodes: list[str]) -> JSON | None:
+    """Instance `name` once its `nodes` are exactly `nodes` (for `until`)."""
+    inst = await api.get(INSTANCES, name, namespace=ns)
+    return inst if inst["spec"]["nodes"] == nodes else None
+
+
+async def instance_gone(api: Client, ns: str, name: str) -> bool:
+    try:
+        await api.get(INSTANCES, name, namespace=ns)
+    except NotFound:
+        return True
+    return False
+
+
+async def served_configuration(api: Client, ns: str, nodes: list[str]) -> JSON:
+    """Configuration `cfg` (no brokers, no Services) with a status entry for each of `nodes`,
+    as their agents write them."""
+    config = await api.create(CONFIGURATIONS, broker_config("cfg", ns, services=False))
+    status = {"nodes": [{"node": node} for node in nodes]}
+    await api.merge_patch(
+        CONFIGURATIONS, "cfg", {"status": status}, namespace=ns, subresource="status"
+    )
+    return config
 
 
 @asynccontextmanager

@@ -6,12 +6,14 @@ from __future__ import annotations
 from akri_trio.controller.run import (
     _configuration_to_instances,
     _instance_to_configuration,
+    _instance_to_services,
+    _pod_to_services,
     _when_changed,
     make_caches,
     slim_node,
     slim_pod,
 )
-from akri_trio.kube import Apply, Change, Init, InitApply, InitDone, ObjectKey
+from akri_trio.kube import JSON, Apply, Change, Init, InitApply, InitDone, ObjectKey, Store
 from akri_trio.model import naming
 
 
@@ -72,3 +74,46 @@ def test_configuration_status_writes_do_not_reconcile_its_instances() -> None:
     assert set(_instance_to_configuration(Change(ObjectKey("ns", "cfg-1"), None, inst))) == {key}
     caches.instances.apply(Apply(inst))  # the store still answers by index after an update
     assert caches.instances.keys_for("config", key) == {ObjectKey("ns", "cfg-1")}
+
+
+def _fill(store: Store, *objs: JSON) -> None:
+    store.apply(Init())
+    for obj in objs:
+        store.apply(InitApply(obj))
+    store.apply(InitDone())
+
+
+def test_broker_churn_reconciles_services_only_when_it_can_change_them() -> None:
+    caches = make_caches()
+    config = ObjectKey("ns", "cfg")
+    labels = {naming.LABEL_INSTANCE: "i", naming.LABEL_CONFIGURATION: "cfg"}
+    _fill(caches.configurations, {"metadata": {"name": "cfg", "namespace": "ns", "uid": "c"}})
+    inst = {
+        "metadata": {"name": "i", "namespace": "ns", "uid": "i"},
+        "spec": {"configurationName": "cfg"},
+    }
+    _fill(caches.instances, inst)
+    _fill(caches.services)
+
+    def pod(phase: str | None) -> dict[str, object] | None:
+        if phase is None:
+            return None
+        raw = _pod(phase)
+        raw["metadata"]["labels"] = labels  # type: ignore[index]
+        return slim_pod(raw)
+
+    def mapped(old: str | None, new: str | None) -> list[ObjectKey]:
+        return list(pods(Change(ObjectKey("ns", "p"), pod(old), pod(new))))
+
+    pods = _pod_to_services(caches, lambda change: {config})
+    instances = _instance_to_services(caches)
+    # No Service yet: only a broker starting or stopping to run matters.
+    assert mapped(None, "Pending") == [] and mapped("Pending", "Failed") == []
+    assert mapped("Pending", "Running") == [config] and mapped("Running", None) == [config]
+    assert list(instances(Change(ObjectKey("ns", "i"), None, inst))) == []
+    _fill(caches.pods, pod("Running"))  # type: ignore[arg-type]
+    assert list(instances(Change(ObjectKey("ns", "i"), None, inst))) == [config]
+    # With a Service, every broker change may keep or drop it.
+    svc = {"metadata": {"name": "cfg-svc", "namespace": "ns", "labels": labels}}
+    _fill(caches.services, svc)
+    assert mapped(None, "Pending") == [config] and mapped("Pending", "Failed") == [config]

@@ -1,21 +1,25 @@
 """The controller against the real control plane (no node needed): the test writes Instances as
 an agent would and stands in for the kubelet by writing Pod phases through pods/status; the
-brokers' nodeSelector matches no node, so the scheduler leaves them alone.
+brokers' nodeSelector matches no node, so the scheduler leaves them alone. The nodes Instances
+name are Node objects of the test's own (support.fake_nodes): the controller takes a node
+that does not exist for one deleted while it was away.
 
 The controller runs in-process (`run_controller`), watching only the test's own namespace.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
 import trio
 
 from akri_trio.controller.run import ControllerSettings, RunningController, run_controller
-from akri_trio.kube import JSON, Client, NotFound, load_config
+from akri_trio.kube import JSON, Client, NotFound, Resource, load_config
+from akri_trio.kube.events import EVENTS
 from akri_trio.model import naming
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
 from tests.controller.support import (
@@ -25,13 +29,17 @@ from tests.controller.support import (
     SERVICES,
     broker_config,
     brokers,
+    fake_nodes,
+    instance_gone,
     make_instance,
     namespace,
     pod_spec,
+    served_configuration,
     service_names,
     set_pod_phase,
-    unique,
+    set_ready,
     until,
+    with_nodes,
 )
 
 
@@ -76,20 +84,21 @@ def _names(pods: list[JSON]) -> set[str]:
 
 
 async def test_pod_brokers_are_made_recreated_and_removed(api: Client) -> None:
-    async with namespace(api, "ctl-pods") as ns:
+    async with namespace(api, "ctl-pods") as ns, fake_nodes(api, 2) as (node1, node2):
         counting = CountingClient(api)
         config = await _create_config(api, broker_config("cfg", ns, pod=pod_spec(nowhere=True)))
-        await make_instance(api, config, "cfg-aaaaaa", ["node-1", "node-2"])
-        await make_instance(api, config, "cfg-bbbbbb", ["node-1"], shared=False)
+        await make_instance(api, config, "cfg-aaaaaa", [node1, node2])
+        await make_instance(api, config, "cfg-bbbbbb", [node1], shared=False)
+        broker1, broker2 = f"{node1}-cfg-aaaaaa-pod", f"{node2}-cfg-aaaaaa-pod"
         async with controller(counting, ns):
-            expected = {"node-1-cfg-aaaaaa-pod", "node-2-cfg-aaaaaa-pod", "cfg-bbbbbb-pod"}
+            expected = {broker1, broker2, "cfg-bbbbbb-pod"}
             pods = await until(
                 lambda: _wait_names(api, ns, expected), what=f"brokers {sorted(expected)}"
             )
-            pod = next(p for p in pods if p["metadata"]["name"] == "node-2-cfg-aaaaaa-pod")
+            pod = next(p for p in pods if p["metadata"]["name"] == broker2)
             labels = pod["metadata"]["labels"]
             assert labels[naming.LABEL_INSTANCE] == "cfg-aaaaaa"
-            assert labels[naming.LABEL_TARGET_NODE] == "node-2"
+            assert labels[naming.LABEL_TARGET_NODE] == node2
             assert pod["metadata"]["ownerReferences"][0]["kind"] == "Instance"
             limits = pod["spec"]["containers"][0]["resources"]["limits"]
             assert limits == {"akri.sh/cfg-aaaaaa": "1"}
@@ -97,7 +106,7 @@ async def test_pod_brokers_are_made_recreated_and_removed(api: Client) -> None:
                 "requiredDuringSchedulingIgnoredDuringExecution"
             ]["nodeSelectorTerms"]
             assert terms == [
-                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-2"]}]}
+                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node2]}]}
             ]
 
             # Idle: nothing changes, nothing is sent.
@@ -108,11 +117,11 @@ async def test_pod_brokers_are_made_recreated_and_removed(api: Client) -> None:
 
             # A deleted broker comes back under a new uid.
             old_uid = pod["metadata"]["uid"]
-            await api.delete(PODS, "node-2-cfg-aaaaaa-pod", namespace=ns)
+            await api.delete(PODS, broker2, namespace=ns)
 
             async def recreated() -> bool:
                 try:
-                    new = await api.get(PODS, "node-2-cfg-aaaaaa-pod", namespace=ns)
+                    new = await api.get(PODS, broker2, namespace=ns)
                 except NotFound:
                     return False
                 return bool(new["metadata"]["uid"] != old_uid)
@@ -121,16 +130,16 @@ async def test_pod_brokers_are_made_recreated_and_removed(api: Client) -> None:
 
             # A node leaves the Instance: its broker goes.
             await api.merge_patch(
-                INSTANCES, "cfg-aaaaaa", {"spec": {"nodes": ["node-1"]}}, namespace=ns
+                INSTANCES, "cfg-aaaaaa", {"spec": {"nodes": [node1]}}, namespace=ns
             )
             await until(
-                lambda: _wait_names(api, ns, expected - {"node-2-cfg-aaaaaa-pod"}),
-                what="node-2's broker removed",
+                lambda: _wait_names(api, ns, expected - {broker2}),
+                what="node 2's broker removed",
             )
             # The Instance goes: its brokers go.
             await api.delete(INSTANCES, "cfg-bbbbbb", namespace=ns)
             await until(
-                lambda: _wait_names(api, ns, {"node-1-cfg-aaaaaa-pod"}),
+                lambda: _wait_names(api, ns, {broker1}),
                 what="the Instance's broker removed",
             )
 
@@ -141,9 +150,9 @@ async def _wait_names(api: Client, ns: str, expected: set[str]) -> list[JSON] | 
 
 
 async def test_failed_broker_is_recreated_with_backoff(api: Client) -> None:
-    async with namespace(api, "ctl-backoff") as ns:
+    async with namespace(api, "ctl-backoff") as ns, fake_nodes(api) as (node,):
         config = await _create_config(api, broker_config("cfg", ns, pod=pod_spec(nowhere=True)))
-        await make_instance(api, config, "cfg-cccccc", ["node-1"], shared=False)
+        await make_instance(api, config, "cfg-cccccc", [node], shared=False)
         async with controller(api, ns) as running:
             uids: list[str] = []
             for _ in range(3):
@@ -165,10 +174,10 @@ async def test_failed_broker_is_recreated_with_backoff(api: Client) -> None:
 
 
 async def test_services_follow_running_brokers(api: Client) -> None:
-    async with namespace(api, "ctl-svc") as ns:
+    async with namespace(api, "ctl-svc") as ns, fake_nodes(api) as (node,):
         config = await _create_config(api, broker_config("cfg", ns, pod=pod_spec(nowhere=True)))
-        await make_instance(api, config, "cfg-aaaaaa", ["node-1"])
-        await make_instance(api, config, "cfg-bbbbbb", ["node-1"])
+        await make_instance(api, config, "cfg-aaaaaa", [node])
+        await make_instance(api, config, "cfg-bbbbbb", [node])
         async with controller(api, ns):
             pods = await until(lambda: _count(api, ns, 2), what="2 brokers")
             assert await service_names(api, ns) == set()  # nothing Running yet
@@ -204,10 +213,10 @@ async def test_job_broker_per_generation(api: Client) -> None:
     job_spec: JSON = {
         "template": {"spec": {**pod_spec("true", nowhere=True), "restartPolicy": "Never"}}
     }
-    async with namespace(api, "ctl-job") as ns:
+    async with namespace(api, "ctl-job") as ns, fake_nodes(api) as (node,):
         config = await _create_config(api, broker_config("cfg", ns, job=job_spec, services=False))
         generation = config["metadata"]["generation"]
-        await make_instance(api, config, "cfg-aaaaaa", ["node-1"])
+        await make_instance(api, config, "cfg-aaaaaa", [node])
         async with controller(api, ns):
 
             async def jobs() -> set[str]:
@@ -238,62 +247,21 @@ async def _equals(get: Any, want: Any) -> bool:
     return bool(await get() == want)
 
 
-def _node_body(name: str) -> JSON:
-    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
-
-
-async def _set_ready(api: Client, node: str, ready: bool) -> None:
-    condition = {
-        "type": "Ready",
-        "status": "True" if ready else "False",
-        "reason": "Test",
-        "message": "set by the controller's tests",
-        "lastHeartbeatTime": _now(),
-        "lastTransitionTime": _now(),
-    }
-    await api.merge_patch(
-        NODES, node, {"status": {"conditions": [condition]}}, subresource="status"
-    )
-
-
-def _now() -> str:
-    import datetime as dt
-
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-@asynccontextmanager
-async def fake_node(api: Client) -> AsyncIterator[str]:
-    """A Node object of our own (no kubelet behind it), Ready."""
-    name = unique("ctl-test-node")
-    await api.create(NODES, _node_body(name))
-    try:
-        await _set_ready(api, name, True)
-        yield name
-    finally:
-        with trio.CancelScope(shield=True), trio.move_on_after(10), suppress(NotFound):
-            await api.delete(NODES, name)
-
-
 @pytest.mark.parametrize("how", ["not-ready", "deleted"])
 async def test_lost_node_is_removed_everywhere(api: Client, how: str) -> None:
-    async with namespace(api, "ctl-node") as ns, fake_node(api) as lost:
-        config = await _create_config(api, broker_config("cfg", ns, services=False))
-        status = {"nodes": [{"node": "other"}, {"node": lost}]}
-        await api.merge_patch(
-            CONFIGURATIONS, "cfg", {"status": status}, namespace=ns, subresource="status"
-        )
+    async with namespace(api, "ctl-node") as ns, fake_nodes(api, 2) as (lost, other):
+        config = await served_configuration(api, ns, [other, lost])
         shared = await make_instance(
             api,
             config,
             "cfg-aaaaaa",
-            [lost, "other"],
+            [lost, other],
             usage={
                 "cfg-aaaaaa-0": lost,
                 "cfg-aaaaaa-1": f"C:cfg-0:{lost}",
-                "cfg-aaaaaa-2": "other",
+                "cfg-aaaaaa-2": other,
             },
-            finalizers=[lost, "other"],
+            finalizers=[lost, other],
         )
         alone = await make_instance(api, config, "cfg-bbbbbb", [lost], finalizers=[lost])
         async with controller(api, ns) as running:
@@ -304,31 +272,25 @@ async def test_lost_node_is_removed_everywhere(api: Client, how: str) -> None:
                 what="the node seen Ready",
             )
             if how == "not-ready":
-                await _set_ready(api, lost, False)
+                await set_ready(api, lost, False)
             else:
                 await api.delete(NODES, lost)
 
-            async def released() -> JSON | None:
-                inst = await api.get(INSTANCES, "cfg-aaaaaa", namespace=ns)
-                return inst if inst["spec"]["nodes"] == ["other"] else None
-
-            inst = await until(released, what="the lost node removed from the shared Instance")
-            assert inst["spec"]["deviceUsage"] == {"cfg-aaaaaa-2": "other"}
-            assert inst["metadata"]["finalizers"] == ["other"]
+            inst = await until(
+                lambda: with_nodes(api, ns, "cfg-aaaaaa", [other]),
+                what="the lost node removed from the shared Instance",
+            )
+            assert inst["spec"]["deviceUsage"] == {"cfg-aaaaaa-2": other}
+            assert inst["metadata"]["finalizers"] == [other]
             assert inst["metadata"]["uid"] == shared["metadata"]["uid"]
-
-            async def gone() -> bool:
-                try:
-                    await api.get(INSTANCES, "cfg-bbbbbb", namespace=ns)
-                except NotFound:
-                    return True
-                return False
-
-            await until(gone, what="the Instance left with no node deleted")
+            await until(
+                lambda: instance_gone(api, ns, "cfg-bbbbbb"),
+                what="the Instance left with no node deleted",
+            )
             cfg = await api.get(CONFIGURATIONS, "cfg", namespace=ns)
             # Agents of other tests that watch every namespace add their own entries.
             nodes = [entry["node"] for entry in cfg["status"]["nodes"]]
-            assert "other" in nodes and lost not in nodes
+            assert other in nodes and lost not in nodes
             del alone
 
 
@@ -338,3 +300,91 @@ async def _true(value: bool) -> bool:
 
 def _labels(obj: Mapping[str, Any]) -> dict[str, str]:
     return dict(obj["metadata"].get("labels") or {})
+
+
+async def _reasons(api: Client, obj: Mapping[str, Any]) -> dict[str, list[JSON]]:
+    """The Events about `obj` (by uid), by reason."""
+    meta = obj["metadata"]
+    selector = f"involvedObject.uid={meta['uid']}"
+    found = await api.list(EVENTS, namespace=meta["namespace"], field_selector=selector)
+    out: dict[str, list[JSON]] = {}
+    for event in found.items:
+        out.setdefault(event["reason"], []).append(event)
+    return out
+
+
+async def test_events_tell_kubectl_describe_what_the_controller_did(
+    api: Client, cluster: dict[str, str]
+) -> None:
+    async with namespace(api, "ctl-events") as ns, fake_nodes(api) as (node,):
+        config = await _create_config(api, broker_config("cfg", ns, pod=pod_spec(nowhere=True)))
+        inst = await make_instance(api, config, "cfg-aaaaaa", [node], shared=False)
+        async with controller(api, ns):
+            pod = (await until(lambda: _wait_names(api, ns, {"cfg-aaaaaa-pod"})))[0]
+            await set_pod_phase(api, pod, "Failed")
+
+            async def replaced() -> JSON | None:
+                pods = await brokers(api, ns)
+                new = [p for p in pods if p["metadata"]["uid"] != pod["metadata"]["uid"]]
+                return new[0] if new else None
+
+            await set_pod_phase(api, await until(replaced, what="a new broker"), "Running")
+            want = {"BrokerCreated", "BrokerFailed", "BrokerRecreated", "ServiceCreated"}
+
+            async def told() -> dict[str, list[JSON]] | None:
+                reasons = await _reasons(api, inst)
+                return reasons if want <= reasons.keys() else None
+
+            reasons = await until(told, what=f"Events {sorted(want)} on the Instance")
+            (failed,) = reasons["BrokerFailed"]
+            assert failed["type"] == "Warning"
+            assert (
+                failed["message"]
+                == "broker Pod cfg-aaaaaa-pod Failed: deleted, to be created again"
+            )
+            assert failed["source"]["component"] == "akri-controller"
+            assert "2 creates since it last ran stably" in reasons["BrokerRecreated"][0]["message"]
+            await until(
+                lambda: _has(api, config, "ServiceCreated"),
+                what="ServiceCreated on the Configuration",
+            )
+
+        proc = await trio.run_process(
+            [cluster["KUBECTL"], "describe", "akrii", "cfg-aaaaaa", "-n", ns],
+            env={**os.environ, "KUBECONFIG": cluster["KUBECONFIG"]},
+            capture_stdout=True,
+        )
+        described = proc.stdout.decode()
+        events = described[described.index("Events:") :]
+        for reason in want:
+            assert reason in events, described
+        assert "akri-controller" in events
+
+
+async def _has(api: Client, obj: Mapping[str, Any], reason: str) -> bool:
+    return reason in await _reasons(api, obj)
+
+
+QUOTAS = Resource.core("resourcequotas", "ResourceQuota")
+
+
+async def test_a_refused_broker_is_a_warning_with_the_api_servers_message(api: Client) -> None:
+    """Admission refuses the broker (a quota of no Pods): the Instance says why, once per
+    message however often the create is retried."""
+    async with namespace(api, "ctl-refused") as ns, fake_nodes(api) as (node,):
+        quota = {"metadata": {"name": "no-pods"}, "spec": {"hard": {"pods": "0"}}}
+        await api.create(
+            QUOTAS, {"apiVersion": "v1", "kind": "ResourceQuota", **quota}, namespace=ns
+        )
+        config = await _create_config(api, broker_config("cfg", ns, pod=pod_spec(nowhere=True)))
+        inst = await make_instance(api, config, "cfg-aaaaaa", [node], shared=False)
+        async with controller(api, ns):
+
+            async def refused() -> list[JSON] | None:
+                return (await _reasons(api, inst)).get("BrokerFailed")
+
+            (event,) = await until(refused, what="a BrokerFailed Event on the Instance")
+            assert event["type"] == "Warning"
+            assert event["message"].startswith("could not create broker Pod cfg-aaaaaa-pod: ")
+            assert "exceeded quota" in event["message"]
+            assert not await brokers(api, ns)

@@ -19,6 +19,7 @@ from akri_trio.model.resources import CONFIGURATIONS
 from tests.controller.support import (
     broker_config,
     brokers,
+    fake_nodes,
     make_instance,
     namespace,
     pod_spec,
@@ -46,11 +47,11 @@ async def controller_api(admin: Client, cluster: dict[str, str]) -> AsyncIterato
 async def test_controller_works_with_exactly_the_manifest_rbac(
     admin: Client, controller_api: Client
 ) -> None:
-    async with namespace(admin, "ctl-rbac") as ns:
+    async with namespace(admin, "ctl-rbac") as ns, fake_nodes(admin) as (node,):
         config = await admin.create(
             CONFIGURATIONS, broker_config("cfg", ns, pod=pod_spec(nowhere=True))
         )
-        await make_instance(admin, config, "cfg-aaaaaa", ["node-1"])
+        await make_instance(admin, config, "cfg-aaaaaa", [node])
         settings = ControllerSettings(namespace=ns, metrics_port=None, lease_namespace="akri")
         async with trio.open_nursery() as nursery:
             running: RunningController = await nursery.start(

@@ -15,6 +15,7 @@ from akri_trio.controller import (
     node_ready,
     node_transition,
     plan_node_loss,
+    served_nodes,
 )
 from akri_trio.controller.nodeloss import pointer
 from akri_trio.model.convert import unstructure
@@ -77,6 +78,35 @@ def test_node_transition_cleans_once_after_ready(
     previous: NodeState | None, ready: bool | None, expected: tuple[NodeState | None, bool]
 ) -> None:
     assert node_transition(previous, ready) == expected
+
+
+@pytest.mark.parametrize(
+    ("previous", "ready", "expected"),
+    [
+        # First sight of a NotReady node that an Instance or a status names: it had been Ready.
+        (None, False, (NodeState.CLEANED, True)),
+        # Only at first sight: a node seen NotReady since, and never Ready, stays merely known.
+        (NodeState.KNOWN, False, (NodeState.KNOWN, False)),
+        (NodeState.CLEANED, False, (NodeState.CLEANED, False)),
+        (None, True, (NodeState.READY, False)),
+        # Named but absent: deleted while no controller ran.
+        (None, None, (None, True)),
+    ],
+)
+def test_a_fresh_controller_cleans_a_serving_node_it_first_sees_lost(
+    previous: NodeState | None, ready: bool | None, expected: tuple[NodeState | None, bool]
+) -> None:
+    assert node_transition(previous, ready, serving=True) == expected
+
+
+def test_served_nodes_are_instance_nodes_and_status_entries_only() -> None:
+    insts = [
+        instance(nodes=("node-a", "node-b"), usage={SLOT0: "node-x", SLOT1: "C:cfg-0:node-y"}),
+        instance(name="other", nodes=(), finalizers=("node-z", "other.io/finalizer")),
+    ]
+    status = {"nodes": [{"node": "node-c"}, {"node": ""}, {"x": 1}, "junk"]}
+    assert served_nodes(insts, [configuration(status=status)]) == {"node-a", "node-b", "node-c"}
+    assert served_nodes([], []) == set()
 
 
 def test_pointer_escapes() -> None:

@@ -341,12 +341,17 @@ def _ready(e2e: Env, node: str, ready: bool) -> None:
 
 def test_a_lost_node_is_removed_like_any_node(e2e: Env) -> None:
     """A Node of our own (no kubelet behind it), Ready, then NotReady: the leader removes it
-    from the Instances and deletes the one it was alone on."""
-    lost = f"ctl-test-node-{secrets.token_hex(3)}"
-    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": lost}}
-    e2e.kubectl("create", "-f", "-", input=json.dumps(node))
+    from the Instances and deletes the one it was alone on. The other node the shared Instance
+    names is one of ours too (the controller takes a node that does not exist for a deleted
+    one); both are tainted so that nothing is scheduled onto them."""
+    lost, elsewhere = (f"ctl-test-node-{secrets.token_hex(3)}" for _ in range(2))
+    taint = {"key": "akri-trio-test/no-kubelet", "effect": "NoSchedule"}
+    for name in (lost, elsewhere):
+        node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
+        e2e.kubectl("create", "-f", "-", input=json.dumps({**node, "spec": {"taints": [taint]}}))
     try:
         _ready(e2e, lost, True)
+        _ready(e2e, elsewhere, True)
         config = {
             "apiVersion": "akri.sh/v0",
             "kind": "Configuration",
@@ -384,8 +389,8 @@ def test_a_lost_node_is_removed_like_any_node(e2e: Env) -> None:
 
         instance(
             "ctl-lost-aaaaaa",
-            [lost, "elsewhere"],
-            {"ctl-lost-aaaaaa-0": lost, "ctl-lost-aaaaaa-1": "elsewhere"},
+            [lost, elsewhere],
+            {"ctl-lost-aaaaaa-0": lost, "ctl-lost-aaaaaa-1": elsewhere},
         )
         instance("ctl-lost-bbbbbb", [lost], {"ctl-lost-bbbbbb-0": f"C:ctl-lost-0:{lost}"})
         time.sleep(2)  # the leader sees the node Ready
@@ -394,17 +399,17 @@ def test_a_lost_node_is_removed_like_any_node(e2e: Env) -> None:
         def released() -> dict[str, Any] | None:
             out = e2e.kubectl("get", "instances.akri.sh", "ctl-lost-aaaaaa", "-n", NS, "-o", "json")
             inst: dict[str, Any] = json.loads(out)
-            return inst if inst["spec"]["nodes"] == ["elsewhere"] else None
+            return inst if inst["spec"]["nodes"] == [elsewhere] else None
 
         inst = until(released, what="the lost node removed")
-        assert inst["spec"]["deviceUsage"] == {"ctl-lost-aaaaaa-1": "elsewhere"}
+        assert inst["spec"]["deviceUsage"] == {"ctl-lost-aaaaaa-1": elsewhere}
         assert not inst["metadata"].get("finalizers")
         until(
             lambda: "ctl-lost-bbbbbb" not in e2e.instance_names(),
             what="the Instance left with no node deleted",
         )
     finally:
-        e2e.kubectl("delete", "node", lost, "--wait=false", check=False)
+        e2e.kubectl("delete", "node", lost, elsewhere, "--wait=false", check=False)
         e2e.kubectl("delete", "configurations.akri.sh", "ctl-lost", "-n", NS, check=False)
 
 
