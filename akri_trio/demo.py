@@ -308,10 +308,7 @@ def main(argv: list[str] | None = None) -> int:
             # Leftovers of an interrupted earlier demo (its own objects only), removed while
             # the agent runs, so the story starts from a clean slate.
             _remove_ours(k, "the Instances an earlier demo left to go")
-            if allocation == "dra":
-                _dra_story(k, work)
-            else:
-                _story(k, node, agent_port)
+            _story(k, node, agent_port, work, allocation)
         finally:
             _step("cleaning up what the demo made (the cluster keeps running)")
             _remove_ours(k, "the demo's Instances to go")
@@ -320,23 +317,27 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _story(k: Kubectl, node: str, agent_port: int) -> None:
+def _story(k: Kubectl, node: str, agent_port: int, work: Path, allocation: str) -> None:
     _step("applying a debugEcho Configuration: two fake devices, capacity 2, a busybox broker")
     k.show("apply", "-n", NAMESPACE, "-f", str(EXAMPLE))
     _until(lambda: len(_ours(k)) == 2, "two Instances")
     k.show("get", "akric,akrii", "-n", NAMESPACE)
-    # Pods admitted before the plugins are registered would fail admission: wait for the
-    # agent to say so (the node's allocatable lags behind, and may be stale).
-    _until(
-        lambda: _metric(agent_port, "akri_device_plugins_registered") == 3,
-        "the three device plugins to register with the kubelet",
-    )
+    if allocation == "dra":
+        _dra_published(k, work)
+    else:
+        # Pods admitted before the plugins are registered would fail admission: wait for the
+        # agent to say so (the node's allocatable lags behind, and may be stale).
+        _until(
+            lambda: _metric(agent_port, "akri_device_plugins_registered") == 3,
+            "the three device plugins to register with the kubelet",
+        )
 
     _step("the controller starts a broker Pod for each Instance, pinned to the node that sees it")
     _until(lambda: len(_brokers(k, "Running")) == 2, "two broker Pods Running", 120)
     k.show("get", "pods", "-n", NAMESPACE, "-l", BROKERS, "-o", "wide")
     broker = sorted(p["metadata"]["name"] for p in _brokers(k))[0]
-    _step("a broker's env: the properties of its device, given by the agent's Allocate")
+    given = "DRA plugin (a CDI spec)" if allocation == "dra" else "Allocate"
+    _step(f"a broker's env: the properties of its device, given by the agent's {given}")
     k.show("logs", broker, "-n", NAMESPACE)
 
     _step("Services: one in front of each Instance's brokers, one for the whole Configuration")
@@ -353,6 +354,9 @@ def _story(k: Kubectl, node: str, agent_port: int) -> None:
     described = k.output("describe", "akrii", instance, "-n", NAMESPACE)
     print(described[described.index("Events:") :], end="")
 
+    if allocation == "dra":
+        _dra_pod(k)
+        return
     resource = f"akri.sh/{CONFIG}"
 
     def offered() -> bool:
@@ -376,12 +380,8 @@ def _story(k: Kubectl, node: str, agent_port: int) -> None:
     )
 
 
-def _dra_story(k: Kubectl, work: Path) -> None:
-    """The story of `_story` in DRA mode (see the module docstring)."""
-    _step("applying a debugEcho Configuration: two fake devices, capacity 2, a busybox broker")
-    k.show("apply", "-n", NAMESPACE, "-f", str(EXAMPLE))
-    _until(lambda: len(_ours(k)) == 2, "two Instances")
-    k.show("get", "akric,akrii", "-n", NAMESPACE)
+def _dra_published(k: Kubectl, work: Path) -> None:
+    """DRA mode: the kubelet registered the agent's plugin; the class and the node's slice."""
     registered = f"the kubelet registered DRA driver {dra.DRIVER}"
     _until(
         lambda: registered in (work / "agent.log").read_text(),
@@ -389,10 +389,7 @@ def _dra_story(k: Kubectl, work: Path) -> None:
     )
     device_class = dra.device_class_name(CONFIG, NAMESPACE)
     _step(f"the controller's DeviceClass {device_class}, and the agent's ResourceSlice")
-    _until(
-        lambda: k.maybe_json("get", "deviceclass", device_class) is not None,
-        "the DeviceClass",
-    )
+    _until(lambda: k.maybe_json("get", "deviceclass", device_class) is not None, "the class")
     k.show("get", "deviceclass", device_class)
     k.show(
         "get",
@@ -402,23 +399,14 @@ def _dra_story(k: Kubectl, work: Path) -> None:
         "DEVICES:.spec.devices[*].name",
     )
 
-    _step("the controller starts a broker Pod for each Instance, each with a ResourceClaim")
-    _until(lambda: len(_brokers(k, "Running")) == 2, "two broker Pods Running", 120)
-    k.show("get", "pods", "-n", NAMESPACE, "-l", BROKERS, "-o", "wide")
-    broker = sorted(p["metadata"]["name"] for p in _brokers(k))[0]
-    _step("a broker's env: the properties of its device, given by the agent's DRA plugin (CDI)")
-    k.show("logs", broker, "-n", NAMESPACE)
 
-    _step("Services: one in front of each Instance's brokers, one for the whole Configuration")
-    _until(lambda: len(_services(k)) == 3, "three Services")
-    k.show("get", "services", "-n", NAMESPACE, "-l", "controller=akri.sh")
-
+def _dra_pod(k: Kubectl) -> None:
+    """DRA mode: a Pod with a claim for any device of the Configuration; every claim."""
     _step("a Pod that asks for any one device of the Configuration, through a claim template")
     k.show("apply", "-f", "-", stdin=_claim_template())
     k.show("apply", "-f", "-", stdin=_claim_pod(DRA_POD))
     k.show("wait", "--for=condition=Ready", "--timeout=90s", f"pod/{DRA_POD}", "-n", NAMESPACE)
     k.show("logs", DRA_POD, "-n", NAMESPACE)
-
     _step("every claim and the device the scheduler allocated to it")
     k.show(
         "get",
