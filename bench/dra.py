@@ -257,6 +257,9 @@ async def bench_pods(args: argparse.Namespace) -> str:
                     await api.delete(CONFIGURATIONS, CONFIG, namespace=PODS_NS)
                     if mode == "dra":
                         await api.delete(dra.RESOURCE_CLAIM_TEMPLATES, TEMPLATE, namespace=PODS_NS)
+                        await wait_for(
+                            lambda: _device_class(api, present=False), 60, "the DeviceClass gone"
+                        )
                     await wait_for(lambda: _no_instances(api, PODS_NS), 60, "Instances gone")
                 p50f, p50d = percentile(floors, 50), percentile(devices, 50)
                 rows.append(
@@ -290,12 +293,13 @@ async def _allocatable(api: Client, node: str, resource: str) -> bool:
     return int((obj.get("status") or {}).get("allocatable", {}).get(resource, "0")) > 0
 
 
-async def _device_class(api: Client) -> bool:
+async def _device_class(api: Client, namespace: str = PODS_NS, *, present: bool = True) -> bool:
+    """Whether the Configuration's DeviceClass is there (`present`), or gone."""
     try:
-        await api.get(dra.DEVICE_CLASSES, dra.device_class_name(CONFIG, PODS_NS))
+        await api.get(dra.DEVICE_CLASSES, dra.device_class_name(CONFIG, namespace))
     except NotFound:
-        return False
-    return True
+        return not present
+    return present
 
 
 async def _registered(log: Path) -> bool:
@@ -425,12 +429,12 @@ async def _fleet_phases(
             async def phase(
                 name: str,
                 ideal: str,
-                act: Callable[[], None],
+                act: Callable[[], Awaitable[object]],
                 done: Callable[[], Awaitable[bool]],
             ) -> None:
                 i0, s0 = changes.count, await slice_writes(port)
                 t0 = time.monotonic()
-                act()
+                await act()
                 took = time.monotonic() - t0 + await wait_for(done, args.limit, name)
                 await trio.sleep(1)  # late writes of this phase still count here
                 i1, s1 = changes.count, await slice_writes(port)
@@ -438,13 +442,17 @@ async def _fleet_phases(
                 rows.append([name, f"{took:.1f}", str(i1 - i0), str(s1 - s0), ideal, f"{per:.2f}"])
                 print("  " + " | ".join(rows[-1]), flush=True)
 
-            def set_avail(nodes: range, text: str) -> None:
+            async def set_avail(nodes: range, text: str) -> None:
                 for i in nodes:
                     (root / names[i] / "avail").write_text(text)
 
             config = in_namespace(echo_config(CONFIG, [f"d{j}" for j in range(m)], n), FLEET_NS)
-            await api.create(CONFIGURATIONS, config)
-            await phase("create", f"<= {n * m}", lambda: None, lambda: pools_select(n))
+            await phase(
+                "create",
+                f"<= {n * m}",
+                lambda: api.create(CONFIGURATIONS, config),
+                lambda: pools_select(n),
+            )
             await phase(
                 "one off", str(m), lambda: set_avail(range(1), "OFFLINE"),
                 lambda: pools_select(n - 1),
@@ -454,6 +462,11 @@ async def _fleet_phases(
                 "all off", f"<= {n * m}", lambda: set_avail(range(n), "OFFLINE"),
                 nothing_left,
             )  # fmt: skip
+            # While the controller runs: it deletes the Configuration's DeviceClass.
+            await api.delete(CONFIGURATIONS, CONFIG, namespace=FLEET_NS)
+            await wait_for(
+                lambda: _device_class(api, FLEET_NS, present=False), 60, "the DeviceClass gone"
+            )
     return rows
 
 

@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from akri_trio import dra
+from akri_trio.address import ObjectKey
 from akri_trio.controller import PLACEHOLDER, broker_job, broker_pod
 from akri_trio.controller.dra import (
     CLAIM_NAME,
@@ -20,6 +21,13 @@ from akri_trio.controller.dra import (
     class_wanted,
     is_our_class,
     plan_shared_pool,
+)
+from akri_trio.controller.dra_reconcilers import (
+    class_key,
+    class_selector,
+    pool_key,
+    shared_pool_key,
+    slice_selector,
 )
 from akri_trio.controller.names import claim_template_name
 from akri_trio.model import naming
@@ -209,3 +217,20 @@ def test_a_broker_jobs_pods_claim_through_the_template() -> None:
     assert template["resourceClaims"][0]["resourceClaimTemplateName"] == f"{INSTANCE}-claim"
     assert template["containers"][0]["resources"]["claims"] == [{"name": CLAIM_NAME}]
     assert job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]  # untouched
+
+
+# --- what the DRA reconcilers are keyed by ---------------------------------------------------
+
+
+def test_a_configuration_its_class_and_a_shared_instance_its_pool_map_to_one_key() -> None:
+    config = {"metadata": {"name": CONFIG, "namespace": "ns"}}
+    assert class_key(config) == ObjectKey("", dra.device_class_name(CONFIG, "ns"))
+    assert class_key(dra.device_class(CONFIG, "ns")) is None  # cluster-scoped: no namespace
+    shared = {"metadata": {"name": INSTANCE, "namespace": "ns"}, "spec": {"shared": True}}
+    local = {"metadata": {"name": INSTANCE, "namespace": "ns"}, "spec": {"shared": False}}
+    assert shared_pool_key(shared) == ObjectKey("", POOL)
+    assert shared_pool_key(local) is None
+    (body,) = plan_shared_pool(POOL, instance(), [], hostname={}, consumable=False).apply
+    assert pool_key(body) == ObjectKey("", POOL)
+    assert class_selector(None) == "akri.sh/namespace"
+    assert slice_selector("ns") == "akri.sh/pool-kind=shared,akri.sh/namespace=ns"
