@@ -15,6 +15,7 @@ from pathlib import Path
 import trio
 
 from akri_trio.controller.run import ControllerSettings, default_identity, run_controller
+from akri_trio.flaghelp import Parser, add_env_argument, add_kubeconfig_argument
 
 log = logging.getLogger("akri_trio.controller")
 
@@ -30,17 +31,22 @@ def _own_namespace(path: Path = IN_CLUSTER_NAMESPACE) -> str:
 
 
 def parse_args(argv: list[str], env: Mapping[str, str]) -> ControllerSettings:
-    p = argparse.ArgumentParser(prog="akri-trio controller", description=__doc__)
-    p.add_argument("--kubeconfig", type=Path, default=None)
-    p.add_argument(
+    p = Parser(prog="akri-trio controller", description=__doc__)
+    add_kubeconfig_argument(p)
+    add_env_argument(
+        p,
         "--metrics-port",
+        env=env,
+        var="METRICS_PORT",
         type=int,
-        default=int(env.get("METRICS_PORT", "8080")),
-        help="health and Prometheus metrics port (env METRICS_PORT); 0 picks one, -1 disables",
+        default=8080,
+        help="health and Prometheus metrics port; 0 picks one, -1 disables",
     )
-    p.add_argument(
+    add_env_argument(
+        p,
         "--namespace",
-        default=env.get("AKRI_NAMESPACE") or None,
+        env=env,
+        var="AKRI_NAMESPACE",
         help="watch Instances, Configurations and brokers in this namespace only "
         "(default: all namespaces, as upstream)",
     )
@@ -50,24 +56,29 @@ def parse_args(argv: list[str], env: Mapping[str, str]) -> ControllerSettings:
         default=True,
         help="run only while holding the Lease (default on; off for a single replica)",
     )
-    p.add_argument("--lease-name", default="akri-controller")
+    p.add_argument("--lease-name", default="akri-controller", help="the Lease's name")
     p.add_argument(
         "--lease-namespace",
         default=None,
         help=f"namespace of the Lease (default: this Pod's, else {DEFAULT_LEASE_NAMESPACE})",
     )
-    p.add_argument("--identity", default=None, help="this replica's holder identity")
+    p.add_argument(
+        "--identity",
+        default=None,
+        help="this replica's holder identity (default: $POD_NAME or the host name, and a "
+        "random suffix)",
+    )
     p.add_argument("--workers", type=int, default=8, help="Instances reconciled in parallel")
     p.add_argument(
         "--allocation",
         choices=("device-plugin", "dra"),
         default="device-plugin",
         help="how brokers get their device: `akri.sh/<instance>` limits served by the agents' "
-        "device plugins, or (dra, Kubernetes >= 1.34) ResourceClaims; in dra mode the "
+        "device plugins (default), or (dra, Kubernetes >= 1.34) ResourceClaims; in dra mode the "
         "controller also keeps one DeviceClass per Configuration and publishes the shared "
         "Instances' ResourceSlices",
     )
-    p.add_argument("--log-level", default=env.get("AKRI_LOG_LEVEL", "INFO"))
+    add_env_argument(p, "--log-level", env=env, var="AKRI_LOG_LEVEL", default="INFO")
     args = p.parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
