@@ -13,7 +13,6 @@ watch only them; by default every namespace, as upstream's hook does.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import logging
 import sys
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import trio
 
+from akri_trio.flaghelp import Parser, add_kubeconfig_argument
 from akri_trio.kube import JSON, Client, NotFound, Resource, load_config
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
 from akri_trio.shutdown import run_until_signalled
@@ -87,9 +87,9 @@ async def _main(kubeconfig: Path | None, bound_s: float, namespaces: Sequence[st
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="akri-trio teardown", description=__doc__.splitlines()[0])
-    p.add_argument("--kubeconfig", type=Path, default=None, help="default: kubectl's search")
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait (default 120)")
+    p = Parser(prog="akri-trio teardown", description=__doc__.splitlines()[0])
+    add_kubeconfig_argument(p)
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait")
     p.add_argument(
         "--namespace",
         action="append",

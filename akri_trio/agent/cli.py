@@ -15,8 +15,17 @@ from pathlib import Path
 import attrs
 import trio
 
+from akri_trio.agent.brokerinfo import DEFAULT_PERIOD_S as BROKER_INFO_PERIOD_S
+from akri_trio.agent.brokerinfo import Limits
 from akri_trio.agent.run import AgentSettings, run_agent
 from akri_trio.discovery.handlers import BUILTIN
+from akri_trio.flaghelp import (
+    Parser,
+    add_env_argument,
+    add_kubeconfig_argument,
+    comma_list,
+    truthy,
+)
 from akri_trio.kube.client import Client
 from akri_trio.kube.config import KubeConfig, load_config
 from akri_trio.observe.logs import add_log_arguments, log_startup, setup_logging
@@ -25,30 +34,34 @@ from akri_trio.shutdown import run_until_signalled
 log = logging.getLogger("akri_trio.agent")
 
 
-def _truthy(value: str | None) -> bool:
-    return (value or "").strip().lower() in ("1", "true", "yes", "on")
-
-
 def parse_args(argv: list[str], env: Mapping[str, str]) -> AgentSettings:
     return _parse(argv, env)[0]
 
 
 def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argparse.Namespace]:
-    p = argparse.ArgumentParser(prog="akri-trio agent", description=__doc__)
-    p.add_argument(
+    p = Parser(prog="akri-trio agent", description=__doc__)
+    add_env_argument(
+        p,
         "--node-name",
-        default=env.get("AGENT_NODE_NAME"),
-        help="this node's name (env AGENT_NODE_NAME)",
+        env=env,
+        var="AGENT_NODE_NAME",
+        help="this node's name (required)",
     )
-    p.add_argument(
+    add_env_argument(
+        p,
         "--discovery-handlers-directory",
+        env=env,
+        var="DISCOVERY_HANDLERS_DIRECTORY",
         type=Path,
-        default=Path(env.get("DISCOVERY_HANDLERS_DIRECTORY", "/var/lib/akri")),
+        default=Path("/var/lib/akri"),
+        help="where discovery handlers register and serve their sockets",
     )
-    p.add_argument("--kubeconfig", type=Path, default=None)
-    p.add_argument(
+    add_kubeconfig_argument(p)
+    add_env_argument(
+        p,
         "--namespace",
-        default=env.get("AKRI_NAMESPACE") or None,
+        env=env,
+        var="AKRI_NAMESPACE",
         help="watch Configurations and Instances in this namespace only "
         "(default: all namespaces, as upstream)",
     )
@@ -60,47 +73,96 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         type=Path,
         default=Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
     )
-    p.add_argument(
+    add_env_argument(
+        p,
         "--metrics-port",
+        env=env,
+        var="METRICS_PORT",
         type=int,
-        default=int(env.get("METRICS_PORT", "8080")),
+        default=8080,
         help="health and Prometheus metrics port; 0 picks one, -1 disables",
     )
-    p.add_argument(
+    add_env_argument(
+        p,
         "--embedded-handler",
+        env=env,
+        var="AKRI_EMBEDDED_HANDLERS",
+        from_env=comma_list,
         action="append",
         dest="embedded_handlers",
-        default=[h for h in env.get("AKRI_EMBEDDED_HANDLERS", "").split(",") if h],
+        default=[],
         metavar="NAME",
-        help="run this built-in discovery handler in-process (repeatable; env "
-        "AKRI_EMBEDDED_HANDLERS=udev,opcua,...)",
+        help="run this built-in discovery handler in-process (repeatable; the env var takes "
+        "a list: udev,opcua,...)",
     )
-    p.add_argument(
-        "--enable-debug-echo", action="store_true", default=_truthy(env.get("ENABLE_DEBUG_ECHO"))
-    )
-    p.add_argument(
-        "--debug-echo-shared",
-        action="store_true",
-        default=_truthy(env.get("DEBUG_ECHO_INSTANCES_SHARED")),
-    )
-    p.add_argument(
+    for flag, var, what in (
+        ("--enable-debug-echo", "ENABLE_DEBUG_ECHO", "run the debugEcho test handler in-process"),
+        ("--debug-echo-shared", "DEBUG_ECHO_INSTANCES_SHARED", "debugEcho's devices are shared"),
+    ):
+        add_env_argument(
+            p,
+            flag,
+            env=env,
+            var=var,
+            from_env=truthy,
+            action="store_true",
+            default=False,
+            help=what,
+        )
+    add_env_argument(
+        p,
         "--debug-echo-availability",
+        env=env,
+        var="DEBUG_ECHO_AVAILABILITY_PATH",
         type=Path,
-        default=env.get("DEBUG_ECHO_AVAILABILITY_PATH") or None,
-        help="debugEcho availability file (env DEBUG_ECHO_AVAILABILITY_PATH, as the standalone "
-        "handler; default /tmp/debug-echo-availability.txt)",
+        help="debugEcho availability file, as the standalone handler's "
+        "(default /tmp/debug-echo-availability.txt)",
     )
     p.add_argument(
         "--allocation",
         choices=("device-plugin", "dra"),
         default="device-plugin",
-        help="how Pods get devices: device plugins (default) or DRA (ResourceSlices + a kubelet "
-        "DRA plugin; Kubernetes >= 1.34 and a runtime with CDI)",
+        help="how Pods get devices: device plugins, or DRA (ResourceSlices and a kubelet DRA "
+        "plugin; Kubernetes >= 1.34 and a runtime with CDI)",
     )
-    p.add_argument("--kubelet-root-dir", type=Path, default=Path("/var/lib/kubelet"))
-    p.add_argument("--cdi-dir", type=Path, default=Path("/var/run/cdi"))
+    p.add_argument(
+        "--kubelet-root-dir",
+        type=Path,
+        default=Path("/var/lib/kubelet"),
+        help="DRA: the kubelet's root directory (plugins_registry/ and plugins/akri.sh/ in it)",
+    )
+    p.add_argument(
+        "--cdi-dir",
+        type=Path,
+        default=Path("/var/run/cdi"),
+        help="DRA: where the container runtime reads CDI specs (one is written per claim)",
+    )
     p.add_argument("--reclaim-period", type=float, default=10.0)
-    p.add_argument("--reclaim-grace", type=float, default=None)
+    p.add_argument(
+        "--reclaim-grace",
+        type=float,
+        default=None,
+        help="seconds a held slot must be missing from the kubelet's pod resources before it "
+        "is freed (default 20, as upstream)",
+    )
+    add_env_argument(
+        p,
+        "--broker-info-dir",
+        env=env,
+        var="BROKER_INFO_DIRECTORY",
+        type=Path,
+        help="brokerInfo: a directory per workload under this one, mounted into the broker, "
+        "its files copied into the Instance's spec.brokerInfo; the same path on the node and "
+        "in the agent's container (default: off)",
+    )
+    limits = Limits()
+    for flag, kind, default, what in (
+        ("--broker-info-max-files", int, limits.max_files, "files per workload directory"),
+        ("--broker-info-max-file-bytes", int, limits.max_file_bytes, "bytes per file (<= 4096)"),
+        ("--broker-info-max-total-bytes", int, limits.max_total_bytes, "bytes per directory"),
+        ("--broker-info-period", float, BROKER_INFO_PERIOD_S, "seconds between looks"),
+    ):
+        p.add_argument(flag, type=kind, default=default, help=f"brokerInfo: {what}")
     add_log_arguments(p, env)
     args = p.parse_args(argv)
     if not args.node_name:
@@ -108,6 +170,16 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
     unknown = sorted(set(args.embedded_handlers) - set(BUILTIN))
     if unknown:
         p.error(f"unknown discovery handler(s) {unknown}; built in: {sorted(BUILTIN)}")
+    try:
+        limits = Limits(
+            args.broker_info_max_files,
+            args.broker_info_max_file_bytes,
+            args.broker_info_max_total_bytes,
+        )
+    except ValueError as exc:
+        p.error(f"brokerInfo limits: {exc}")
+    if not args.broker_info_period > 0:
+        p.error("--broker-info-period must be a positive number of seconds")
     settings = AgentSettings(
         node=args.node_name,
         discovery_handlers_directory=args.discovery_handlers_directory,
@@ -122,6 +194,9 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         metrics_port=None if args.metrics_port < 0 else args.metrics_port,
         reclaim_period=args.reclaim_period,
         reclaim_grace=args.reclaim_grace,
+        broker_info_dir=args.broker_info_dir,
+        broker_info_limits=limits,
+        broker_info_period=args.broker_info_period,
         allocation=args.allocation,
         kubelet_root_dir=args.kubelet_root_dir,
         cdi_dir=args.cdi_dir,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import datetime
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -82,6 +82,8 @@ class _Running:
 
 class ConfigurationReconciler:
     events = AgentEvents()  # records nothing until the agent sets its own
+    # What brokerInfo skipped, per Configuration (None: brokerInfo is off).
+    broker_info_problems: Callable[[ObjectKey], Sequence[str]] | None = None
 
     def __init__(
         self,
@@ -398,6 +400,11 @@ class ConfigurationReconciler:
             previous=previous,
             now=_iso(time.time()),
             to_wall=lambda t: _iso(t + wall_minus_trio),
+            broker_info_problems=(
+                None
+                if self.broker_info_problems is None
+                else self.broker_info_problems(config.metadata.key)
+            ),
         )
         if previous == entry:
             return

@@ -21,6 +21,7 @@ CONDITION_REASONS = {
     "HandlerAvailable": "HandlerUnavailable",
     "DiscoveryDetailsValid": "DiscoveryDetailsRejected",
     "PropertiesResolved": "PropertiesUnresolved",
+    "BrokerInfoValid": "BrokerInfoSkipped",
 }
 
 

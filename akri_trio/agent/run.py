@@ -7,16 +7,21 @@
     ├── discovery nursery
     │   └── per Configuration: Discover stream per handler endpoint
     ├── Configuration reconcile queue                        discovery -> Instances + status
-    ├── kubelet watch                                        restarts -> plugins re-register
-    ├── plugin nursery (PluginManager)
-    │   └── per plugin: socket server + ListAndWatch streams + registration
-    ├── slot reclaimer                                       PodResources -> free unused slots
+    ├── device-plugin mode (the default):
+    │   ├── kubelet watch                                    restarts -> plugins re-register
+    │   ├── plugin nursery (PluginManager)
+    │   │   └── per plugin: socket server + ListAndWatch streams + registration
+    │   └── slot reclaimer                                   PodResources -> free unused slots
+    ├── or DRA mode (DraNode): node pool publisher (Instances -> ResourceSlices) and the
+    │   kubelet DRA plugin (claims -> CDI specs)
+    ├── brokerInfo copier (with --broker-info-dir)           workload files -> Instances
     └── health / metrics server
 
 Cancelling `run_agent` (SIGTERM/SIGINT in the CLI) tears all of it down; each task removes what
 it created (sockets) on the way out. Nothing is kept in memory that the cluster does not also
 hold: a restarted agent rebuilds its state from the Instances (claims included) and the
-discovery handlers re-register.
+discovery handlers re-register. In DRA mode what the kubelet plugin prepared is also in its
+checkpoint file (the kubelet may ask to unprepare a claim the API server no longer has).
 """
 
 from __future__ import annotations
@@ -24,12 +29,15 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 import attrs
 import trio
 
+from akri_trio.agent.brokerinfo import DEFAULT_PERIOD_S as BROKER_INFO_PERIOD_S
+from akri_trio.agent.brokerinfo import BrokerInfo, Limits
 from akri_trio.agent.configurations import ConfigurationReconciler
 from akri_trio.agent.dra.node import DraNode
 from akri_trio.agent.events import AgentEvents
@@ -83,9 +91,15 @@ class AgentSettings:
     metrics_host: str = "0.0.0.0"
     reclaim_period: float = DEFAULT_PERIOD_S
     reclaim_grace: float | None = None
+    broker_info_dir: Path | None = None  # brokerInfo off when None
+    broker_info_limits: Limits = attrs.field(factory=Limits)
+    broker_info_period: float = BROKER_INFO_PERIOD_S
     allocation: str = "device-plugin"  # or "dra": ResourceSlices + a DRA kubelet plugin
     kubelet_root_dir: Path = Path("/var/lib/kubelet")
     cdi_dir: Path = Path("/var/run/cdi")
+    # DRA capacity: None asks the API server (consumable capacity where it is served); False
+    # publishes slot devices anyway (tests of slot mode on a cluster that has both).
+    dra_consumable_capacity: bool | None = None
 
 
 @attrs.define
@@ -137,6 +151,12 @@ def _instance_ref(view: NodeView, key: ObjectKey) -> ObjectRef | None:
         return None
     meta = inst.metadata
     return ObjectRef(inst.api_version, inst.kind, meta.namespace, meta.name, meta.uid)
+
+
+def _field(obj: Mapping[str, Any] | None, *path: str) -> Any:
+    for name in path:
+        obj = (obj or {}).get(name)
+    return obj
 
 
 def _plan_inputs(inst: Instance) -> Instance:
@@ -250,6 +270,22 @@ async def run_agent(
         metrics.queue_depth.labels(controller="configurations").set_function(
             lambda: float(len(controller.queue))
         )
+        if settings.broker_info_dir is not None:
+            broker_info = BrokerInfo(
+                api,
+                view,
+                settings.broker_info_dir,
+                limits=settings.broker_info_limits,
+                generation=lambda k: _field(configs.get(k), "metadata", "generation"),
+                current=lambda k: _field(instances.get(k), "spec", "brokerInfo"),
+                known=lambda: instances.snapshot().keys(),
+                namespace=ns,
+                period=settings.broker_info_period,
+                on_problems=lambda k: controller.queue.enqueue(k),
+            )
+            plugins.workloads = broker_info
+            reconciler.broker_info_problems = broker_info.problems
+            root.start_soon(broker_info.run)
         await root.start(controller.run)
         dra = None
         if settings.allocation == "dra":  # no device plugins, nothing to reclaim
@@ -260,6 +296,7 @@ async def run_agent(
                 namespace=ns,
                 kubelet_root_dir=settings.kubelet_root_dir,
                 cdi_dir=settings.cdi_dir,
+                consumable=settings.dra_consumable_capacity,
             )
             await root.start(dra.run)
         else:

@@ -55,8 +55,10 @@ def node_entry(
     previous: Mapping[str, Any] | None,
     now: str,
     to_wall: Callable[[float], str],
+    broker_info_problems: Sequence[str] | None = None,
 ) -> JSON:
-    """The status entry for `node`; `previous` is its current entry (or None)."""
+    """The status entry for `node`; `previous` is its current entry (or None).
+    `broker_info_problems`: files brokerInfo skipped (None: brokerInfo is off, no condition)."""
     prev_conditions = {c["type"]: c for c in (previous or {}).get("conditions") or []}
     if unsolvable is not None:
         props = _condition(
@@ -93,6 +95,18 @@ def node_entry(
         )
     else:
         details = _condition("DiscoveryDetailsValid", True, "Valid", "", prev_conditions, now)
+    conditions = [available, details, props]
+    if broker_info_problems is not None:
+        conditions.append(
+            _condition(
+                "BrokerInfoValid",
+                not broker_info_problems,
+                "FileSkipped" if broker_info_problems else "Valid",
+                "; ".join(broker_info_problems),
+                prev_conditions,
+                now,
+            )
+        )
     return {
         "node": node,
         "instances": instances,
@@ -101,5 +115,5 @@ def node_entry(
             for endpoint, status in sorted(handlers.items())
         ],
         "problems": list(other_problems),
-        "conditions": [available, details, props],
+        "conditions": conditions,
     }

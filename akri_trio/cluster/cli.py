@@ -12,10 +12,11 @@ import os
 
 from akri_trio.cluster import runner
 from akri_trio.cluster.layout import DEFAULT_NODE_NAME, Layout
+from akri_trio.flaghelp import Parser
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="akri-trio cluster", description=__doc__.splitlines()[0])
+    p = Parser(prog="akri-trio cluster", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     up = sub.add_parser("up", help="build if needed, start the control plane (and a node)")
     up.add_argument("--node", action="store_true", help="also containerd + kubelet (root)")

@@ -8,6 +8,7 @@ State lives under ``$AKRI_TRIO_HOME`` (default ``~/.cache/akri-trio``):
 
     build/<component>-<version>/bin/   binaries built by gobuild/build.sh (kept across `down`;
                        a version change in gobuild/versions.env builds into a new directory)
+    build/durations.json   how long each step of the last build took (for the next one's ETA)
     go/                the Go module and build caches of those builds
     run/pki/           CA, serving/client certs, service-account keys (kept across `down`)
     run/*.kubeconfig   admin, restricted, controller-manager, scheduler, kubelet (kept)
@@ -128,6 +129,11 @@ class Layout:
 
     def build_log(self, component: Component) -> Path:
         return self.build_dir(component) / "build.log"
+
+    @property
+    def build_durations(self) -> Path:
+        """Each component's step durations in its last finished build (progress.py)."""
+        return self.home / "build" / "durations.json"
 
     def binary(self, name: str) -> Path:
         return self.build_dir(_PROVIDER[name]) / "bin" / name

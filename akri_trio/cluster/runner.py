@@ -12,18 +12,21 @@ import datetime as dt
 import fcntl
 import json
 import os
+import queue
 import shutil
 import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import IO
 
 import httpx
 
-from akri_trio.cluster import cleanup, configs, flags, oci, pki, procs
+from akri_trio.cluster import cleanup, configs, flags, oci, pki, procs, progress
 from akri_trio.cluster.exports import export_lines
 from akri_trio.cluster.layout import (
     BUSYBOX_IMAGE,
@@ -123,9 +126,20 @@ def ensure_packages(wanted: Sequence[str]) -> None:
         raise ClusterError(f"apt-get install {' '.join(missing)} failed:\n{output}")
 
 
-def ensure_binaries(lay: Layout) -> None:
-    """Build every component whose binaries are missing, one after the other (2 cores)."""
+# While a step compiles in silence, a progress line this often.
+PROGRESS_EVERY_S = 60.0
+
+
+def ensure_binaries(
+    lay: Layout,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    progress_every: float = PROGRESS_EVERY_S,
+) -> None:
+    """Build every component whose binaries are missing, one after the other (2 cores),
+    showing each step, the time elapsed and an estimate of the rest from the last build."""
     todo = [c for c in COMPONENTS if not all(lay.binary(b).is_file() for b in c.binaries)]
+    durations = progress.load_durations(_read_text(lay.build_durations))
     for n, comp in enumerate(todo, 1):
         build_dir, log_path = lay.build_dir(comp), lay.build_log(comp)
         say(
@@ -133,7 +147,12 @@ def ensure_binaries(lay: Layout) -> None:
             f"(minutes on a new machine; log {log_path})"
         )
         build_dir.mkdir(parents=True, exist_ok=True)
-        t0 = time.monotonic()
+        meter = progress.BuildMeter(
+            comp.name,
+            started=clock(),
+            last=durations.get(comp.name),
+            after=progress.total_of(durations, [c.name for c in todo[n:]]),
+        )
         with log_path.open("a") as log:
             proc = subprocess.Popen(
                 ["bash", str(build_script()), comp.name, str(build_dir), str(lay.go_cache)],
@@ -142,17 +161,56 @@ def ensure_binaries(lay: Layout) -> None:
                 text=True,
             )
             assert proc.stdout is not None
-            for line in proc.stdout:
+            for line in _lines_or_silence(proc.stdout, progress_every):
+                if line is None:  # nothing for `progress_every` seconds
+                    say(meter.report(clock()))
+                    continue
                 log.write(line)
                 log.flush()
                 print(f"  {line.rstrip()}", flush=True)
+                if (report := meter.feed(line, clock())) is not None:
+                    say(report)
             rc = proc.wait()
         if rc != 0:
             raise ClusterError(
                 f"building {comp.name} failed (exit {rc}); last lines of {log_path}:\n"
                 f"{_tail(log_path, 30)}"
             )
-        say(f"built {comp.name} {comp.version} in {time.monotonic() - t0:.0f} s")
+        now = clock()
+        steps = meter.finish(now)
+        if steps is not None:
+            durations = {**durations, comp.name: steps}
+            _write(lay.build_durations, progress.dump_durations(durations))
+        say(f"built {comp.name} {comp.version} in {progress.format_seconds(now - meter.started)}")
+
+
+def _lines_or_silence(stream: IO[str], every: float) -> Iterator[str | None]:
+    """The stream's lines, with a None after each `every` seconds without one. A thread reads
+    (a pipe has no timeout); it ends with the stream."""
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def read() -> None:
+        for line in stream:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=read, name="build-output", daemon=True).start()
+    while True:
+        try:
+            line = lines.get(timeout=every)
+        except queue.Empty:
+            yield None
+            continue
+        if line is None:
+            return
+        yield line
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
 
 
 # -- files ---------------------------------------------------------------------------------

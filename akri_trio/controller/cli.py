@@ -16,6 +16,7 @@ import attrs
 import trio
 
 from akri_trio.controller.run import ControllerSettings, default_identity, run_controller
+from akri_trio.flaghelp import Parser, add_env_argument, add_kubeconfig_argument
 from akri_trio.kube import Client, KubeConfig, load_config
 from akri_trio.observe.logs import add_log_arguments, log_startup, setup_logging
 from akri_trio.shutdown import run_until_signalled
@@ -36,25 +37,24 @@ def _own_namespace(path: Path = IN_CLUSTER_NAMESPACE) -> str:
 def _parse(
     argv: list[str], env: Mapping[str, str]
 ) -> tuple[ControllerSettings, argparse.Namespace]:
-    p = argparse.ArgumentParser(prog="akri-trio controller", description=__doc__)
-    p.add_argument(
-        "--kubeconfig",
-        type=Path,
-        default=None,
-        help="kubectl's order by default: env KUBECONFIG, in-cluster, ~/.kube/config",
-    )
-    p.add_argument(
+    p = Parser(prog="akri-trio controller", description=__doc__)
+    add_kubeconfig_argument(p)
+    add_env_argument(
+        p,
         "--metrics-port",
+        env=env,
+        var="METRICS_PORT",
         type=int,
-        default=int(env.get("METRICS_PORT", "8080")),
-        help="health and Prometheus metrics port (env METRICS_PORT; default 8080); "
-        "0 picks one, -1 disables",
+        default=8080,
+        help="health and Prometheus metrics port; 0 picks one, -1 disables",
     )
-    p.add_argument(
+    add_env_argument(
+        p,
         "--namespace",
-        default=env.get("AKRI_NAMESPACE") or None,
+        env=env,
+        var="AKRI_NAMESPACE",
         help="watch Instances, Configurations and brokers in this namespace only "
-        "(env AKRI_NAMESPACE; default: all namespaces, as upstream)",
+        "(default: all namespaces, as upstream)",
     )
     p.add_argument(
         "--leader-elect",
@@ -62,7 +62,7 @@ def _parse(
         default=True,
         help="run only while holding the Lease (default on; off for a single replica)",
     )
-    p.add_argument("--lease-name", default="akri-controller", help="default akri-controller")
+    p.add_argument("--lease-name", default="akri-controller", help="the Lease's name")
     p.add_argument(
         "--lease-namespace",
         default=None,
@@ -71,19 +71,17 @@ def _parse(
     p.add_argument(
         "--identity",
         default=None,
-        help="this replica's holder identity (default: env POD_NAME or the host name, "
-        "and a random suffix)",
+        help="this replica's holder identity (default: $POD_NAME or the host name, and a "
+        "random suffix)",
     )
-    p.add_argument(
-        "--workers", type=int, default=8, help="Instances reconciled in parallel (default 8)"
-    )
+    p.add_argument("--workers", type=int, default=8, help="Instances reconciled in parallel")
     p.add_argument(
         "--allocation",
         choices=("device-plugin", "dra"),
         default="device-plugin",
         help="how brokers get their device: `akri.sh/<instance>` limits served by the agents' "
-        "device plugins (default), or (dra, Kubernetes >= 1.34) ResourceClaims; in dra mode "
-        "the controller also keeps one DeviceClass per Configuration and publishes the shared "
+        "device plugins (default), or (dra, Kubernetes >= 1.34) ResourceClaims; in dra mode the "
+        "controller also keeps one DeviceClass per Configuration and publishes the shared "
         "Instances' ResourceSlices",
     )
     add_log_arguments(p, env)

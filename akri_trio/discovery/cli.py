@@ -21,6 +21,7 @@ import trio
 
 from akri_trio.discovery.handlers import BUILTIN, UnknownHandler, load_handler
 from akri_trio.discovery.standalone import REGISTRATION_SOCKET, handlers_directory, run_standalone
+from akri_trio.flaghelp import Parser
 from akri_trio.observe.logs import add_log_arguments, log_startup, setup_logging
 
 # upstream's handlers listen here when registering over the network (POD_IP)
@@ -36,7 +37,7 @@ def _host_port(text: str) -> tuple[str, int]:
 
 
 def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="akri-trio discovery-handler",
         description="Serve a discovery handler and register it with the node's agent.",
     )
@@ -55,7 +56,8 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
         "--network",
         type=_host_port,
         metavar="HOST:PORT",
-        help="serve on TCP instead (port 0 = any free port)",
+        help="serve on TCP instead (port 0 = any free port; default: POD_IP:10000 when POD_IP "
+        "is set, else the Unix socket)",
     )
     parser.add_argument(
         "--advertise-host", help="host to register for --network (default: the bound host)"

@@ -1,9 +1,9 @@
 """What the kubelet plugin has prepared, as it is kept on disk between agent runs.
 
-The kubelet may ask to unprepare a claim after the agent restarted, or after the claim is gone
-from the API server; what to remove and what to answer must then come from here. The record
-is small JSON with a version, read strictly: a file we cannot read is an error to report, never
-silently an empty record (that would leak CDI specs).
+The kubelet asks again to prepare claims it already prepared (after its own restart, or when
+an answer was lost), possibly after the agent restarted; the answer must be the same, without
+the API server if need be. The record is small JSON with a version, read strictly: a file we
+cannot read raises BadCheckpoint, for the caller to report, never silently an empty record.
 """
 
 from __future__ import annotations

@@ -28,8 +28,8 @@ _NOT_LABEL_CHAR = re.compile(r"[^a-z0-9-]+")
 
 
 def short_hash(text: str) -> str:
-    """Ten lowercase hex chars (40 bits) of BLAKE2b: collisions are left to chance, at 2^-20
-    for a million distinct names."""
+    """Ten lowercase hex chars (40 bits) of BLAKE2b. Collisions are left to chance: among a
+    thousand hashed names of one pool, about one in two million."""
     return hashlib.blake2b(text.encode(), digest_size=HASH_CHARS // 2).hexdigest()
 
 

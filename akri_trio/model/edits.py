@@ -7,8 +7,6 @@ way it got its device.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import attrs
 
 from akri_trio.model import naming
@@ -45,15 +43,3 @@ def instance_edits(instance: Instance, device: Device | None) -> ContainerEdits:
         for d in device.device_specs
     )
     return ContainerEdits(env, device.mounts, nodes)
-
-
-def merged(edits: Iterable[ContainerEdits]) -> ContainerEdits:
-    """The edits of several Instances given to one container, in order."""
-    env: list[tuple[str, str]] = []
-    mounts: list[Mount] = []
-    nodes: list[DeviceSpec] = []
-    for e in edits:
-        env += e.env
-        mounts += e.mounts
-        nodes += e.device_specs
-    return ContainerEdits(tuple(env), tuple(mounts), tuple(nodes))

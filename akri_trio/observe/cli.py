@@ -13,11 +13,11 @@ import json
 import os
 import sys
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, TextIO
 
 import trio
 
+from akri_trio.flaghelp import Parser, add_kubeconfig_argument
 from akri_trio.kube import Client, ConfigError, load_config
 from akri_trio.observe.logs import add_log_arguments, setup_logging
 from akri_trio.observe.picture import render_text
@@ -28,12 +28,7 @@ CLEAR = "\x1b[H\x1b[2J"
 
 def add_picture_arguments(p: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
     """--kubeconfig and -n: where the picture comes from (status and dashboard)."""
-    p.add_argument(
-        "--kubeconfig",
-        type=Path,
-        default=env.get("KUBECONFIG") or None,
-        help="kube config file (env KUBECONFIG; default: ~/.kube/config, then in-cluster)",
-    )
+    add_kubeconfig_argument(p)
     p.add_argument(
         "-n",
         "--namespace",
@@ -43,13 +38,13 @@ def add_picture_arguments(p: argparse.ArgumentParser, env: Mapping[str, str]) ->
 
 
 def parse_status_args(argv: list[str], env: Mapping[str, str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="akri-trio status",
         description="Configurations, per-node conditions, Instances, slots and the Pods "
         "holding them, brokers.",
     )
     add_picture_arguments(p, env)
-    p.add_argument("-o", "--output", choices=("text", "json"), default="text", help="default: text")
+    p.add_argument("-o", "--output", choices=("text", "json"), default="text", help="text or json")
     p.add_argument("--watch", "-w", action="store_true", help="redraw on every change")
     add_log_arguments(p, env)
     return p.parse_args(argv)

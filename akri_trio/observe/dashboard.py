@@ -31,6 +31,7 @@ import attrs
 import trio
 import trio_websocket
 
+from akri_trio.flaghelp import Parser, add_env_argument
 from akri_trio.kube import Client, ConfigError, KubeConfig, load_config
 from akri_trio.observe import feed
 from akri_trio.observe.cli import add_picture_arguments
@@ -239,22 +240,28 @@ async def run_dashboard(
 
 
 def parse_dashboard_args(argv: list[str], env: Mapping[str, str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="akri-trio dashboard",
         description="A live page of Configurations, nodes, Instances, slots and their Pods, "
         "and brokers: / is the page, /ws the websocket feeding it. Read-only.",
     )
     add_picture_arguments(p, env)
-    p.add_argument(
+    add_env_argument(
+        p,
         "--host",
-        default=env.get("AKRI_DASHBOARD_HOST") or "127.0.0.1",
-        help="address to listen on (env AKRI_DASHBOARD_HOST; default 127.0.0.1: this machine only)",
+        env=env,
+        var="AKRI_DASHBOARD_HOST",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1: this machine only)",
     )
-    p.add_argument(
+    add_env_argument(
+        p,
         "--port",
+        env=env,
+        var="AKRI_DASHBOARD_PORT",
         type=int,
-        default=int(env.get("AKRI_DASHBOARD_PORT") or 8090),
-        help="port (env AKRI_DASHBOARD_PORT; default 8090; 0 picks a free one, logged)",
+        default=8090,
+        help="port; 0 picks a free one, logged",
     )
     add_log_arguments(p, env)
     return p.parse_args(argv)

@@ -20,6 +20,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any, TextIO
 
+from akri_trio.flaghelp import add_env_argument
+
 __all__ = [
     "FIELDS",
     "FORMATS",
@@ -64,21 +66,26 @@ def log_format(text: str) -> str:
 def add_log_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
     """--log-level (env AKRI_LOG_LEVEL, default INFO) and --log-format (env AKRI_LOG_FORMAT,
     default text). A bad value from the environment is reported like a bad flag."""
-    level = env.get("AKRI_LOG_LEVEL") or "INFO"
-    fmt = env.get("AKRI_LOG_FORMAT") or "text"
-    parser.add_argument(
+    # argparse applies `type` to a string default, so a value from the env is checked too.
+    add_env_argument(
+        parser,
         "--log-level",
+        env=env,
+        var="AKRI_LOG_LEVEL",
+        default="INFO",
         type=log_level,
-        default=level,  # argparse applies `type` to a string default, so the env is checked too
         metavar="LEVEL",
-        help=f"{', '.join(LEVELS)} (any case; env AKRI_LOG_LEVEL; default {level})",
+        help=f"{', '.join(LEVELS)} (any case)",
     )
-    parser.add_argument(
+    add_env_argument(
+        parser,
         "--log-format",
+        env=env,
+        var="AKRI_LOG_FORMAT",
+        default="text",
         type=log_format,
-        default=fmt,
         metavar="{text,json}",
-        help=f"text for people, json for one object per line (env AKRI_LOG_FORMAT; default {fmt})",
+        help="text for people, json for one object per line",
     )
 
 

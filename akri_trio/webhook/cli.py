@@ -22,6 +22,7 @@ from pathlib import Path
 import trio
 import yaml
 
+from akri_trio.flaghelp import Parser, add_kubeconfig_argument
 from akri_trio.kube import ConfigError, load_config
 from akri_trio.observe.logs import add_log_arguments, log_startup, setup_logging
 from akri_trio.shutdown import run_until_signalled
@@ -41,7 +42,7 @@ def main(argv: list[str]) -> int:
 
 
 def parse_serve_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="akri-trio webhook",
         description="Validate Configurations for the API server over HTTPS "
         "(`akri-trio webhook certs --help` makes the TLS files).",
@@ -49,9 +50,14 @@ def parse_serve_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--tls-cert-file", type=Path, required=True, help="serving certificate (PEM)")
     p.add_argument("--tls-key-file", type=Path, required=True, help="its private key (PEM)")
     p.add_argument("--port", type=int, default=8443, help="0 picks a free port (logged)")
-    p.add_argument("--host", default="0.0.0.0")
-    p.add_argument("--kubeconfig", type=Path, default=None, help="default: kubectl's search")
-    p.add_argument("--request-timeout", type=float, default=REQUEST_TIMEOUT)
+    p.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    add_kubeconfig_argument(p)
+    p.add_argument(
+        "--request-timeout",
+        type=float,
+        default=REQUEST_TIMEOUT,
+        help="seconds a review may take, reading the request included",
+    )
     add_log_arguments(p, os.environ)
     return p.parse_args(argv)
 
@@ -75,7 +81,7 @@ def serve(argv: list[str]) -> int:
 
 
 def certs(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="akri-trio webhook certs",
         description="Write a fresh CA, a serving certificate for the webhook's Service and the "
         f"ValidatingWebhookConfiguration into DIR ({', '.join(CERTS_FILES)}); print the "
@@ -83,16 +89,21 @@ def certs(argv: list[str]) -> int:
     )
     p.add_argument("--service", required=True, help="the webhook's Service name")
     p.add_argument("--namespace", required=True, help="the Service's namespace")
-    p.add_argument("--out", type=Path, required=True, metavar="DIR")
+    p.add_argument("--out", type=Path, required=True, metavar="DIR", help="where to write them")
     p.add_argument("--port", type=int, default=443, help="the Service's port")
     p.add_argument("--name", default=CONFIGURATION_NAME, help="the configuration's name")
     p.add_argument(
         "--url",
         default=None,
-        help="register the webhook at this URL instead of through the Service",
+        help="register the webhook at this URL instead of through the Service (default: "
+        "through the Service)",
     )
-    p.add_argument("--ip", action="append", default=[], help="an extra IP the cert is valid for")
-    p.add_argument("--dns", action="append", default=[], help="an extra DNS name for the cert")
+    p.add_argument(
+        "--ip", action="append", default=[], help="an extra IP the cert is valid for (repeatable)"
+    )
+    p.add_argument(
+        "--dns", action="append", default=[], help="an extra DNS name for the cert (repeatable)"
+    )
     args = p.parse_args(argv)
     made = serving_certs(
         args.service, args.namespace, dt.datetime.now(dt.UTC), dns=args.dns, ips=args.ip

@@ -53,12 +53,12 @@ async def _slices(api: Client, node: str) -> list[dict[str, Any]]:
     return list(answer.items)
 
 
+@pytest.mark.parametrize("consumable", [True, False], ids=["consumable", "slots"])
 async def test_publisher_keeps_the_node_pool_with_the_manifest_rbac(
-    api: Client, agent_api: Client
+    api: Client, agent_api: Client, consumable: bool
 ) -> None:
     await ensure_namespace(api, NS)
     node = f"dra-test-node-{secrets.token_hex(3)}"
-    consumable = await probe_consumable_capacity(agent_api)
     instances = Store()
     instances.apply(Init())
     instances.apply(InitApply(_instance("echo-aaaaaa", node, "a")))
@@ -114,7 +114,11 @@ async def test_publisher_keeps_the_node_pool_with_the_manifest_rbac(
                     await api.delete(dra.RESOURCE_SLICES, s["metadata"]["name"])
 
 
-async def test_the_agent_may_read_the_claims_it_prepares(api: Client, agent_api: Client) -> None:
+async def test_the_agent_may_probe_and_read_the_claims_it_prepares(
+    api: Client, agent_api: Client
+) -> None:
+    """The consumable-capacity probe (a dry-run create) and the claim read of a prepare."""
+    assert await probe_consumable_capacity(agent_api) in (True, False)
     await ensure_namespace(api, NS)
     claim = {
         "apiVersion": "resource.k8s.io/v1",

@@ -9,10 +9,6 @@ runs in file order: offer, consume, map, refuse, reclaim, survive restarts, go o
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -28,6 +24,7 @@ from tests.support.node_agent import (
     clear_namespace,
     debug_echo_configuration,
     fresh_namespace,
+    restart_kubelet,
 )
 from tests.support.polling import until
 
@@ -44,7 +41,6 @@ class Env:
         self.node = env["AKRI_TRIO_NODE_NAME"]
         self._kubectl = Kubectl(env)
         self.availability = tmp / "availability"
-        self.tmp = tmp
         self.metrics_port = free_port()
         self.agent = AgentProcess(
             self._kubectl,
@@ -127,14 +123,6 @@ class Env:
         self.kubectl("delete", "pod", "-n", NS, "--wait=true", "--timeout=60s", *names)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"  # this VM's init does not reap: a zombie has exited
-
-
 @pytest.fixture(scope="module")
 def e2e(node_cluster: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     env = Env(node_cluster, tmp_path_factory.mktemp("node-e2e"))
@@ -189,16 +177,8 @@ def test_deleted_pods_slots_are_reclaimed(e2e: Env) -> None:
 
 
 def test_kubelet_restart_brings_the_plugins_back(e2e: Env) -> None:
-    run_dir = Path(e2e.env["AKRI_TRIO_CLUSTER_DIR"])
-    pid = int(next(run_dir.rglob("kubelet.pid")).read_text().split()[0])
     registrations = e2e.metric("akri_device_plugin_registrations_total")
-    os.kill(pid, signal.SIGTERM)
-    until(lambda: not _alive(pid), seconds=30, what="kubelet exited")
-    subprocess.run(
-        [sys.executable, "-m", "akri_trio", "cluster", "up", "--node"],
-        check=True,
-        capture_output=True,
-    )
+    restart_kubelet(e2e.env)
     # The new kubelet wipes the plugin sockets: all three plugins must register again (a Pod
     # admitted before that fails with UnexpectedAdmissionError: the kubelet's own race).
     until(

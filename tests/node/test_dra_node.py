@@ -10,10 +10,6 @@ publish, consume, share, refuse, free, survive an agent restart, go offline.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,12 +19,14 @@ import pytest
 from akri_trio import dra
 from akri_trio.dra.checkpoint import decode
 from akri_trio.model import naming
-from tests.support.kubectl import Kubectl, busybox_pod
+from tests.support.kubectl import Kubectl, claim_pod
 from tests.support.node_agent import (
     AgentProcess,
     clear_namespace,
     debug_echo_configuration,
+    dra_class_and_template,
     fresh_namespace,
+    restart_kubelet,
 )
 from tests.support.polling import until
 
@@ -119,10 +117,7 @@ class Env:
 
     def pod(self, name: str) -> None:
         script = "env | grep ^DEBUG_ECHO | sort; sleep 3600"
-        pod = busybox_pod(name, NS, script)
-        pod["spec"]["resourceClaims"] = [{"name": "echo", "resourceClaimTemplateName": TEMPLATE}]
-        pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "echo"}]}
-        self.kubectl.apply(pod)
+        self.kubectl.apply(claim_pod(name, NS, script, TEMPLATE))
 
     def pod_json(self, name: str) -> dict[str, Any]:
         return dict(self.kubectl.json("get", "pod", name, "-n", NS))
@@ -156,23 +151,14 @@ class Env:
 def e2e(node_cluster: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     env = Env(node_cluster, tmp_path_factory.mktemp("dra-node-e2e"))
     fresh_namespace(env.kubectl, NS)
-    env.kubectl.apply(dra.device_class(CONFIG, NS))
-    env.kubectl.apply(
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaimTemplate",
-            "metadata": {"name": TEMPLATE, "namespace": NS},
-            "spec": {"spec": dra.claim_spec(CONFIG, NS, env.instances["d0"])},
-        }
-    )
+    dra_class_and_template(env.kubectl, NS, CONFIG, TEMPLATE, env.instances["d0"])
     env.start_agent()
     env.kubectl.apply(debug_echo_configuration(CONFIG, NS, DESCRIPTIONS, capacity=2))
     env.wait_registered()
     try:
         yield env
     finally:
-        clear_namespace(env.kubectl, NS, CONFIG)
-        env.kubectl("delete", "deviceclass", dra.device_class_name(CONFIG, NS), check=False)
+        clear_namespace(env.kubectl, NS, CONFIG, dra_class=True)
         env.stop_agent()
 
 
@@ -260,15 +246,7 @@ def test_kubelet_restart_republishes_the_node_pool(e2e: Env) -> None:
     start), like test_agent_node's kubelet restart test."""
     until(lambda: e2e.slices(), what="the pool is published")
     before = {s["metadata"]["uid"] for s in e2e.slices()}
-    run_dir = Path(e2e.env["AKRI_TRIO_CLUSTER_DIR"])
-    pid = int(next(run_dir.rglob("kubelet.pid")).read_text().split()[0])
-    os.kill(pid, signal.SIGTERM)
-    until(lambda: not Path(f"/proc/{pid}").exists(), seconds=30, what="kubelet exited")
-    subprocess.run(
-        [sys.executable, "-m", "akri_trio", "cluster", "up", "--node"],
-        check=True,
-        capture_output=True,
-    )
+    restart_kubelet(e2e.env)
     until(
         lambda: e2e.slices() and not before & {s["metadata"]["uid"] for s in e2e.slices()},
         seconds=90,

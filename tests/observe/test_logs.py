@@ -13,6 +13,7 @@ import pytest
 from akri_trio.address import ObjectKey
 from akri_trio.agent.cli import parse_args as agent_args
 from akri_trio.discovery.cli import build_parser as handler_parser
+from akri_trio.flaghelp import Parser
 from akri_trio.observe.cli import parse_status_args
 from akri_trio.observe.logs import (
     JsonFormatter,
@@ -78,7 +79,7 @@ def test_text_line_appends_fields() -> None:
 
 
 def parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="t")
+    p = Parser(prog="t")
     add_log_arguments(p, env or {})
     return p
 

@@ -61,3 +61,12 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def claim_pod(name: str, namespace: str, script: str, template: str) -> dict[str, Any]:
+    """A busybox Pod whose container gets the devices of one claim made from `template` (a
+    ResourceClaimTemplate)."""
+    pod = busybox_pod(name, namespace, script)
+    pod["spec"]["resourceClaims"] = [{"name": "claim", "resourceClaimTemplateName": template}]
+    pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "claim"}]}
+    return pod

@@ -3,16 +3,24 @@ Configuration they run, and a namespace to start from and to leave clean."""
 
 from __future__ import annotations
 
+import functools
+import os
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import trio
 import yaml
 
+from akri_trio import dra
+from akri_trio.agent.run import Agent, AgentSettings, run_agent
+from akri_trio.kube import Client, load_config
 from tests.support.kubectl import Kubectl
+from tests.support.polling import until, until_api
 
 CRDS = Path(__file__).parents[2] / "k8s" / "crds"
 
@@ -53,6 +61,69 @@ class AgentProcess:
             return f.read().decode(errors="replace")
 
 
+def process_alive(pid: int) -> bool:
+    """Whether `pid` runs; a zombie has exited (this VM's init does not reap)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def restart_kubelet(cluster: Mapping[str, str]) -> None:
+    """Stop the node's kubelet (SIGTERM) and start it again through `akri-trio cluster up`.
+    Destructive on a shared cluster: every session's Pods and plugins on the node notice."""
+    run_dir = Path(cluster["AKRI_TRIO_CLUSTER_DIR"])
+    pid = int(next(run_dir.rglob("kubelet.pid")).read_text().split()[0])
+    os.kill(pid, signal.SIGTERM)
+    until(lambda: not process_alive(pid), seconds=30, what="kubelet exited")
+    subprocess.run(
+        [sys.executable, "-m", "akri_trio", "cluster", "up", "--node"],
+        check=True,
+        capture_output=True,
+    )
+
+
+@asynccontextmanager
+async def dra_agent_in_process(
+    cluster: Mapping[str, str], namespace: str, configuration: str, work_dir: Path, **settings: Any
+) -> AsyncIterator[tuple[Client, Agent]]:
+    """An agent in DRA mode for the node, in this process, scoped to `namespace`, once the
+    kubelet has registered its plugin; on the way out the namespace's Pods, `configuration`
+    and its DeviceClass go first. `settings`: more AgentSettings (handlers, capacity mode)."""
+    kubectl = Kubectl(cluster)
+    agent_settings = AgentSettings(
+        node=cluster["AKRI_TRIO_NODE_NAME"],
+        namespace=namespace,
+        discovery_handlers_directory=work_dir / "akri",
+        metrics_port=None,
+        allocation="dra",
+        kubelet_root_dir=Path(cluster["AKRI_TRIO_KUBELET_ROOT_DIR"]),
+        cdi_dir=Path(cluster["AKRI_TRIO_CDI_DIR"]),
+        **settings,
+    )
+    config = load_config(Path(cluster["KUBECONFIG"]))
+    async with Client.open(config) as api, trio.open_nursery() as nursery:
+        try:
+            agent: Agent = await nursery.start(
+                functools.partial(run_agent, agent_settings, api=api)
+            )
+            dra_node = agent.dra
+            assert dra_node is not None
+
+            async def registered() -> bool:
+                return dra_node.registered
+
+            await until_api(registered, what="the kubelet registered the DRA plugin")
+            yield api, agent
+        finally:
+            clear = functools.partial(
+                clear_namespace, kubectl, namespace, configuration, dra_class=True
+            )
+            await trio.to_thread.run_sync(clear)
+            nursery.cancel_scope.cancel()
+
+
 def debug_echo_configuration(
     name: str, namespace: str, descriptions: Sequence[str], capacity: int
 ) -> dict[str, Any]:
@@ -81,8 +152,27 @@ def fresh_namespace(kubectl: Kubectl, namespace: str) -> None:
     clear_namespace(kubectl, namespace)
 
 
-def clear_namespace(kubectl: Kubectl, namespace: str, configuration: str = "--all") -> None:
-    """Delete the namespace's Pods, then its Configuration(s), waiting for both."""
+def dra_class_and_template(
+    kubectl: Kubectl, namespace: str, configuration: str, template: str, instance: str
+) -> None:
+    """The Configuration's DeviceClass (the controller's job in DRA mode; node tests run no
+    controller) and a ResourceClaimTemplate `template` for one device of `instance`."""
+    kubectl.apply(dra.device_class(configuration, namespace))
+    kubectl.apply(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": template, "namespace": namespace},
+            "spec": {"spec": dra.claim_spec(configuration, namespace, instance)},
+        }
+    )
+
+
+def clear_namespace(
+    kubectl: Kubectl, namespace: str, configuration: str = "--all", *, dra_class: bool = False
+) -> None:
+    """Delete the namespace's Pods, then its Configuration(s), waiting for both, and with
+    `dra_class` its ResourceClaimTemplates and the Configuration's DeviceClass."""
     kubectl("delete", "pods", "--all", "-n", namespace, "--wait=true", "--timeout=60s", check=False)
     kubectl(
         "delete",
@@ -94,3 +184,8 @@ def clear_namespace(kubectl: Kubectl, namespace: str, configuration: str = "--al
         "--timeout=30s",
         check=False,
     )
+    if dra_class:
+        kubectl("delete", "resourceclaimtemplates", "--all", "-n", namespace, check=False)
+        kubectl(
+            "delete", "deviceclass", dra.device_class_name(configuration, namespace), check=False
+        )

@@ -1,6 +1,7 @@
 """DRA mode's part of the agent: `DraNode.run` starts it, in order.
 
 DraNode.run
+├── node lock                one agent at a time serves driver akri.sh on a node
 ├── probe: does the API server take consumable capacity? (a server-side dry run)
 ├── NodePoolPublisher        Instances -> this node's ResourceSlices (re-published when wiped)
 └── kubelet plugin           registration socket + DRA socket -> Preparer -> CDI specs
@@ -8,7 +9,11 @@ DraNode.run
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
+import os
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -19,14 +24,48 @@ from akri_trio.agent.dra.preparer import Preparer
 from akri_trio.agent.dra.publisher import NodePoolPublisher
 from akri_trio.agent.view import NodeView
 from akri_trio.dra import DRIVER, RESOURCE_SLICES, probe_slice, takes_consumable_capacity
-from akri_trio.kube import ApiError, Backoff, Client, Store
+from akri_trio.kube import ApiError, Backoff, Client, ConfigError, Forbidden, NotFound, Store
 
 log = logging.getLogger(__name__)
 
 
+LOCK_FILE = "agent.lock"
+LOCK_POLL_S = 1.0
+
+
+@contextlib.asynccontextmanager
+async def node_lock(path: Path) -> AsyncIterator[None]:
+    """Hold an exclusive lock on `path` (waiting for it, polled) until the block exits.
+
+    The kubelet knows one plugin per driver and socket path, and the checkpoint has one
+    writer: a second agent in DRA mode on the node (a rolling update's new Pod, another
+    namespace's agent) waits here instead of taking the sockets over. The kernel drops the
+    lock when its holder dies, so a crashed agent never blocks the next one.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        waiting = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not waiting:
+                    log.warning("another agent serves DRA on this node (%s held); waiting", path)
+                    waiting = True
+                await trio.sleep(LOCK_POLL_S)
+        if waiting:
+            log.info("took over DRA on this node (%s)", path)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 async def probe_consumable_capacity(api: Client) -> bool:
     """Whether the API server keeps `allowMultipleAllocations` (DRAConsumableCapacity); retried
-    with backoff while the API server cannot answer."""
+    with backoff while the API server cannot answer. An API server that does not serve
+    ResourceSlices raises ConfigError, RBAC's refusal Forbidden: neither goes away by waiting."""
     backoff = Backoff()
     attempt = 0
     while True:
@@ -35,6 +74,13 @@ async def probe_consumable_capacity(api: Client) -> bool:
                 "POST", RESOURCE_SLICES.path(), params={"dryRun": "All"}, body=probe_slice()
             )
             return takes_consumable_capacity(answer)
+        except NotFound as exc:
+            raise ConfigError(
+                "DRA mode needs resource.k8s.io/v1 (Kubernetes >= 1.34), which this API server "
+                f"does not serve ({exc.message})"
+            ) from exc
+        except Forbidden:
+            raise
         except (ApiError, httpx.HTTPError) as exc:
             delay = backoff.delay(attempt)
             attempt += 1
@@ -52,6 +98,7 @@ class DraNode:
         namespace: str | None,
         kubelet_root_dir: Path,
         cdi_dir: Path,
+        consumable: bool | None = None,
     ) -> None:
         self.api = api
         self.view = view
@@ -59,7 +106,7 @@ class DraNode:
         self.namespace = namespace
         self.kubelet_root_dir = kubelet_root_dir
         self.cdi_dir = cdi_dir
-        self.consumable: bool | None = None
+        self.consumable = consumable  # None: ask the API server
         self.publisher: NodePoolPublisher | None = None
         self.preparer: Preparer | None = None
         self.registered = False
@@ -68,7 +115,14 @@ class DraNode:
         self.registered = registered
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        consumable = self.consumable = await probe_consumable_capacity(self.api)
+        state_dir = self.kubelet_root_dir / "plugins" / DRIVER
+        async with node_lock(state_dir / LOCK_FILE):
+            await self._run(state_dir, task_status)
+
+    async def _run(self, state_dir: Path, task_status: trio.TaskStatus[None]) -> None:
+        consumable = self.consumable
+        if consumable is None:
+            consumable = self.consumable = await probe_consumable_capacity(self.api)
         log.info(
             "DRA driver %s on node %s: %s",
             DRIVER,
@@ -88,7 +142,7 @@ class DraNode:
             self.api,
             self.view,
             cdi_dir=self.cdi_dir,
-            state_dir=self.kubelet_root_dir / "plugins" / DRIVER,
+            state_dir=state_dir,
             consumable=consumable,
         )
         self.preparer.load()

@@ -39,13 +39,19 @@ from akri_trio.dra import (
     resolve,
     spec_file_name,
 )
-from akri_trio.dra.checkpoint import PreparedClaim, PreparedDevice, decode, encode
+from akri_trio.dra.checkpoint import (
+    BadCheckpoint,
+    PreparedClaim,
+    PreparedDevice,
+    decode,
+    encode,
+)
 from akri_trio.kube import ApiError, Client
 from akri_trio.model.edits import instance_edits
 
 log = logging.getLogger(__name__)
 
-PREPARE_TIMEOUT_S = 30.0
+PREPARE_TIMEOUT_S = 20.0  # the kubelet gives a call 45 s
 CHECKPOINT_FILE = "checkpoint.json"
 
 
@@ -95,15 +101,22 @@ class Preparer:
         self.prepared: dict[str, PreparedClaim] = {}
 
     def load(self) -> None:
-        """Read the checkpoint (a missing one is empty; an unreadable one raises)."""
+        """Read the checkpoint. A missing one is empty. An unreadable one is moved aside and
+        the record starts empty: nothing is lost, since unprepare goes by claim uid and a
+        repeated prepare of a live claim reads it again from the API server."""
         self.cdi_dir.mkdir(parents=True, exist_ok=True)
         self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
         try:
-            text = self.checkpoint.read_text()
+            self.prepared = decode(self.checkpoint.read_text())
         except FileNotFoundError:
             self.prepared = {}
             return
-        self.prepared = decode(text)
+        except BadCheckpoint as exc:
+            aside = self.checkpoint.with_name(f"{self.checkpoint.name}.unreadable")
+            os.replace(self.checkpoint, aside)
+            log.error("DRA checkpoint %s moved to %s: %s", self.checkpoint, aside, exc)
+            self.prepared = {}
+            return
         log.info("DRA checkpoint: %d prepared claim(s)", len(self.prepared))
 
     def _save(self) -> None:

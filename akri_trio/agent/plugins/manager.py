@@ -28,6 +28,7 @@ from akri_trio.agent.plugins.service import (
     DevicePluginService,
     InstanceBehaviour,
     RefusalObserver,
+    WorkloadMounts,
 )
 from akri_trio.agent.view import NodeView
 from akri_trio.model.resources import Instance
@@ -63,6 +64,8 @@ def desired_plugins(
 
 
 class PluginManager:
+    workloads: WorkloadMounts | None = None  # brokerInfo directories, when the agent has them
+
     def __init__(
         self,
         view: NodeView,
@@ -100,9 +103,14 @@ class PluginManager:
 
     def _behaviour(self, plugin: Plugin) -> Behaviour:
         if isinstance(plugin, InstancePlugin):
-            return InstanceBehaviour(plugin.key, self.view, self.claims)
+            return InstanceBehaviour(plugin.key, self.view, self.claims, self.workloads)
         return ConfigurationBehaviour(
-            plugin.namespace, plugin.config, self.view, self.claims, self._members(plugin)
+            plugin.namespace,
+            plugin.config,
+            self.view,
+            self.claims,
+            self._members(plugin),
+            self.workloads,
         )
 
     async def _run_plugin(

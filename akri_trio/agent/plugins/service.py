@@ -22,12 +22,13 @@ import purerpc
 import trio
 
 from akri_trio.address import ObjectKey
+from akri_trio.agent.brokerinfo import WorkloadMount
 from akri_trio.agent.plugins import slots, vdevs
 from akri_trio.agent.plugins.claims import ClaimFailed, Claims, InstanceGone
 from akri_trio.agent.plugins.slots import DeviceView, InstanceSlots
 from akri_trio.agent.view import NodeView
 from akri_trio.model import naming
-from akri_trio.model.edits import instance_edits, merged
+from akri_trio.model.edits import instance_edits
 from akri_trio.model.resources import Instance
 from akri_trio.rpc.gen import deviceplugin_v1beta1_grpc as dp_grpc
 from akri_trio.rpc.gen import deviceplugin_v1beta1_pb2 as dp
@@ -59,23 +60,47 @@ class Behaviour(Protocol):
     def preferred(self, available: Sequence[str], must: Sequence[str], size: int) -> list[str]: ...
 
 
+class WorkloadMounts(Protocol):
+    """brokerInfo's Allocate hook: a directory for the workload given `slots` of `inst`."""
+
+    def mount(self, inst: Instance, slots: Sequence[str]) -> WorkloadMount | None: ...
+
+
 def container_response(
-    placements: Sequence[Instance], view: NodeView
+    placements: Sequence[Instance],
+    view: NodeView,
+    workloads: WorkloadMounts | None = None,
+    slots: Mapping[str, Sequence[str]] | None = None,
 ) -> dp.ContainerAllocateResponse:
     """Env vars (each broker property as KEY and KEY_<HASH>), mounts and device nodes of the
-    Instances given to one container."""
-    edits = merged(instance_edits(i, view.device(i.metadata.key)) for i in placements)
-    response = dp.ContainerAllocateResponse(envs=edits.env_dict())
-    for m in edits.mounts:
-        response.mounts.append(
-            dp.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
-        )
-    for d in edits.device_specs:
-        response.devices.append(
-            dp.DeviceSpec(
-                container_path=d.container_path, host_path=d.host_path, permissions=d.permissions
+    Instances given to one container (`model.edits`, which DRA's CDI specs share); with
+    `workloads`, a brokerInfo directory per Instance (`slots`: the slots of each Instance, by
+    name, that the container got)."""
+    response = dp.ContainerAllocateResponse()
+    for inst in placements:
+        edits = instance_edits(inst, view.device(inst.metadata.key))
+        response.envs.update(edits.env)
+        if workloads is not None:
+            mount = workloads.mount(inst, (slots or {}).get(inst.metadata.name, ()))
+            if mount is not None:
+                response.envs.update(mount.envs)
+                response.mounts.append(
+                    dp.Mount(container_path=mount.container_path, host_path=mount.host_path)
+                )
+        for m in edits.mounts:
+            response.mounts.append(
+                dp.Mount(
+                    container_path=m.container_path, host_path=m.host_path, read_only=m.read_only
+                )
             )
-        )
+        for d in edits.device_specs:
+            response.devices.append(
+                dp.DeviceSpec(
+                    container_path=d.container_path,
+                    host_path=d.host_path,
+                    permissions=d.permissions,
+                )
+            )
     return response
 
 
@@ -85,7 +110,14 @@ class InstanceBehaviour:
     kind = "instance"
     preferred_allocation = True
 
-    def __init__(self, key: ObjectKey, view: NodeView, claims: Claims) -> None:
+    def __init__(
+        self,
+        key: ObjectKey,
+        view: NodeView,
+        claims: Claims,
+        workloads: WorkloadMounts | None = None,
+    ) -> None:
+        self.workloads = workloads
         self.key = key
         self.name = key.name
         self.resource = naming.resource_name(self.name)
@@ -105,7 +137,10 @@ class InstanceBehaviour:
     ) -> list[dp.ContainerAllocateResponse]:
         every = [slot for request in requests for slot in request]
         inst = await self.claims.claim_slots(self.key, every)
-        return [container_response([inst], self.view) for _ in requests]
+        return [
+            container_response([inst], self.view, self.workloads, {self.name: request})
+            for request in requests
+        ]
 
     def preferred(self, available: Sequence[str], must: Sequence[str], size: int) -> list[str]:
         inst = self.view.instance(self.key)
@@ -129,7 +164,9 @@ class ConfigurationBehaviour:
         view: NodeView,
         claims: Claims,
         members: Callable[[], Sequence[ObjectKey]],
+        workloads: WorkloadMounts | None = None,
     ) -> None:
+        self.workloads = workloads
         self.namespace = namespace
         self.config = config
         self.key = ObjectKey(namespace, config)
@@ -156,7 +193,14 @@ class ConfigurationBehaviour:
         responses = []
         for placements in plan.containers:
             chosen = [self.view.instance(ObjectKey(self.namespace, p.instance)) for p in placements]
-            responses.append(container_response([i for i in chosen if i is not None], self.view))
+            given: dict[str, list[str]] = {}
+            for p in placements:
+                given.setdefault(p.instance, []).append(p.slot)
+            responses.append(
+                container_response(
+                    [i for i in chosen if i is not None], self.view, self.workloads, given
+                )
+            )
         return responses
 
     def preferred(self, available: Sequence[str], must: Sequence[str], size: int) -> list[str]:

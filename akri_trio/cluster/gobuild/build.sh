@@ -51,15 +51,20 @@ if ! flock -n 9; then echo "[build] another build of $OUT is running; waiting fo
 if have_all; then exit 0; fi
 
 go_env "$CACHE"
-step() { echo "[build] $(date +%T) $*"; }
-step "$COMPONENT: go build ${BINS[*]} with $GO_TOOLCHAIN (downloads modules on a new machine)"
+say() { echo "[build] $(date +%T) $*"; }
+say "$COMPONENT: go build ${BINS[*]} with $GO_TOOLCHAIN (downloads modules on a new machine)"
 tmp="$OUT/bin.tmp"
 rm -rf "$tmp"; mkdir -p "$tmp"
-(cd "$here/$COMPONENT" && "$GO" build -trimpath -tags "$TAGS" -ldflags "$LDFLAGS" -o "$tmp/" "${PKGS[@]}")
+# One go build per binary, each announced as "step N/TOTAL: NAME" (the runner shows progress and
+# an ETA from these lines); later steps reuse what the first compiled, through the build cache.
+for i in "${!PKGS[@]}"; do
+  say "step $((i + 1))/${#PKGS[@]}: ${BINS[$i]}"
+  (cd "$here/$COMPONENT" && "$GO" build -trimpath -tags "$TAGS" -ldflags "$LDFLAGS" -o "$tmp/" "${PKGS[$i]}")
+done
 # etcd's main package is its module root, go.etcd.io/etcd/server/v3: go build names the binary
 # "server" (a major-version suffix is skipped).
 if [ "$COMPONENT" = etcd ]; then mv "$tmp/server" "$tmp/etcd"; fi
 mkdir -p "$OUT/bin"
 for b in "${BINS[@]}"; do mv "$tmp/$b" "$OUT/bin/$b"; done
 rmdir "$tmp"
-step "$COMPONENT: done ($(du -sh "$OUT/bin" | cut -f1))"
+say "$COMPONENT: done ($(du -sh "$OUT/bin" | cut -f1))"

@@ -1,0 +1,127 @@
+"""brokerInfo's file-system edge: workload directories under the agent's `--broker-info-dir`.
+
+    <root>/<namespace>/<instance>/<slot>.g<generation>.<token>/        a running workload
+    <root>/<namespace>/<instance>/ended-<slot>.g<generation>.<token>/  what an ended one left
+
+Blocking calls, made from a worker thread (`trio.to_thread`) except for the one mkdir at
+Allocate. Everything a broker put in its directory is untrusted: entries are opened without
+following symlinks and without blocking (a FIFO), only regular files are read, at most one
+byte past the per-file limit, and a directory's listing stops after a bound, so a broker cannot
+make the agent read the node's files or spend unbounded time or memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+from akri_trio.address import ObjectKey
+from akri_trio.agent.brokerinfo._rules import DirPlan, FileRead, Limits, WorkloadDir, superseded
+
+# A listing longer than this is cut (and the cut reported through the file-count limit).
+LISTING_FACTOR = 4
+
+
+def instance_dir(root: Path, key: ObjectKey) -> Path:
+    return root / key.namespace / key.name
+
+
+def make_workload_dir(root: Path, key: ObjectKey, workload: WorkloadDir) -> Path:
+    """An empty directory for a new workload, writable by any user the broker runs as (it is
+    mounted into that workload only). The directories of the slot's earlier workloads go."""
+    parent = instance_dir(root, key)
+    parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+    for name in superseded(_names(parent), workload.slot):
+        shutil.rmtree(parent / name, ignore_errors=True)
+    path = parent / workload.name
+    path.mkdir(mode=0o777)
+    path.chmod(0o777)  # the umask narrowed mkdir's mode
+    return path
+
+
+def instance_dirs(root: Path, namespace: str | None) -> dict[ObjectKey, list[str]]:
+    """Every Instance directory under `root` (one namespace's, or all) with its entries."""
+    found: dict[ObjectKey, list[str]] = {}
+    namespaces = [namespace] if namespace is not None else _names(root)
+    for ns in namespaces:
+        for inst in _names(root / ns):
+            found[ObjectKey(ns, inst)] = _names(root / ns / inst)
+    return found
+
+
+def _names(path: Path) -> list[str]:
+    try:
+        return sorted(os.listdir(path))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def carry_out(path: Path, plan: DirPlan) -> None:
+    """Do what `plan` says in the Instance directory `path`."""
+    for live, ended in plan.end:
+        shutil.rmtree(path / ended, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.rename(path / live, path / ended)
+    for name in plan.remove:
+        target = path / name
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                target.unlink()
+    if plan.remove_all:
+        with contextlib.suppress(OSError):  # not empty: an Allocate made one meanwhile
+            path.rmdir()
+            path.parent.rmdir()  # the namespace's, once empty
+
+
+def _entries(path: Path, bound: int) -> Iterator[os.DirEntry[str]]:
+    try:
+        with os.scandir(path) as it:
+            for n, entry in enumerate(it):
+                if n >= bound:
+                    return
+                yield entry
+    except FileNotFoundError:
+        return
+
+
+def read_workload(path: Path, limits: Limits) -> list[FileRead]:
+    """The entries of one workload directory, each read within the limits."""
+    out = []
+    for entry in _entries(path, limits.max_files * LISTING_FACTOR + 16):
+        if entry.name.startswith("."):
+            continue
+        out.append(_read(entry, limits.max_file_bytes + 1))
+    return out
+
+
+def _read(entry: os.DirEntry[str], most: int) -> FileRead:
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(entry.path, flags)
+    except OSError as exc:
+        why = "a symbolic link" if exc.errno == errno.ELOOP else f"cannot open: {exc.strerror}"
+        return FileRead(entry.name, 0.0, None, why)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return FileRead(entry.name, st.st_mtime, None, "not a regular file")
+        chunks = []
+        left = most
+        while left > 0:
+            chunk = os.read(fd, left)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return FileRead(entry.name, st.st_mtime, b"".join(chunks))
+    except OSError as exc:
+        return FileRead(entry.name, 0.0, None, f"cannot read: {exc.strerror}")
+    finally:
+        os.close(fd)

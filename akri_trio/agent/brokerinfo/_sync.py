@@ -1,0 +1,203 @@
+"""brokerInfo's agent side: a directory per workload at Allocate, and one task that copies what
+brokers write there into their Instances.
+
+`mount` runs inside Allocate, after the claim holds: it makes the workload's directory (named
+for the slot it holds and the Configuration's generation) and hands back the mount and env vars
+for the container. `run` is one nursery child: every `period` seconds it lists the directories
+(in a worker thread), ends the workloads whose slots this node no longer holds (the reclaimer
+freed them, the Instance went, the node left it; see `_rules.plan_dirs`), reads what counts,
+and server-side applies this node's part of each Instance's `spec.brokerInfo` where it differs
+from what the watch cache shows (level-triggered: an entry lost in any way is written again).
+Work per pass is bounded by the directories that exist and the per-directory limits.
+
+Files that break a rule are skipped and reported: one log line when the set of problems of an
+Instance changes, and through `problems(configuration)`, which the agent puts in its entry of the
+Configuration's status (a `BrokerInfoValid` condition; turning False records an Event).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+
+import attrs
+import httpx
+import trio
+
+from akri_trio.address import ObjectKey
+from akri_trio.agent.brokerinfo import _disk, _rules
+from akri_trio.agent.plugins.claims import held_by
+from akri_trio.agent.view import NodeView, config_key
+from akri_trio.kube.client import Client
+from akri_trio.kube.errors import ApiError, NotFound
+from akri_trio.model.resources import INSTANCES, Instance
+
+log = logging.getLogger(__name__)
+
+CONTAINER_ROOT = "/akri/broker-info"
+ENV_VAR = "AKRI_BROKER_INFO"
+DEFAULT_PERIOD_S = 2.0
+# How many problems of one Configuration its status shows (the rest are counted).
+MAX_REPORTED = 10
+
+
+@attrs.frozen
+class WorkloadMount:
+    container_path: str
+    host_path: str
+    envs: Mapping[str, str]
+
+
+class BrokerInfo:
+    def __init__(
+        self,
+        api: Client,
+        view: NodeView,
+        root: Path,
+        *,
+        limits: _rules.Limits = _rules.Limits(),  # noqa: B008  (frozen)
+        generation: Callable[[ObjectKey], int | None],
+        current: Callable[[ObjectKey], Mapping[str, str] | None],
+        known: Callable[[], Iterable[ObjectKey]] = tuple,
+        namespace: str | None = None,
+        period: float = DEFAULT_PERIOD_S,
+        on_problems: Callable[[ObjectKey], None] = lambda _: None,
+    ) -> None:
+        """`generation(config key)`: its metadata.generation (None: gone). `current(instance
+        key)`: its spec.brokerInfo as the watch cache has it (None: unknown). `known()`: the
+        Instances in that cache. `on_problems`: the problems of that Configuration changed."""
+        self.api = api
+        self.view = view
+        self.node = view.node
+        self.root = root
+        self.limits = limits
+        self.generation = generation
+        self.current = current
+        self.known = known
+        self.namespace = namespace
+        self.period = period
+        self.on_problems = on_problems
+        self.manager = _rules.field_manager(self.node)
+        # Instances this node has (or may have) entries on without a directory any more: a
+        # pass checks that they are gone.
+        self.leftover: set[ObjectKey] = set()
+        self._problems: dict[ObjectKey, tuple[str, ...]] = {}  # per Instance
+        self._started = False
+
+    # --- Allocate ------------------------------------------------------------------------------
+
+    def mount(self, inst: Instance, slots: Sequence[str]) -> WorkloadMount | None:
+        """The directory of a workload that was just given `slots` of `inst` (the claim holds).
+        None when it cannot be made: the broker then runs without one (logged)."""
+        if not slots:
+            return None
+        key = inst.metadata.key
+        generation = self.generation(config_key(inst)) or 0
+        workload = _rules.WorkloadDir(min(slots), generation, secrets.token_hex(4))
+        try:
+            path = _disk.make_workload_dir(self.root, key, workload)
+        except OSError as exc:
+            log.warning("no brokerInfo directory for %s (%s): %s", key, workload.name, exc)
+            return None
+        container_path = f"{CONTAINER_ROOT}/{inst.metadata.name}"
+        digest = inst.spec.cdi_name.rpartition("=")[2]
+        envs = {ENV_VAR: container_path, f"{ENV_VAR}_{digest.upper()}": container_path}
+        return WorkloadMount(container_path, str(path), envs)
+
+    # --- the copy loop -------------------------------------------------------------------------
+
+    def problems(self, config: ObjectKey) -> list[str]:
+        """What was skipped in the workload directories of this Configuration's Instances."""
+        out = [
+            f"{key.name}: {p}"
+            for key, problems in sorted(self._problems.items())
+            if (inst := self.view.instance(key)) is not None and config_key(inst) == config
+            for p in problems
+        ]
+        if len(out) > MAX_REPORTED:
+            out = [*out[:MAX_REPORTED], f"and {len(out) - MAX_REPORTED} more"]
+        return out
+
+    async def run(self) -> None:
+        while True:
+            await self.pass_once()
+            await trio.sleep(self.period)
+
+    async def pass_once(self) -> None:
+        if not self._started:
+            # Entries this node wrote before a restart whose directories are gone (the host
+            # directory was wiped, or the agent now has another one) go on the first pass.
+            self._started = True
+            self.leftover.update(
+                key for key in self.known() if _rules.node_entries(self.current(key), self.node)
+            )
+        found = await trio.to_thread.run_sync(_disk.instance_dirs, self.root, self.namespace)
+        plans = {key: self._plan(key, names) for key, names in found.items()}
+        reads = await trio.to_thread.run_sync(self._carry_out_and_read, plans)
+        for key in sorted(set(plans) | self.leftover):
+            selections = reads.get(key, [])
+            self._report(key, [p for s in selections for p in s.problems])
+            inst = self.view.instance(key)
+            files = _rules.merge(selections)
+            if inst is None or await self._write(key, _rules.desired_entries(self.node, files)):
+                self.leftover.discard(key)
+            else:
+                self.leftover.add(key)  # retried next pass, even once its directory is gone
+
+    def _plan(self, key: ObjectKey, names: list[str]) -> _rules.DirPlan:
+        inst = self.view.instance(key)
+        return _rules.plan_dirs(
+            names,
+            held=() if inst is None else held_by(inst.spec.device_usage, self.node),
+            serving=inst is not None and self.node in inst.spec.nodes,
+            generation=None if inst is None else self.generation(config_key(inst)),
+        )
+
+    def _carry_out_and_read(
+        self, plans: Mapping[ObjectKey, _rules.DirPlan]
+    ) -> dict[ObjectKey, list[_rules.Selection]]:
+        out = {}
+        for key, plan in plans.items():
+            path = _disk.instance_dir(self.root, key)
+            _disk.carry_out(path, plan)
+            out[key] = [
+                _rules.select(_disk.read_workload(path / name, self.limits), self.limits)
+                for name in plan.report_from
+            ]
+        return out
+
+    def _report(self, key: ObjectKey, problems: list[str]) -> None:
+        before = self._problems.get(key, ())
+        now = tuple(problems)
+        if now == before:
+            return
+        if now:
+            self._problems[key] = now
+            log.warning("brokerInfo of %s: skipped %s", key, "; ".join(now))
+        else:
+            self._problems.pop(key, None)
+        inst = self.view.instance(key)
+        if inst is not None:
+            self.on_problems(config_key(inst))
+
+    async def _write(self, key: ObjectKey, desired: dict[str, str]) -> bool:
+        """Make this node's part of the Instance's map `desired`, if the watch cache says it
+        is not; level-triggered, so an entry lost by any means is written again. True when it
+        is (or the Instance is gone)."""
+        if _rules.node_entries(self.current(key), self.node) == desired:
+            return True
+        body = _rules.apply_body(key.namespace, key.name, desired)
+        try:
+            await self.api.apply(
+                INSTANCES, body, field_manager=self.manager, namespace=key.namespace
+            )
+        except NotFound:
+            return True
+        except (ApiError, httpx.HTTPError) as exc:
+            # Retried on the next pass; a refusal (an entry someone else owns, the CRD's
+            # bounds) is said here once per pass until it clears.
+            log.warning("could not write brokerInfo of %s: %s", key, exc)
+            return False
+        return True

@@ -1,0 +1,393 @@
+"""brokerInfo without a cluster: which files count (limits, names, UTF-8), the key scheme, the
+merge of several directories, what happens to a workload's directory once its slot is freed,
+the file-system edge against hostile entries, and the mount Allocate hands out."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import cast
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from akri_trio.address import ObjectKey
+from akri_trio.agent.brokerinfo import (
+    BrokerInfo,
+    FileRead,
+    Limits,
+    Selection,
+    WorkloadDir,
+    entry_key,
+    field_manager,
+    merge,
+    node_entries,
+    plan_dirs,
+    select,
+)
+from akri_trio.agent.brokerinfo._disk import carry_out, make_workload_dir, read_workload
+from akri_trio.agent.brokerinfo._rules import DirPlan, apply_body, parse_dir, superseded
+from akri_trio.agent.cli import parse_args
+from akri_trio.agent.events import condition_events
+from akri_trio.agent.plugins.service import container_response
+from akri_trio.agent.status import node_entry
+from akri_trio.agent.view import NodeView
+from akri_trio.kube.client import Client
+from akri_trio.model.resources import JSON
+
+LIMITS = Limits(max_files=3, max_file_bytes=8, max_total_bytes=12)
+
+
+def _f(name: str, data: bytes | None = b"x", mtime: float = 1.0, problem: str = "") -> FileRead:
+    return FileRead(name, mtime, data, problem)
+
+
+# --- which files count ---------------------------------------------------------------------------
+
+
+def test_files_are_kept_in_name_order() -> None:
+    sel = select([_f("b", b"2"), _f("a", b"1")], LIMITS)
+    assert dict(sel.files) == {"a": (1.0, "1"), "b": (1.0, "2")}
+    assert sel.problems == ()
+
+
+def test_dot_files_are_ignored_without_a_report() -> None:
+    assert select([_f(".status.tmp", b"half")], LIMITS) == Selection({})
+
+
+def test_a_file_over_the_per_file_limit_is_reported_and_skipped() -> None:
+    sel = select([_f("big", b"123456789"), _f("ok", b"1")], LIMITS)
+    assert list(sel.files) == ["ok"]
+    assert sel.problems == ("'big': over 8 bytes",)
+
+
+def test_a_file_that_is_not_utf8_is_reported_and_skipped() -> None:
+    sel = select([_f("bin", b"\xff\xfe"), _f("ok", "é".encode())], LIMITS)
+    assert dict(sel.files) == {"ok": (1.0, "é")}
+    assert sel.problems == ("'bin': not UTF-8",)
+
+
+def test_files_past_the_count_and_total_limits_are_reported() -> None:
+    many = select([_f(n, b"1") for n in "abcd"], LIMITS)
+    assert list(many.files) == ["a", "b", "c"]
+    assert many.problems == ("'d': more than 3 files",)
+    total = select([_f("a", b"1234567"), _f("b", b"1234567")], LIMITS)
+    assert list(total.files) == ["a"]
+    assert total.problems == ("'b': over 12 bytes in all",)
+
+
+def test_bad_names_and_unreadable_entries_are_reported() -> None:
+    sel = select([_f("a b"), _f("sub", None, problem="not a regular file")], LIMITS)
+    assert sel.files == {}
+    assert sel.problems == (
+        "'a b': name is not [-._a-zA-Z0-9]{1,253}",
+        "'sub': not a regular file",
+    )
+
+
+@given(
+    st.lists(
+        st.builds(
+            FileRead,
+            st.text(alphabet="ab.- é", min_size=1, max_size=4),
+            st.floats(0, 10),
+            st.one_of(st.none(), st.binary(max_size=12)),
+        ),
+        unique_by=lambda f: f.name,
+        max_size=8,
+    )
+)
+def test_every_file_is_kept_or_reported_once_and_the_limits_hold(found: list[FileRead]) -> None:
+    sel = select(found, LIMITS)
+    assert len(sel.files) <= LIMITS.max_files
+    assert sum(len(t.encode()) for _, t in sel.files.values()) <= LIMITS.max_total_bytes
+    visible = sorted(f.name for f in found if not f.name.startswith("."))
+    reported = [p.split("'")[1] for p in sel.problems]
+    assert sorted([*sel.files, *reported]) == visible
+
+
+def test_limits_refuse_what_the_crd_would_refuse() -> None:
+    with pytest.raises(ValueError, match="maxLength"):
+        Limits(max_file_bytes=4097)
+    with pytest.raises(ValueError, match="at least 1"):
+        Limits(max_files=0)
+
+
+# --- keys and merging ----------------------------------------------------------------------------
+
+
+def test_keys_are_per_node_and_a_node_sees_only_its_own() -> None:
+    assert entry_key("node-a", "firmware") == "node-a/firmware"
+    info = {"node-a/firmware": "1", "node-ab/firmware": "2", "node-b/x": "3"}
+    assert node_entries(info, "node-a") == {"node-a/firmware": "1"}
+    assert node_entries(None, "node-a") == {}
+    assert field_manager("node-a") == "brokerinfo-node-a"
+    body = apply_body("ns", "cam-1", {"node-a/x": "1"})
+    assert body["spec"] == {"brokerInfo": {"node-a/x": "1"}}
+    assert "configurationName" not in body["spec"]  # never creates a deleted Instance
+    assert apply_body("ns", "cam-1", {})["spec"] == {}
+
+
+def test_the_newest_file_wins_a_name_two_workloads_share() -> None:
+    older = Selection({"status": (1.0, "old"), "a": (1.0, "a")})
+    newer = Selection({"status": (2.0, "new")})
+    assert merge([newer, older]) == {"a": "a", "status": "new"}
+    assert merge([older, Selection({"status": (1.0, "tie")})])["status"] == "tie"
+
+
+# --- workload directories ------------------------------------------------------------------------
+
+
+@given(
+    st.from_regex(r"[a-z0-9.-]{1,20}", fullmatch=True),
+    st.integers(0, 2**40),
+    st.from_regex(r"[0-9a-f]{1,8}", fullmatch=True),
+    st.booleans(),
+)
+def test_directory_names_round_trip(slot: str, generation: int, token: str, ended: bool) -> None:
+    wd = WorkloadDir(slot, generation, token, ended)
+    assert parse_dir(wd.name) == wd
+
+
+def test_a_held_slot_keeps_its_directory_live() -> None:
+    plan = plan_dirs(["cam-0.g3.a"], held={"cam-0"}, serving=True, generation=3)
+    assert plan == DirPlan(report_from=("cam-0.g3.a",))
+
+
+def test_a_freed_slot_of_the_current_generation_leaves_its_report() -> None:
+    plan = plan_dirs(["cam-0.g3.a"], held=set(), serving=True, generation=3)
+    assert plan == DirPlan(
+        end=(("cam-0.g3.a", "ended-cam-0.g3.a"),), report_from=("ended-cam-0.g3.a",)
+    )
+
+
+def test_a_new_workload_replaces_the_report_of_the_ended_one() -> None:
+    plan = plan_dirs(["cam-1.g3.a", "ended-cam-0.g3.a"], held={"cam-1"}, serving=True, generation=3)
+    assert plan == DirPlan(remove=("ended-cam-0.g3.a",), report_from=("cam-1.g3.a",))
+
+
+def test_a_new_generation_drops_the_old_generation_s_reports() -> None:
+    plan = plan_dirs(["cam-0.g3.a", "ended-cam-1.g3.a"], held=set(), serving=True, generation=4)
+    assert plan == DirPlan(remove=("cam-0.g3.a", "ended-cam-1.g3.a"))
+
+
+def test_an_instance_the_node_no_longer_serves_loses_everything() -> None:
+    gone = DirPlan(remove_all=True, remove=("cam-0.g3.a",))
+    assert plan_dirs(["cam-0.g3.a"], held={"cam-0"}, serving=False, generation=3) == gone
+    assert plan_dirs(["cam-0.g3.a"], held={"cam-0"}, serving=True, generation=None) == gone
+
+
+def test_unknown_entries_are_removed() -> None:
+    plan = plan_dirs(["junk", "cam-0.g1.a"], held={"cam-0"}, serving=True, generation=1)
+    assert plan.remove == ("junk",)
+
+
+@given(
+    st.lists(
+        st.builds(
+            WorkloadDir, st.sampled_from(["c-0", "c-1", "c-2"]), st.integers(1, 3), st.just("a")
+        ),
+        unique_by=lambda w: w.name,
+        max_size=5,
+    ),
+    st.lists(
+        st.builds(
+            WorkloadDir,
+            st.sampled_from(["c-0", "c-1"]),
+            st.integers(1, 3),
+            st.just("a"),
+            st.just(True),
+        ),
+        unique_by=lambda w: w.name,
+        max_size=3,
+    ),
+    st.sets(st.sampled_from(["c-0", "c-1", "c-2"])),
+    st.integers(1, 3),
+)
+def test_a_node_reports_from_live_or_ended_directories_never_both(
+    live: list[WorkloadDir], ended: list[WorkloadDir], held: set[str], generation: int
+) -> None:
+    names = [w.name for w in live + ended]
+    plan = plan_dirs(names, held=held, serving=True, generation=generation)
+    after = (set(names) - set(plan.remove) - {a for a, _ in plan.end}) | {b for _, b in plan.end}
+    assert set(plan.report_from) <= after
+    reported = [parse_dir(n) for n in plan.report_from]
+    kinds = {w.ended for w in reported if w is not None}
+    assert len(kinds) <= 1
+    if any(w.slot in held for w in live):
+        assert kinds == {False}
+    # Every directory of a slot no longer held is gone or ended.
+    for w in live:
+        if w.slot not in held:
+            assert w.name not in after
+
+
+# --- the file system edge ------------------------------------------------------------------------
+
+
+def test_a_workload_directory_starts_empty_and_writable_by_anyone(tmp_path: Path) -> None:
+    key = ObjectKey("ns", "cam-1")
+    path = make_workload_dir(tmp_path, key, WorkloadDir("cam-1-0", 1, "a"))
+    assert list(path.iterdir()) == []
+    assert path.stat().st_mode & 0o777 == 0o777
+    assert path == tmp_path / "ns" / "cam-1" / "cam-1-0.g1.a"
+
+
+def test_a_new_workload_on_a_slot_ends_the_one_before(tmp_path: Path) -> None:
+    key = ObjectKey("ns", "cam-1")
+    make_workload_dir(tmp_path, key, WorkloadDir("cam-1-0", 1, "a"))  # a Job of generation 1
+    make_workload_dir(tmp_path, key, WorkloadDir("cam-1-1", 1, "b"))
+    # The kubelet gives slot 0 to generation 2's Job before the reclaimer freed it.
+    make_workload_dir(tmp_path, key, WorkloadDir("cam-1-0", 2, "c"))
+    assert sorted(os.listdir(tmp_path / "ns" / "cam-1")) == ["cam-1-0.g2.c", "cam-1-1.g1.b"]
+    assert superseded(["cam-1-0.g1.a", "ended-cam-1-0.g1.a", "cam-1-00.g1.a"], "cam-1-0") == [
+        "cam-1-0.g1.a"
+    ]
+
+
+def test_symlinks_fifos_and_directories_are_not_read(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("host file")
+    work = tmp_path / "w"
+    work.mkdir()
+    (work / "link").symlink_to(secret)
+    os.mkfifo(work / "fifo")
+    (work / "sub").mkdir()
+    (work / "big").write_bytes(b"x" * 100_000)
+    (work / "ok").write_text("fine")
+    found = {f.name: f for f in read_workload(work, LIMITS)}
+    assert found["link"].data is None and found["link"].problem == "a symbolic link"
+    assert found["fifo"].data is None and found["fifo"].problem == "not a regular file"
+    assert found["sub"].data is None
+    assert found["big"].data == b"x" * (LIMITS.max_file_bytes + 1)  # read no further
+    assert found["ok"].data == b"fine"
+
+
+def test_carrying_out_a_plan_renames_and_removes(tmp_path: Path) -> None:
+    for name in ("cam-0.g1.a", "cam-1.g1.a", "junk"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "cam-0.g1.a" / "status").write_text("done")
+    carry_out(
+        tmp_path, DirPlan(end=(("cam-0.g1.a", "ended-cam-0.g1.a"),), remove=("cam-1.g1.a", "junk"))
+    )
+    assert sorted(os.listdir(tmp_path)) == ["ended-cam-0.g1.a"]
+    assert (tmp_path / "ended-cam-0.g1.a" / "status").read_text() == "done"
+    carry_out(tmp_path, DirPlan(remove_all=True, remove=("ended-cam-0.g1.a",)))
+    assert not tmp_path.exists()  # and the Instance's directory with it
+    carry_out(tmp_path / "x", DirPlan(remove_all=True))  # already gone: nothing to do
+
+
+# --- Allocate ------------------------------------------------------------------------------------
+
+
+def test_allocate_mounts_a_directory_per_instance_and_says_where(tmp_path: Path) -> None:
+    view = NodeView("n")
+    for name, digest in (("cam-aaaaaa", "aaaaaa"), ("cam-bbbbbb", "bbbbbb")):
+        view.put_instance(
+            {
+                "metadata": {"name": name, "namespace": "ns", "resourceVersion": "1"},
+                "spec": {
+                    "configurationName": "cam",
+                    "cdiName": f"akri.sh/cam={digest}",
+                    "capacity": 2,
+                },
+            }
+        )
+    a, b = (
+        view.instance(ObjectKey("ns", "cam-aaaaaa")),
+        view.instance(ObjectKey("ns", "cam-bbbbbb")),
+    )
+    assert a is not None and b is not None
+    info = BrokerInfo(
+        cast(Client, None),  # Allocate's hook makes directories only; nothing is written
+        view,
+        tmp_path,
+        generation=lambda key: 7 if key == ObjectKey("ns", "cam") else None,
+        current=lambda _: None,
+    )
+    given = {"cam-aaaaaa": ["cam-aaaaaa-1", "cam-aaaaaa-0"], "cam-bbbbbb": ["cam-bbbbbb-1"]}
+    response = container_response([a, b], view, info, given)
+    assert {(m.container_path, m.host_path, m.read_only) for m in response.mounts} == {
+        ("/akri/broker-info/cam-aaaaaa", str(_one(tmp_path / "ns/cam-aaaaaa")), False),
+        ("/akri/broker-info/cam-bbbbbb", str(_one(tmp_path / "ns/cam-bbbbbb")), False),
+    }
+    assert dict(response.envs) == {
+        "AKRI_BROKER_INFO": "/akri/broker-info/cam-bbbbbb",  # the last, like broker properties
+        "AKRI_BROKER_INFO_AAAAAA": "/akri/broker-info/cam-aaaaaa",
+        "AKRI_BROKER_INFO_BBBBBB": "/akri/broker-info/cam-bbbbbb",
+    }
+    made = parse_dir(_one(tmp_path / "ns/cam-aaaaaa").name)
+    assert made is not None and (made.slot, made.generation) == ("cam-aaaaaa-0", 7)
+
+
+def _one(path: Path) -> Path:
+    (only,) = path.iterdir()
+    return only
+
+
+def test_without_brokerinfo_allocate_mounts_nothing() -> None:
+    view = NodeView("n")
+    inst = view.put_instance(
+        {
+            "metadata": {"name": "cam-aaaaaa", "namespace": "ns", "resourceVersion": "1"},
+            "spec": {"configurationName": "cam", "cdiName": "akri.sh/cam=aaaaaa", "capacity": 1},
+        }
+    )
+    response = container_response([inst], view)
+    assert not response.mounts and not response.envs
+
+
+# --- reporting and flags -------------------------------------------------------------------------
+
+
+def _entry(problems: list[str] | None, previous: dict[str, object] | None = None) -> JSON:
+    return node_entry(
+        node="n",
+        handler="debugEcho",
+        handlers={},
+        invalid_details=[],
+        unsolvable=None,
+        other_problems=[],
+        instances=1,
+        previous=previous,
+        now="t1",
+        to_wall=str,
+        broker_info_problems=problems,
+    )
+
+
+def test_skipped_files_turn_the_status_condition_false_and_record_an_event() -> None:
+    ok = _entry([])
+    cond = {c["type"]: c for c in ok["conditions"]}["BrokerInfoValid"]
+    assert (cond["status"], cond["reason"]) == ("True", "Valid")
+    bad = _entry(["cam-1: 'raw': not UTF-8"], previous=ok)
+    cond = {c["type"]: c for c in bad["conditions"]}["BrokerInfoValid"]
+    assert (cond["status"], cond["reason"], cond["message"]) == (
+        "False",
+        "FileSkipped",
+        "cam-1: 'raw': not UTF-8",
+    )
+    assert condition_events(ok, bad) == [("BrokerInfoSkipped", "n: cam-1: 'raw': not UTF-8")]
+
+
+def test_without_brokerinfo_the_status_has_no_condition_for_it() -> None:
+    assert "BrokerInfoValid" not in {c["type"] for c in _entry(None)["conditions"]}
+
+
+def test_flags_and_environment() -> None:
+    off = parse_args(["--node-name", "n"], {})
+    assert off.broker_info_dir is None
+    on = parse_args(
+        ["--node-name", "n", "--broker-info-max-files", "2", "--broker-info-period", "0.5"],
+        {"BROKER_INFO_DIRECTORY": "/var/lib/akri/broker-info"},
+    )
+    assert on.broker_info_dir == Path("/var/lib/akri/broker-info")
+    assert on.broker_info_limits == Limits(max_files=2)
+    assert on.broker_info_period == 0.5
+
+
+def test_limits_beyond_the_crd_are_refused_at_start(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--node-name", "n", "--broker-info-max-file-bytes", "5000"], {})
+    assert "maxLength" in capsys.readouterr().err

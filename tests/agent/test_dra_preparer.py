@@ -1,0 +1,82 @@
+"""The preparer without a usable API server or checkpoint: a prepare call is bounded in time
+(against an API server that never answers, every claim of the call is answered "timed out"
+after PREPARE_TIMEOUT_S, the kubelet then asks again, and nothing is written; under the
+autojump clock, the silent server a real TCP listener), and an unreadable checkpoint is moved
+aside, not fatal, with unprepare still removing a claim's CDI spec by its uid."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import trio
+import trio.testing
+
+from akri_trio.agent.dra.preparer import PREPARE_TIMEOUT_S, ClaimRef, Preparer
+from akri_trio.agent.view import NodeView
+from akri_trio.dra import spec_file_name
+from akri_trio.kube import Client
+
+
+def _loaded(http: httpx.AsyncClient, tmp_path: Path) -> Preparer:
+    preparer = Preparer(
+        Client(http),
+        NodeView("n1"),
+        cdi_dir=tmp_path / "cdi",
+        state_dir=tmp_path / "state",
+        consumable=True,
+    )
+    preparer.load()
+    return preparer
+
+
+async def _hold_connections(listener: trio.SocketListener) -> None:
+    async with trio.open_nursery() as nursery:
+        while True:
+            stream = await listener.accept()
+            nursery.start_soon(_never_answer, stream)
+
+
+async def _never_answer(stream: trio.SocketStream) -> None:
+    async with stream:
+        await trio.sleep_forever()
+
+
+async def test_a_silent_api_server_times_the_call_out(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    (listener,) = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listener.socket.getsockname()[1]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_hold_connections, listener)
+        http = httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=3600)
+        async with http:
+            preparer = _loaded(http, tmp_path)
+            refs = [ClaimRef("ns", "uid-1", "c1"), ClaimRef("ns", "uid-2", "c2")]
+            started = trio.current_time()
+            answers = await preparer.prepare(refs)
+            assert trio.current_time() - started == PREPARE_TIMEOUT_S
+        nursery.cancel_scope.cancel()
+    assert answers == {
+        "uid-1": "prepare ns/c1: timed out",
+        "uid-2": "prepare ns/c2: timed out",
+    }
+    assert not list((tmp_path / "cdi").iterdir())
+    assert preparer.prepared == {}
+
+
+async def test_an_unreadable_checkpoint_is_moved_aside_and_unprepare_still_works(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "checkpoint.json").write_text("{not json")
+    (tmp_path / "cdi").mkdir()
+    spec = tmp_path / "cdi" / spec_file_name("uid-1")
+    spec.write_text("{}")
+    async with httpx.AsyncClient(base_url="http://127.0.0.1:9") as http:
+        preparer = _loaded(http, tmp_path)
+        assert preparer.prepared == {}
+        assert (tmp_path / "state" / "checkpoint.json.unreadable").read_text() == "{not json"
+        answers = await preparer.unprepare([ClaimRef("ns", "uid-1", "c1")])
+    assert not isinstance(answers["uid-1"], str)
+    assert not spec.exists()
