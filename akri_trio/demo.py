@@ -16,12 +16,19 @@ Runs as `scripts/just demo` (or `python -m akri_trio.demo`):
    Instances, the controller's brokers and Services go with them). The cluster keeps running
    (`scripts/just cluster-down` stops it).
 
+`python -m akri_trio.demo --allocation dra` runs the same story in DRA mode (issue 15): the
+agent serves the kubelet's DRA plugin instead of device plugins and publishes its node's
+ResourceSlice, the controller keeps the Configuration's DeviceClass and gives each broker a
+ResourceClaim, and the Pod of step 4 asks for any one device of the Configuration through a
+ResourceClaimTemplate; the scheduler allocates, and the claims show which device each holds.
+
 It touches and waits for its own objects only: the Instances of its Configuration in its
 namespace, never other Instances the cluster holds (stuck ones of other users included).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -36,6 +43,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from akri_trio import dra
 from akri_trio.cluster.exports import parse_exports
 
 REPO = Path(__file__).resolve().parent.parent
@@ -44,6 +52,8 @@ CONFIG = "akri-debug-echo-foo"
 NAMESPACE = "akri-demo"
 APP_POD = "two-devices"
 BROKERS = f"akri.sh/configuration={CONFIG}"
+TEMPLATE = "any-device"  # DRA mode: the app Pod's ResourceClaimTemplate
+DRA_POD = "one-device"  # DRA mode: the app Pod
 
 
 def _step(title: str) -> None:
@@ -136,6 +146,37 @@ def _pod(name: str, resource: str, count: int) -> str:
     )
 
 
+def _claim_template() -> str:
+    """DRA mode: one device of the Configuration's DeviceClass, any of its Instances."""
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": TEMPLATE, "namespace": NAMESPACE},
+        "spec": {"spec": dra.claim_spec(CONFIG, NAMESPACE)},
+    }
+    return json.dumps(body)
+
+
+def _claim_pod(name: str) -> str:
+    """`_pod` asking for the template's claim instead of an extended resource."""
+    pod = json.loads(_pod(name, "unused", 1))
+    pod["spec"]["resourceClaims"] = [{"name": "device", "resourceClaimTemplateName": TEMPLATE}]
+    pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "device"}]}
+    return json.dumps(pod)
+
+
+def allocation_args(allocation: str, env: dict[str, str]) -> tuple[list[str], list[str]]:
+    """The agent's and the controller's extra flags for `allocation`."""
+    if allocation != "dra":
+        return [], []
+    agent = [
+        "--allocation", "dra",
+        "--kubelet-root-dir", env["AKRI_TRIO_KUBELET_ROOT_DIR"],
+        "--cdi-dir", env["AKRI_TRIO_CDI_DIR"],
+    ]  # fmt: skip
+    return agent, ["--allocation", "dra"]
+
+
 def ours(instances: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The demo's own among `instances`: those of its Configuration in its namespace (being
     deleted or not). The only ones it waits for."""
@@ -180,6 +221,8 @@ def _remove_ours(k: Kubectl, what: str) -> None:
     Services are gone (the agent and the controller run meanwhile: the agent releases its
     finalizers on the Instances)."""
     k.quiet("delete", "pod", APP_POD, "-n", NAMESPACE, "--wait=true", "--timeout=60s")
+    k.quiet("delete", "pod", DRA_POD, "-n", NAMESPACE, "--wait=true", "--timeout=60s")
+    k.quiet("delete", "resourceclaimtemplate", TEMPLATE, "-n", NAMESPACE, "--ignore-not-found")
     k.quiet("delete", "-n", NAMESPACE, "-f", str(EXAMPLE), "--wait=true", "--timeout=60s")
     _until(lambda: not _ours(k), what, 60)
     _until(lambda: not _brokers(k) and not _services(k), "its broker Pods and Services to go", 60)
@@ -208,7 +251,16 @@ def _process(name: str, args: list[str], env: dict[str, str], work: Path) -> Ite
         log.close()
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m akri_trio.demo", description=__doc__)
+    p.add_argument(
+        "--allocation",
+        choices=("device-plugin", "dra"),
+        default="device-plugin",
+        help="how Pods get devices: device plugins (default) or DRA (needs Kubernetes >= 1.34 "
+        "and a runtime with CDI, as the local cluster has)",
+    )
+    allocation = p.parse_args(argv).allocation
     _step("starting a real local Kubernetes with one node (the first run builds it)")
     print(_cluster("up", "--node"), end="")
     env = parse_exports(_cluster("env"))
@@ -248,12 +300,15 @@ def main() -> int:
         "--no-leader-elect",
         "--metrics-port", str(_free_port()),
     ]  # fmt: skip
+    agent_extra, controller_extra = allocation_args(allocation, env)
+    agent += agent_extra
+    controller += controller_extra
     with _process("agent", agent, k.env, work), _process("controller", controller, k.env, work):
         try:
             # Leftovers of an interrupted earlier demo (its own objects only), removed while
             # the agent runs, so the story starts from a clean slate.
             _remove_ours(k, "the Instances an earlier demo left to go")
-            _story(k, node, agent_port)
+            _story(k, node, agent_port, work, allocation)
         finally:
             _step("cleaning up what the demo made (the cluster keeps running)")
             _remove_ours(k, "the demo's Instances to go")
@@ -262,23 +317,27 @@ def main() -> int:
     return 0
 
 
-def _story(k: Kubectl, node: str, agent_port: int) -> None:
+def _story(k: Kubectl, node: str, agent_port: int, work: Path, allocation: str) -> None:
     _step("applying a debugEcho Configuration: two fake devices, capacity 2, a busybox broker")
     k.show("apply", "-n", NAMESPACE, "-f", str(EXAMPLE))
     _until(lambda: len(_ours(k)) == 2, "two Instances")
     k.show("get", "akric,akrii", "-n", NAMESPACE)
-    # Pods admitted before the plugins are registered would fail admission: wait for the
-    # agent to say so (the node's allocatable lags behind, and may be stale).
-    _until(
-        lambda: _metric(agent_port, "akri_device_plugins_registered") == 3,
-        "the three device plugins to register with the kubelet",
-    )
+    if allocation == "dra":
+        _dra_published(k, work)
+    else:
+        # Pods admitted before the plugins are registered would fail admission: wait for the
+        # agent to say so (the node's allocatable lags behind, and may be stale).
+        _until(
+            lambda: _metric(agent_port, "akri_device_plugins_registered") == 3,
+            "the three device plugins to register with the kubelet",
+        )
 
     _step("the controller starts a broker Pod for each Instance, pinned to the node that sees it")
     _until(lambda: len(_brokers(k, "Running")) == 2, "two broker Pods Running", 120)
     k.show("get", "pods", "-n", NAMESPACE, "-l", BROKERS, "-o", "wide")
     broker = sorted(p["metadata"]["name"] for p in _brokers(k))[0]
-    _step("a broker's env: the properties of its device, given by the agent's Allocate")
+    given = "DRA plugin (a CDI spec)" if allocation == "dra" else "Allocate"
+    _step(f"a broker's env: the properties of its device, given by the agent's {given}")
     k.show("logs", broker, "-n", NAMESPACE)
 
     _step("Services: one in front of each Instance's brokers, one for the whole Configuration")
@@ -295,6 +354,9 @@ def _story(k: Kubectl, node: str, agent_port: int) -> None:
     described = k.output("describe", "akrii", instance, "-n", NAMESPACE)
     print(described[described.index("Events:") :], end="")
 
+    if allocation == "dra":
+        _dra_pod(k)
+        return
     resource = f"akri.sh/{CONFIG}"
 
     def offered() -> bool:
@@ -315,6 +377,45 @@ def _story(k: Kubectl, node: str, agent_port: int) -> None:
         NAMESPACE,
         "-o",
         "custom-columns=INSTANCE:.metadata.name,DEVICE-USAGE:.spec.deviceUsage",
+    )
+
+
+def _dra_published(k: Kubectl, work: Path) -> None:
+    """DRA mode: the kubelet registered the agent's plugin; the class and the node's slice."""
+    registered = f"the kubelet registered DRA driver {dra.DRIVER}"
+    _until(
+        lambda: registered in (work / "agent.log").read_text(),
+        "the kubelet to register the agent's DRA plugin",
+    )
+    device_class = dra.device_class_name(CONFIG, NAMESPACE)
+    _step(f"the controller's DeviceClass {device_class}, and the agent's ResourceSlice")
+    _until(lambda: k.maybe_json("get", "deviceclass", device_class) is not None, "the class")
+    k.show("get", "deviceclass", device_class)
+    k.show(
+        "get",
+        "resourceslices",
+        "-o",
+        "custom-columns=SLICE:.metadata.name,POOL:.spec.pool.name,NODE:.spec.nodeName,"
+        "DEVICES:.spec.devices[*].name",
+    )
+
+
+def _dra_pod(k: Kubectl) -> None:
+    """DRA mode: a Pod with a claim for any device of the Configuration; every claim."""
+    _step("a Pod that asks for any one device of the Configuration, through a claim template")
+    k.show("apply", "-f", "-", stdin=_claim_template())
+    k.show("apply", "-f", "-", stdin=_claim_pod(DRA_POD))
+    k.show("wait", "--for=condition=Ready", "--timeout=90s", f"pod/{DRA_POD}", "-n", NAMESPACE)
+    k.show("logs", DRA_POD, "-n", NAMESPACE)
+    _step("every claim and the device the scheduler allocated to it")
+    k.show(
+        "get",
+        "resourceclaims",
+        "-n",
+        NAMESPACE,
+        "-o",
+        "custom-columns=CLAIM:.metadata.name,POD:.status.reservedFor[*].name,"
+        "DEVICE:.status.allocation.devices.results[*].device",
     )
 
 

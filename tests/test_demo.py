@@ -25,3 +25,13 @@ def test_the_demo_waits_only_for_instances_of_its_configuration_in_its_namespace
     ]
     assert demo.ours([*others, mine, mine_going]) == [mine, mine_going]
     assert demo.ours(others) == []
+
+
+def test_dra_mode_switches_both_the_agent_and_the_controller() -> None:
+    env = {"AKRI_TRIO_KUBELET_ROOT_DIR": "/var/lib/kubelet", "AKRI_TRIO_CDI_DIR": "/run/cdi"}
+    agent, controller = demo.allocation_args("dra", env)
+    assert agent == [
+        "--allocation", "dra", "--kubelet-root-dir", "/var/lib/kubelet", "--cdi-dir", "/run/cdi"
+    ]  # fmt: skip
+    assert controller == ["--allocation", "dra"]
+    assert demo.allocation_args("device-plugin", env) == ([], [])

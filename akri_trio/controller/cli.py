@@ -75,6 +75,15 @@ def _parse(
         "and a random suffix)",
     )
     p.add_argument("--workers", type=int, default=8, help="Instances reconciled in parallel")
+    p.add_argument(
+        "--allocation",
+        choices=("device-plugin", "dra"),
+        default="device-plugin",
+        help="how brokers get their device: `akri.sh/<instance>` limits served by the agents' "
+        "device plugins (default), or (dra, Kubernetes >= 1.34) ResourceClaims; in dra mode the "
+        "controller also keeps one DeviceClass per Configuration and publishes the shared "
+        "Instances' ResourceSlices",
+    )
     add_log_arguments(p, env)
     args = p.parse_args(argv)
     settings = ControllerSettings(
@@ -86,6 +95,7 @@ def _parse(
         lease_namespace=args.lease_namespace or _own_namespace(),
         identity=args.identity or default_identity(),
         workers=args.workers,
+        allocation=args.allocation,
     )
     return settings, args
 

@@ -77,6 +77,11 @@ def broker_job_name(instance: str, generation: int) -> str:
     return _named(f"{instance}-{generation}", "job")
 
 
+def claim_template_name(instance: str) -> str:
+    """The ResourceClaimTemplate of an Instance's brokers in DRA mode: `<instance>-claim`."""
+    return _named(instance, "claim")
+
+
 def instance_service_name(instance: str) -> str:
     return _named(instance, "svc", dns1035=True)
 

@@ -15,6 +15,10 @@ What each write did is also told as an Event on the Instance or Configuration co
 (controller/events.py decides which; the recorder never blocks), and log lines carry the
 `configuration`, `instance` and `node` they are about as fields.
 
+In DRA mode (`self.dra`, dra_reconcilers.py) `instance` also makes the Instance's broker claim
+template before the Pods that use it, and the brokers claim their device instead of asking for
+`akri.sh/<instance>`.
+
 Reads come only from the caches (no GET on the steady path), so a reconcile with nothing to
 change makes no request. Writes are idempotent: AlreadyExists on a create and NotFound or a
 failed uid precondition on a delete mean someone (a previous run of ours, the garbage
@@ -56,6 +60,8 @@ from akri_trio.controller import (
     up_to_date,
 )
 from akri_trio.controller import events as ev
+from akri_trio.controller.dra import claim_broker_job, claim_broker_pod
+from akri_trio.controller.dra_reconcilers import DraReconcilers
 from akri_trio.controller.metrics import ControllerMetrics
 from akri_trio.kube import (
     JSON,
@@ -199,6 +205,10 @@ class Reconcilers:
         self._models: dict[tuple[type, ObjectKey], tuple[str, Any]] = {}
         self.launched: dict[ObjectKey, str] = {}
         self.node_states: dict[str, NodeState] = {}
+        self.dra: DraReconcilers | None = None  # DRA mode: brokers claim their device
+
+    def read_instance(self, key: ObjectKey) -> Instance | None:
+        return self._read(self.c.instances, key, Instance)
 
     def _read(self, store: Store, key: ObjectKey, cls: type[T]) -> T | None:
         obj = store.get(key)
@@ -294,6 +304,9 @@ class Reconcilers:
         wanted = instance is not None and config is not None
         pods = broker_pods(config, instance) if config and instance else {}
         job = broker_job(config, instance) if config and instance else None
+        if self.dra is not None and instance is not None:
+            pods = {name: claim_broker_pod(body, instance) for name, body in pods.items()}
+            job = None if job is None else claim_broker_job(job, instance)
 
         by_label = label_key(key.namespace, key.name)
         observed = [
@@ -310,6 +323,9 @@ class Reconcilers:
 
         jobs = self.c.jobs.select("instance", by_label).values()
         job_plan = plan_job(job, jobs, self.launched.get(key))
+
+        if self.dra is not None and instance is not None and (plan.create or job_plan.create):
+            await self.dra.ensure_claim_template(instance)  # before the Pods that use it
 
         on = None if instance is None else ev.ref(instance)
 

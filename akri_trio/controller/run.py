@@ -9,7 +9,10 @@
             ├── event recorder                      Events on Instances and Configurations
             ├── instance queue   Instance key       broker Pods and Job   (reconcilers.instance)
             ├── services queue   Configuration key  its Services          (reconcilers.services)
-            └── node queue       Node key           lost-node cleanup     (reconcilers.node)
+            ├── node queue       Node key           lost-node cleanup     (reconcilers.node)
+            │   in DRA mode (`--allocation dra`) also, from our DeviceClasses and shared slices:
+            ├── class queue      DeviceClass name   a Configuration's class (dra_reconcilers)
+            └── pool queue       pool name          a shared Instance's pool (dra_reconcilers)
 
 The standby keeps no watches: becoming leader lists everything afresh, so a new leader never
 acts on a cache the old one filled. Once the first lists are in, the node queue also gets the
@@ -39,6 +42,19 @@ from typing import Any
 import attrs
 import trio
 
+from akri_trio.controller.dra_reconcilers import (
+    CONFIGURATION_INDEXES,
+    INSTANCE_INDEXES,
+    DraCaches,
+    DraReconcilers,
+    class_key,
+    class_selector,
+    keys,
+    pool_key,
+    probe_consumable_capacity,
+    shared_pool_key,
+    slice_selector,
+)
 from akri_trio.controller.leader import ClientLeaseApi, LeaderElector
 from akri_trio.controller.metrics import ControllerMetrics
 from akri_trio.controller.reconcilers import (
@@ -50,6 +66,7 @@ from akri_trio.controller.reconcilers import (
     Reconcilers,
     label_key,
 )
+from akri_trio.dra import DEVICE_CLASSES, HOSTNAME_LABEL, RESOURCE_SLICES
 from akri_trio.kube import (
     JSON,
     Change,
@@ -89,6 +106,7 @@ class ControllerSettings:
     lease_namespace: str = "akri"
     identity: str = attrs.field(factory=default_identity)
     workers: int = 8
+    allocation: str = "device-plugin"  # or "dra"
 
 
 @attrs.define
@@ -133,16 +151,17 @@ def slim_job(obj: JSON) -> JSON:
 
 
 def slim_node(obj: JSON) -> JSON:
-    """A Node reduced to its Ready condition's status (a real Node carries its image list, and
-    heartbeat times that change without anything happening)."""
+    """A Node reduced to its Ready condition's status and its hostname label (a real Node
+    carries its image list, and heartbeat times that change without anything happening)."""
     conditions = (obj.get("status") or {}).get("conditions") or []
     ready = [
         {"type": "Ready", "status": c.get("status")} for c in conditions if c.get("type") == "Ready"
     ]
-    return {
-        "metadata": _slim_meta(obj, ("name", "uid", "resourceVersion")),
-        "status": {"conditions": ready},
-    }
+    meta = _slim_meta(obj, ("name", "uid", "resourceVersion"))
+    hostname = ((obj.get("metadata") or {}).get("labels") or {}).get(HOSTNAME_LABEL)
+    if hostname is not None:
+        meta["labels"] = {HOSTNAME_LABEL: hostname}
+    return {"metadata": meta, "status": {"conditions": ready}}
 
 
 def _labelled(label: str) -> Callable[[JSON], ObjectKey | None]:
@@ -167,16 +186,21 @@ def _config_of(obj: JSON) -> ObjectKey | None:
     return None if not name else ObjectKey(str(obj["metadata"].get("namespace") or ""), name)
 
 
-def make_caches() -> Caches:
+def make_caches(*, dra: bool = False) -> Caches:
     instance_label = by_field(_labelled(naming.LABEL_INSTANCE))
     config_label = by_field(_labelled(naming.LABEL_CONFIGURATION))
     return Caches(
         instances=Store(
             transform=drop_managed_fields,
-            indexes={"config": by_field(_config_of), "label": by_field(_name_label)},
+            indexes={
+                "config": by_field(_config_of),
+                "label": by_field(_name_label),
+                **(INSTANCE_INDEXES if dra else {}),
+            },
         ),
         configurations=Store(
-            transform=drop_managed_fields, indexes={"label": by_field(_name_label)}
+            transform=drop_managed_fields,
+            indexes={"label": by_field(_name_label), **(CONFIGURATION_INDEXES if dra else {})},
         ),
         pods=Store(
             transform=slim_pod, indexes={"instance": instance_label, "config": config_label}
@@ -337,7 +361,8 @@ async def reconcile_while_leading(
     api: Client, settings: ControllerSettings, running: RunningController
 ) -> None:
     """Watch, cache and reconcile until cancelled (leadership lost, or shutdown)."""
-    caches = make_caches()
+    dra_mode = settings.allocation == "dra"
+    caches = make_caches(dra=dra_mode)
     metrics = running.metrics
     recorder = EventRecorder(api, "akri-controller")
     reconcilers = Reconcilers(api, caches, metrics, recorder=recorder)
@@ -379,12 +404,19 @@ async def reconcile_while_leading(
         .watches(caches.instances, _never)
         .watches(caches.configurations, _never),
     }
+    if dra_mode:
+        controllers.update(await _dra_controllers(api, settings, caches, reconcilers, watches))
     try:
         async with trio.open_nursery() as nursery:
             for res, store, selector in watches:
                 nursery.start_soon(
                     functools.partial(
-                        reflect, api, res, store, namespace=ns, label_selector=selector
+                        reflect,
+                        api,
+                        res,
+                        store,
+                        namespace=ns if res.namespaced else None,
+                        label_selector=selector,
                     )
                 )
             nursery.start_soon(reflect, api, NODES, caches.nodes)
@@ -408,6 +440,54 @@ async def reconcile_while_leading(
         metrics.broker_pods = lambda: ()
         for name in controllers:
             metrics.queue_depth.remove(name)
+
+
+async def _dra_controllers(
+    api: Client,
+    settings: ControllerSettings,
+    caches: Caches,
+    reconcilers: Reconcilers,
+    watches: list[tuple[Resource, Store, str | None]],
+) -> dict[str, Controller]:
+    """DRA mode's stores (added to `watches`), reconcilers and controllers."""
+    consumable = await probe_consumable_capacity(api)
+    log.info(
+        "DRA mode: shared pools as %s",
+        "one device per Instance with consumable capacity"
+        if consumable
+        else "one device per slot (no consumable capacity)",
+    )
+    dra_caches = DraCaches()
+    dra = DraReconcilers(
+        api,
+        configurations=caches.configurations,
+        instances=caches.instances,
+        nodes=caches.nodes,
+        c=dra_caches,
+        metrics=reconcilers.metrics,
+        consumable=consumable,
+        read_instance=reconcilers.read_instance,
+    )
+    reconcilers.dra = dra
+    ns = settings.namespace
+    # Cluster-scoped, watched in no namespace: the label selectors scope them instead.
+    watches.append((DEVICE_CLASSES, dra_caches.classes, class_selector(ns)))
+    watches.append((RESOURCE_SLICES, dra_caches.slices, slice_selector(ns)))
+    metrics = reconcilers.metrics
+    return {
+        "deviceclass": Controller(
+            _measured("deviceclass", dra.device_class, metrics), dra_caches.classes, drain=0
+        ).watches(caches.configurations, keys(class_key)),
+        "pool": Controller(
+            _measured("pool", dra.shared_pool, metrics),
+            dra_caches.slices,
+            workers=max(1, settings.workers // 2),
+            drain=0,
+            mapper=keys(pool_key),
+        )
+        .watches(caches.instances, _when_changed(keys(shared_pool_key)))
+        .watches(caches.nodes, _never),
+    }
 
 
 def _ready_checks(running: RunningController) -> list[tuple[str, Callable[[], bool]]]:

@@ -109,9 +109,12 @@ class Controller:
         workers: int = 4,
         backoff: Backoff = QUEUE_BACKOFF,
         drain: float = DRAIN_S,
+        mapper: Mapper = itself,
     ) -> None:
+        """`mapper`: the primary's own, for a reconcile keyed by something other than the
+        primary object (e.g. a pool its objects belong to)."""
         self.queue = ReconcileQueue(reconcile, workers=workers, backoff=backoff, drain=drain)
-        self.sources: list[Watched] = [Watched(primary, itself)]
+        self.sources: list[Watched] = [Watched(primary, mapper)]
 
     def watches(self, store: Store, mapper: Mapper) -> Controller:
         """Reconcile `mapper(change)` on every change in `store`; returns the controller."""

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import trio
 
 from akri_trio.controller.reconcilers import JOBS, NODES, PODS, SERVICES
+from akri_trio.controller.run import ControllerSettings, RunningController, run_controller
 from akri_trio.kube import JSON, Client, NotFound, Resource
 from akri_trio.model import naming
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
@@ -302,3 +303,19 @@ async def served_configuration(api: Client, ns: str, nodes: list[str]) -> JSON:
         CONFIGURATIONS, "cfg", {"status": status}, namespace=ns, subresource="status"
     )
     return config
+
+
+@asynccontextmanager
+async def running_controller(
+    api: Client, settings: ControllerSettings
+) -> AsyncIterator[RunningController]:
+    """`run_controller(settings)` in-process, yielded once its caches are synced."""
+    async with trio.open_nursery() as nursery:
+        running: RunningController = await nursery.start(
+            lambda **kw: run_controller(settings, api=api, **kw)
+        )
+        with trio.fail_after(30):
+            while not running.synced:  # noqa: ASYNC110  (a flag the controller sets)
+                await trio.sleep(0.05)
+        yield running
+        nursery.cancel_scope.cancel()

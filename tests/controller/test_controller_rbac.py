@@ -1,16 +1,20 @@
 """k8s/controller.yaml's RBAC is exactly enough: the controller runs with its ServiceAccount's
-token and nothing more, wins the Lease in `akri`, and makes broker Pods and Services."""
+token and nothing more, wins the Lease in `akri`, and makes broker Pods and Services (and, in
+DRA mode, DeviceClasses, shared ResourceSlices and broker claim templates)."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import suppress
 from pathlib import Path
 
 import pytest
 import trio
 
+from akri_trio import dra
 from akri_trio.controller.run import ControllerSettings, RunningController, run_controller
-from akri_trio.kube import Client, load_config
+from akri_trio.dra import DEVICE_CLASSES, RESOURCE_SLICES
+from akri_trio.kube import Client, NotFound, load_config
 from akri_trio.model.resources import CONFIGURATIONS
 from tests.controller.support import (
     broker_config,
@@ -69,3 +73,45 @@ async def test_controller_works_with_exactly_the_manifest_rbac(
 
             await until(no_brokers, what="brokers gone")
             nursery.cancel_scope.cancel()
+
+
+async def test_dra_mode_works_with_exactly_the_manifest_rbac(
+    admin: Client, controller_api: Client, cluster: dict[str, str]
+) -> None:
+    """DeviceClass, shared pool, the consumable-capacity probe and broker claim templates."""
+    async with namespace(admin, "ctl-rbac-dra") as ns:
+        config = await admin.create(
+            CONFIGURATIONS, broker_config("cfg", ns, pod=pod_spec(nowhere=True))
+        )
+        await make_instance(admin, config, "cfg-aaaaaa", [cluster["AKRI_TRIO_NODE_NAME"]])
+        settings = ControllerSettings(
+            namespace=ns, metrics_port=None, lease_namespace="akri", allocation="dra"
+        )
+        selector = f"{dra.LABEL_NAMESPACE}={ns}"
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(lambda **kw: run_controller(settings, api=controller_api, **kw))
+                (pod,) = await until(lambda: brokers(admin, ns), what="a broker Pod")
+                assert pod["spec"]["resourceClaims"][0]["resourceClaimTemplateName"]
+
+                async def published() -> bool:
+                    classes = await admin.list(DEVICE_CLASSES, label_selector=selector)
+                    slices = await admin.list(RESOURCE_SLICES, label_selector=selector)
+                    return bool(classes.items) and bool(slices.items)
+
+                await until(published, what="a DeviceClass and a shared pool")
+                await admin.delete(CONFIGURATIONS, "cfg", namespace=ns)
+
+                async def removed() -> bool:
+                    classes = await admin.list(DEVICE_CLASSES, label_selector=selector)
+                    slices = await admin.list(RESOURCE_SLICES, label_selector=selector)
+                    return not classes.items and not slices.items
+
+                await until(removed, what="class and pool deleted by the controller")
+                nursery.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True):
+                for res in (DEVICE_CLASSES, RESOURCE_SLICES):
+                    for obj in (await admin.list(res, label_selector=selector)).items:
+                        with suppress(NotFound):
+                            await admin.delete(res, obj["metadata"]["name"])

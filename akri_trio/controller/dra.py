@@ -1,0 +1,183 @@
+"""The controller's decisions in DRA mode, as plain data: DeviceClasses, shared pools, broker
+claims. The edge (dra_reconcilers.py) reads the caches, asks these functions, writes the answer.
+
+- One DeviceClass per Configuration (`dra.device_class`). A cluster-scoped object cannot have
+  a namespaced owner, so nothing deletes it for us: its reconcile is keyed by the class's name
+  and deletes a class of ours that no Configuration wants.
+- One pool per SHARED Instance, written by the controller alone: its devices
+  (`dra.pool_devices`) on a node selector of exactly the hostnames of `Instance.spec.nodes`.
+  Keyed by the pool's name; no Instance (gone, being deleted, no node left, not shared any
+  more) means no devices, so `plan_pool` deletes every slice of the pool.
+- Brokers claim their device instead of asking for `akri.sh/<instance>` in `limits`: one
+  ResourceClaimTemplate per Instance (owned by it; the request names the Configuration's
+  DeviceClass and selects the Instance by CEL on `akri.sh/instance`), and every broker Pod, and
+  a Job's Pod template, references it. kube-controller-manager makes one ResourceClaim per
+  Pod from it and deletes it with the Pod, so Pod and Job brokers work the same way and no
+  claim outlives its broker. The scheduler then enforces the Instance's capacity.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from akri_trio import dra
+from akri_trio.controller import names
+from akri_trio.controller.brokers import akri_labels, owned_object
+from akri_trio.model import naming
+from akri_trio.model.resources import JSON, Instance
+
+CLAIM_NAME: Final = "akri"  # the Pod's `resourceClaims` entry its containers refer to
+TEMPLATE_API_VERSION: Final = "resource.k8s.io/v1"
+
+
+# --- DeviceClasses ---------------------------------------------------------------------------
+
+
+def class_wanted(configurations: Sequence[tuple[str, str]], class_name: str) -> JSON | None:
+    """The DeviceClass `class_name` should be, given the (namespace, name) of the
+    Configurations that map to it: the first one's class (two Configurations could only share a
+    name through a hash collision of overlong names), or None when none wants it."""
+    for namespace, name in sorted(configurations):
+        body = dra.device_class(name, namespace)
+        if body["metadata"]["name"] == class_name:
+            return body
+    return None
+
+
+def class_up_to_date(existing: Mapping[str, Any] | None, wanted: Mapping[str, Any]) -> bool:
+    """Whether the stored class already has our labels and exactly our spec."""
+    if existing is None:
+        return False
+    labels = (existing.get("metadata") or {}).get("labels") or {}
+    ours = wanted["metadata"]["labels"]
+    return all(labels.get(k) == v for k, v in ours.items()) and existing.get("spec") == wanted.get(
+        "spec"
+    )
+
+
+def is_our_class(obj: Mapping[str, Any]) -> bool:
+    """A DeviceClass we made: it carries the namespace label `dra.device_class` puts on it."""
+    return dra.LABEL_NAMESPACE in ((obj.get("metadata") or {}).get("labels") or {})
+
+
+# --- shared pools ----------------------------------------------------------------------------
+
+
+def shared_pool_of(instance: Instance) -> str | None:
+    """The pool a shared Instance's devices go to (None for a non-shared one: the agent of
+    its node publishes those)."""
+    if not instance.spec.shared:
+        return None
+    return dra.shared_pool(instance.metadata.namespace, instance.metadata.name)
+
+
+def publishes(instance: Instance | None) -> bool:
+    """Whether `instance` has devices in a shared pool right now."""
+    return (
+        instance is not None
+        and instance.spec.shared
+        and not instance.metadata.deletion_timestamp
+        and bool(instance.spec.nodes)
+        and instance.spec.capacity > 0
+    )
+
+
+def plan_shared_pool(
+    pool: str,
+    instance: Instance | None,
+    existing: Sequence[Mapping[str, Any]],
+    *,
+    hostname: Mapping[str, str],
+    consumable: bool,
+    written: int = 0,
+) -> dra.PoolPlan:
+    """The writes that make `pool` hold `instance`'s devices on exactly its nodes, or nothing.
+
+    `hostname`: node name -> its `kubernetes.io/hostname` label, for the nodes whose Node says
+    so; any other node is selected by its name (which is what the kubelet sets the label to).
+    """
+    if instance is None or not publishes(instance) or shared_pool_of(instance) != pool:
+        return dra.plan_pool(pool, [], {}, existing, written=written)
+    devices = dra.pool_devices([instance], consumable=consumable).devices
+    nodes = [hostname.get(n, n) for n in instance.spec.nodes]
+    return dra.plan_pool(
+        pool,
+        devices,
+        dra.shared_placement(nodes),
+        existing,
+        labels=dra.pool_labels("shared", instance.metadata.namespace),
+        written=written,
+    )
+
+
+# --- broker claims ---------------------------------------------------------------------------
+
+
+def claim_template(instance: Instance) -> JSON:
+    """The ResourceClaimTemplate of `instance`'s brokers: one device of the Configuration's
+    class, of this Instance; owned by the Instance so it goes with it."""
+    meta, spec = instance.metadata, instance.spec
+    labels = {naming.LABEL_CONTROLLER: naming.CONTROLLER_VALUE, **akri_labels(instance)}
+    body = {"spec": dra.claim_spec(spec.configuration_name, meta.namespace, meta.name)}
+    name = names.claim_template_name(meta.name)
+    return owned_object(TEMPLATE_API_VERSION, "ResourceClaimTemplate", name, labels, instance, body)
+
+
+def _claim_pod_spec(pod_spec: Mapping[str, Any], resource: str, template: str) -> JSON:
+    """A copy of `pod_spec` in which each container asking for `resource` in its limits or
+    requests asks for the Pod's claim instead; the claim is added to the Pod only when a
+    container uses it (a broker without the placeholder gets no device in either mode)."""
+    spec = copy.deepcopy(dict(pod_spec))
+    used = False
+    for field in ("containers", "initContainers"):
+        for container in spec.get(field) or []:
+            resources = container.get("resources") if isinstance(container, dict) else None
+            if not isinstance(resources, dict):
+                continue
+            asked = False
+            for kind in ("limits", "requests"):
+                quantities = resources.get(kind)
+                if isinstance(quantities, dict) and resource in quantities:
+                    asked = True
+                    rest = {k: v for k, v in quantities.items() if k != resource}
+                    if rest:
+                        resources[kind] = rest
+                    else:
+                        del resources[kind]
+            if asked:
+                used = True
+                claims = [c for c in resources.get("claims") or [] if c.get("name") != CLAIM_NAME]
+                resources["claims"] = [*claims, {"name": CLAIM_NAME}]
+    if used:
+        entries = [c for c in spec.get("resourceClaims") or [] if c.get("name") != CLAIM_NAME]
+        spec["resourceClaims"] = [
+            *entries,
+            {"name": CLAIM_NAME, "resourceClaimTemplateName": template},
+        ]
+    return spec
+
+
+def claim_broker_pod(pod: Mapping[str, Any], instance: Instance) -> JSON:
+    """A broker Pod (brokers.broker_pod) that claims its device through the Instance's
+    template instead of the `akri.sh/<instance>` extended resource."""
+    body = copy.deepcopy(dict(pod))
+    body["spec"] = _claim_pod_spec(
+        body.get("spec") or {},
+        naming.resource_name(instance.metadata.name),
+        names.claim_template_name(instance.metadata.name),
+    )
+    return body
+
+
+def claim_broker_job(job: Mapping[str, Any], instance: Instance) -> JSON:
+    """A broker Job (brokers.broker_job) whose Pods claim their device likewise."""
+    body = copy.deepcopy(dict(job))
+    template = body["spec"]["template"]
+    template["spec"] = _claim_pod_spec(
+        template.get("spec") or {},
+        naming.resource_name(instance.metadata.name),
+        names.claim_template_name(instance.metadata.name),
+    )
+    return body

@@ -1,0 +1,236 @@
+"""The controller's DRA-mode decisions (akri_trio.controller.dra): DeviceClasses, shared pools,
+broker claims."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from akri_trio import dra
+from akri_trio.address import ObjectKey
+from akri_trio.controller import PLACEHOLDER, broker_job, broker_pod
+from akri_trio.controller.dra import (
+    CLAIM_NAME,
+    claim_broker_job,
+    claim_broker_pod,
+    claim_template,
+    class_up_to_date,
+    class_wanted,
+    is_our_class,
+    plan_shared_pool,
+)
+from akri_trio.controller.dra_reconcilers import (
+    class_key,
+    class_selector,
+    pool_key,
+    shared_pool_key,
+    slice_selector,
+)
+from akri_trio.controller.names import claim_template_name
+from akri_trio.model import naming
+from tests.controller.objects import CONFIG, INSTANCE, configuration, instance
+
+JSON = dict[str, Any]
+POOL = dra.shared_pool("ns", INSTANCE)
+
+
+def _stored(plan: dra.PoolPlan, held: dict[str, JSON] | None = None) -> dict[str, JSON]:
+    """What the API holds after the controller carried out `plan`."""
+    out = dict(held or {})
+    for body in plan.apply:
+        stored = copy.deepcopy(body)
+        stored["metadata"]["uid"] = "u"
+        out[body["metadata"]["name"]] = stored
+    for name in plan.delete:
+        out.pop(name, None)
+    return out
+
+
+# --- DeviceClasses ---------------------------------------------------------------------------
+
+
+def test_a_configuration_wants_its_named_class() -> None:
+    name = dra.device_class_name(CONFIG, "ns")
+    wanted = class_wanted([("ns", CONFIG)], name)
+    assert wanted is not None
+    assert wanted["metadata"]["name"] == f"{CONFIG}.ns.akri.sh"
+    assert is_our_class(wanted)
+
+
+def test_no_configuration_wants_an_orphaned_class() -> None:
+    assert class_wanted([], dra.device_class_name(CONFIG, "ns")) is None
+
+
+def test_a_class_with_our_spec_and_labels_is_up_to_date_whatever_else_it_holds() -> None:
+    wanted = dra.device_class(CONFIG, "ns")
+    stored = copy.deepcopy(wanted)
+    stored["metadata"]["labels"]["team"] = "x"
+    stored["metadata"]["uid"] = "u"
+    assert class_up_to_date(stored, wanted)
+    edited = copy.deepcopy(stored)
+    edited["spec"]["selectors"][0]["cel"]["expression"] = "true"
+    assert not class_up_to_date(edited, wanted)
+    assert not class_up_to_date(None, wanted)
+
+
+def test_a_class_without_our_label_is_not_ours() -> None:
+    assert not is_our_class({"metadata": {"name": "gpu.example.com", "labels": {}}})
+
+
+# --- shared pools ----------------------------------------------------------------------------
+
+
+def test_a_shared_instance_is_one_pool_selecting_exactly_its_nodes() -> None:
+    inst = instance(nodes=("node-b", "node-a"))
+    plan = plan_shared_pool(POOL, inst, [], hostname={"node-b": "b"}, consumable=False)
+    (body,) = plan.apply
+    spec = body["spec"]
+    assert "nodeName" not in spec
+    (term,) = spec["nodeSelector"]["nodeSelectorTerms"]
+    assert term["matchExpressions"] == [
+        {"key": dra.HOSTNAME_LABEL, "operator": "In", "values": ["b", "node-a"]}
+    ]
+    assert spec["pool"] == {"name": POOL, "generation": 1, "resourceSliceCount": 1}
+    assert [d["name"] for d in spec["devices"]] == [f"{INSTANCE}-0", f"{INSTANCE}-1"]
+    assert body["metadata"]["labels"] == dra.pool_labels("shared", "ns")
+
+
+def test_consumable_capacity_publishes_one_device() -> None:
+    plan = plan_shared_pool(POOL, instance(), [], hostname={}, consumable=True)
+    (device,) = plan.apply[0]["spec"]["devices"]
+    assert device["allowMultipleAllocations"] is True
+
+
+def test_a_node_joining_bumps_the_generation_and_nothing_changes_without_it() -> None:
+    held = _stored(plan_shared_pool(POOL, instance(), [], hostname={}, consumable=False))
+    same = plan_shared_pool(POOL, instance(), list(held.values()), hostname={}, consumable=False)
+    assert same.unchanged
+    joined = instance(nodes=("node-a", "node-b"))
+    plan = plan_shared_pool(POOL, joined, list(held.values()), hostname={}, consumable=False)
+    assert plan.generation == 2 and len(plan.apply) == 1
+    values = plan.apply[0]["spec"]["nodeSelector"]["nodeSelectorTerms"][0]["matchExpressions"]
+    assert values[0]["values"] == ["node-a", "node-b"]
+
+
+def test_the_pool_goes_with_the_instance_its_nodes_or_its_sharing() -> None:
+    held = list(
+        _stored(plan_shared_pool(POOL, instance(), [], hostname={}, consumable=False)).values()
+    )
+    names = [s["metadata"]["name"] for s in held]
+    for gone in (
+        None,
+        instance(deleting=True),
+        instance(nodes=()),
+        instance(shared=False),
+    ):
+        plan = plan_shared_pool(POOL, gone, held, hostname={}, consumable=False)
+        assert plan.apply == () and list(plan.delete) == names
+
+
+def test_a_pool_published_again_never_repeats_a_generation() -> None:
+    plan = plan_shared_pool(POOL, instance(), [], hostname={}, consumable=False, written=4)
+    assert plan.generation == 5
+
+
+@given(st.lists(st.sampled_from(["n1", "n2", "n3", "n4"]), max_size=6), st.booleans())
+def test_every_history_of_nodes_ends_in_one_pool_at_a_higher_generation(
+    steps: list[str], consumable: bool
+) -> None:
+    held: dict[str, JSON] = {}
+    nodes: list[str] = []
+    last = 0
+    for node in steps:  # a node joins, or leaves when it was there
+        nodes = [n for n in nodes if n != node] if node in nodes else [*nodes, node]
+        inst = instance(nodes=tuple(nodes))
+        plan = plan_shared_pool(
+            POOL, inst, list(held.values()), hostname={}, consumable=consumable, written=last
+        )
+        held = _stored(plan, held)
+        if plan.apply:
+            assert plan.generation > last
+            last = plan.generation
+        if not nodes:
+            assert held == {}
+        else:
+            (body,) = held.values()
+            term = body["spec"]["nodeSelector"]["nodeSelectorTerms"][0]["matchExpressions"][0]
+            assert term["values"] == sorted(nodes)
+
+
+# --- broker claims ---------------------------------------------------------------------------
+
+POD_SPEC: JSON = {
+    "containers": [
+        {
+            "name": "broker",
+            "image": "nginx",
+            "resources": {"limits": {"cpu": "1", PLACEHOLDER: "1"}, "requests": {PLACEHOLDER: "1"}},
+        },
+        {"name": "side", "image": "busybox"},
+    ],
+}
+
+
+def test_the_claim_template_selects_the_instance_in_its_configurations_class() -> None:
+    inst = instance()
+    body = claim_template(inst)
+    assert body["kind"] == "ResourceClaimTemplate"
+    assert body["metadata"]["name"] == claim_template_name(INSTANCE) == f"{INSTANCE}-claim"
+    assert body["metadata"]["ownerReferences"][0]["uid"] == inst.metadata.uid
+    (request,) = body["spec"]["spec"]["devices"]["requests"]
+    assert request["exactly"]["deviceClassName"] == dra.device_class_name(CONFIG, "ns")
+    (selector,) = request["exactly"]["selectors"]
+    assert selector["cel"]["expression"] == dra.instance_selector(INSTANCE)
+
+
+def test_a_broker_pod_claims_instead_of_asking_for_the_extended_resource() -> None:
+    inst = instance()
+    pod = claim_broker_pod(broker_pod(configuration({"brokerPodSpec": POD_SPEC}), inst, "n"), inst)
+    broker, side = pod["spec"]["containers"]
+    assert broker["resources"] == {"limits": {"cpu": "1"}, "claims": [{"name": CLAIM_NAME}]}
+    assert "resources" not in side
+    assert pod["spec"]["resourceClaims"] == [
+        {"name": CLAIM_NAME, "resourceClaimTemplateName": claim_template_name(INSTANCE)}
+    ]
+    assert naming.resource_name(INSTANCE) not in str(pod)
+    # still pinned to its node
+    assert pod["spec"]["affinity"]["nodeAffinity"]
+
+
+def test_a_broker_without_the_placeholder_gets_no_claim() -> None:
+    inst = instance()
+    spec = {"containers": [{"name": "b", "image": "nginx"}]}
+    pod = claim_broker_pod(broker_pod(configuration({"brokerPodSpec": spec}), inst, "n"), inst)
+    assert "resourceClaims" not in pod["spec"]
+
+
+def test_a_broker_jobs_pods_claim_through_the_template() -> None:
+    inst = instance()
+    job_spec = {"template": {"spec": {**POD_SPEC, "restartPolicy": "Never"}}}
+    job = broker_job(configuration({"brokerJobSpec": job_spec}), inst)
+    assert job is not None
+    claimed = claim_broker_job(job, inst)
+    template = claimed["spec"]["template"]["spec"]
+    assert template["resourceClaims"][0]["resourceClaimTemplateName"] == f"{INSTANCE}-claim"
+    assert template["containers"][0]["resources"]["claims"] == [{"name": CLAIM_NAME}]
+    assert job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]  # untouched
+
+
+# --- what the DRA reconcilers are keyed by ---------------------------------------------------
+
+
+def test_a_configuration_its_class_and_a_shared_instance_its_pool_map_to_one_key() -> None:
+    config = {"metadata": {"name": CONFIG, "namespace": "ns"}}
+    assert class_key(config) == ObjectKey("", dra.device_class_name(CONFIG, "ns"))
+    assert class_key(dra.device_class(CONFIG, "ns")) is None  # cluster-scoped: no namespace
+    shared = {"metadata": {"name": INSTANCE, "namespace": "ns"}, "spec": {"shared": True}}
+    local = {"metadata": {"name": INSTANCE, "namespace": "ns"}, "spec": {"shared": False}}
+    assert shared_pool_key(shared) == ObjectKey("", POOL)
+    assert shared_pool_key(local) is None
+    (body,) = plan_shared_pool(POOL, instance(), [], hostname={}, consumable=False).apply
+    assert pool_key(body) == ObjectKey("", POOL)
+    assert class_selector(None) == "akri.sh/namespace"
+    assert slice_selector("ns") == "akri.sh/pool-kind=shared,akri.sh/namespace=ns"

@@ -1,0 +1,221 @@
+"""DRA mode for a SHARED device on a real node: the controller publishes its pool, the scheduler
+allocates from it, the agent's kubelet plugin prepares it (issue 15, the shared case).
+
+The agent (`--allocation dra`, debugEcho shared) and the controller (`--allocation dra`) run as
+real processes scoped to this module's namespace; the kubelet, scheduler, controller-manager
+and containerd are the cluster's. Nothing here writes a DeviceClass, slice or claim template:
+the controller does. The story runs in file order: the class and the shared pool appear, a
+broker and a user's Pod run with the device's env, a third consumer waits for capacity, the
+device goes offline (its pool goes), and the Configuration's deletion removes its class.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from akri_trio import dra
+from akri_trio.model import naming
+from tests.support.kubectl import Kubectl, busybox_pod
+from tests.support.node_agent import (
+    AgentProcess,
+    clear_namespace,
+    debug_echo_configuration,
+    fresh_namespace,
+)
+from tests.support.polling import until
+
+pytestmark = pytest.mark.node
+
+NS = "akri-dra-shared-e2e"
+CONFIG = "dra-shared"
+DESCRIPTION = "s0"
+TEMPLATE = "dra-shared-s0"  # the user's ResourceClaimTemplate: one device of the s0 Instance
+SCRIPT = "env | grep ^DEBUG_ECHO | sort; sleep 3600"
+REPO = Path(__file__).resolve().parents[2]
+
+
+class Env:
+    def __init__(self, env: dict[str, str], tmp: Path) -> None:
+        self.node = env["AKRI_TRIO_NODE_NAME"]
+        self.kubectl = Kubectl(env)
+        self.tmp = tmp
+        self.availability = tmp / "availability"
+        self.agent = AgentProcess(
+            self.kubectl,
+            tmp / "agent.log",
+            [
+                "--node-name", self.node,
+                "--namespace", NS,
+                "--allocation", "dra",
+                "--kubelet-root-dir", env["AKRI_TRIO_KUBELET_ROOT_DIR"],
+                "--cdi-dir", env["AKRI_TRIO_CDI_DIR"],
+                "--discovery-handlers-directory", str(tmp / "akri"),
+                "--enable-debug-echo",
+                "--debug-echo-shared",
+                "--debug-echo-availability", str(self.availability),
+                "--metrics-port", "-1",
+            ],
+        )  # fmt: skip
+        self.controller: subprocess.Popen[bytes] | None = None
+        self.instance = naming.instance_name(CONFIG, naming.device_hash(DESCRIPTION, None))
+        self.pool = dra.shared_pool(NS, self.instance)
+        self.device_class = dra.device_class_name(CONFIG, NS)
+
+    def start_controller(self) -> None:
+        log = open(self.tmp / "controller.log", "ab")  # noqa: SIM115  (closed with the process)
+        self.controller = subprocess.Popen(
+            [
+                sys.executable, "-m", "akri_trio", "controller",
+                "--allocation", "dra",
+                "--namespace", NS,
+                "--no-leader-elect",
+                "--metrics-port", "-1",
+            ],
+            cwd=REPO,
+            env={**self.kubectl.environ, "PYTHONUNBUFFERED": "1"},
+            stdout=log,
+            stderr=log,
+        )  # fmt: skip
+
+    def stop_controller(self) -> None:
+        if self.controller is not None:
+            self.controller.send_signal(signal.SIGTERM)
+            self.controller.wait(timeout=15)
+            self.controller = None
+
+    def slices(self) -> list[dict[str, Any]]:
+        items = self.kubectl.json("get", "resourceslices")["items"]
+        return [s for s in items if dra.pool_name_of(s) == self.pool]
+
+    def classes(self) -> list[str]:
+        items = self.kubectl.json("get", "deviceclasses")["items"]
+        return [c["metadata"]["name"] for c in items if c["metadata"]["name"] == self.device_class]
+
+    def pod(self, name: str) -> None:
+        pod = busybox_pod(name, NS, SCRIPT)
+        pod["spec"]["resourceClaims"] = [{"name": "echo", "resourceClaimTemplateName": TEMPLATE}]
+        pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "echo"}]}
+        self.kubectl.apply(pod)
+
+    def pod_json(self, name: str) -> dict[str, Any]:
+        return dict(self.kubectl.json("get", "pod", name, "-n", NS))
+
+    def phase(self, name: str) -> str:
+        return str(self.pod_json(name).get("status", {}).get("phase", ""))
+
+    def brokers(self) -> list[str]:
+        items = self.kubectl.json("get", "pods", "-n", NS, "-l", naming.LABEL_INSTANCE)["items"]
+        return [p["metadata"]["name"] for p in items if not p["metadata"].get("deletionTimestamp")]
+
+    def logs(self, name: str) -> dict[str, str]:
+        out = self.kubectl("logs", name, "-n", NS)
+        return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def _broker() -> dict[str, Any]:
+    container = {
+        "name": "broker",
+        "image": "docker.io/library/busybox:latest",
+        "imagePullPolicy": "Never",
+        "command": ["sh", "-c", SCRIPT],
+        "resources": {"limits": {"{{PLACEHOLDER}}": "1"}},
+    }
+    return {"brokerPodSpec": {"containers": [container], "terminationGracePeriodSeconds": 1}}
+
+
+@pytest.fixture(scope="module")
+def e2e(node_cluster: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    env = Env(node_cluster, tmp_path_factory.mktemp("dra-shared-e2e"))
+    fresh_namespace(env.kubectl, NS)
+    env.kubectl.apply(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": TEMPLATE, "namespace": NS},
+            "spec": {"spec": dra.claim_spec(CONFIG, NS, env.instance)},
+        }
+    )
+    env.agent.start()
+    env.start_controller()
+    config = debug_echo_configuration(CONFIG, NS, (DESCRIPTION,), capacity=2)
+    config["spec"]["brokerSpec"] = _broker()
+    env.kubectl.apply(config)
+    line = f"the kubelet registered DRA driver {dra.DRIVER}"
+    until(lambda: line in env.agent.this_run(), what="the kubelet registered the plugin")
+    try:
+        yield env
+    finally:
+        clear_namespace(env.kubectl, NS, CONFIG)
+        env.stop_controller()
+        env.agent.stop()
+        env.kubectl("delete", "deviceclass", env.device_class, check=False)
+        env.kubectl("delete", "resourceclaimtemplate", TEMPLATE, "-n", NS, check=False)
+        for s in env.slices():
+            env.kubectl("delete", "resourceslice", s["metadata"]["name"], check=False)
+
+
+def test_the_controller_publishes_the_class_and_the_shared_pool(e2e: Env) -> None:
+    until(e2e.classes, what=f"DeviceClass {e2e.device_class}")
+    (one,) = until(e2e.slices, what=f"the shared pool {e2e.pool}")
+    assert "nodeName" not in one["spec"]
+    (term,) = one["spec"]["nodeSelector"]["nodeSelectorTerms"]
+    assert term["matchExpressions"] == [
+        {"key": dra.HOSTNAME_LABEL, "operator": "In", "values": [e2e.node]}
+    ]
+    for device in one["spec"]["devices"]:
+        assert device["attributes"]["akri.sh/instance"] == {"string": e2e.instance}
+    # The agent publishes no node pool for a shared Instance.
+    node_pool = dra.node_pool(e2e.node, NS)
+    items = e2e.kubectl.json("get", "resourceslices")["items"]
+    assert not [s for s in items if dra.pool_name_of(s) == node_pool and s["spec"].get("devices")]
+
+
+def test_the_broker_runs_with_its_claimed_device(e2e: Env) -> None:
+    (broker,) = until(e2e.brokers, what="the broker Pod")
+    until(lambda: e2e.phase(broker) == "Running", seconds=90, what=f"{broker} Running")
+    spec = e2e.pod_json(broker)["spec"]
+    assert spec["resourceClaims"][0]["resourceClaimTemplateName"] == f"{e2e.instance}-claim"
+    assert until(lambda: e2e.logs(broker)).get("DEBUG_ECHO_DESCRIPTION") == DESCRIPTION
+
+
+def test_a_users_pod_selecting_the_instance_runs_with_its_env(e2e: Env) -> None:
+    e2e.pod("user")
+    until(lambda: e2e.phase("user") == "Running", seconds=90, what="user Running")
+    assert until(lambda: e2e.logs("user")).get("DEBUG_ECHO_DESCRIPTION") == DESCRIPTION
+
+
+def test_a_third_consumer_waits_for_capacity(e2e: Env) -> None:
+    e2e.pod("third")
+
+    def unschedulable() -> bool:
+        conditions = e2e.pod_json("third").get("status", {}).get("conditions", [])
+        return any(
+            c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable"
+            for c in conditions
+        )
+
+    until(unschedulable, seconds=60, what="the third Pod unschedulable")
+    assert e2e.phase("third") == "Pending"
+    e2e.kubectl("delete", "pod", "user", "-n", NS, "--wait=true", "--timeout=60s")
+    until(lambda: e2e.phase("third") == "Running", seconds=120, what="third Running once freed")
+    e2e.kubectl("delete", "pod", "third", "-n", NS, "--wait=false")
+
+
+def test_offline_removes_the_shared_pool(e2e: Env) -> None:
+    e2e.availability.write_text("OFFLINE")
+    until(lambda: not e2e.slices(), seconds=60, what="the shared pool gone")
+    e2e.availability.write_text("")
+    until(e2e.slices, seconds=60, what="the shared pool back")
+
+
+def test_deleting_the_configuration_removes_its_class_and_pool(e2e: Env) -> None:
+    e2e.kubectl("delete", "configurations.akri.sh", CONFIG, "-n", NS, "--wait=true")
+    until(lambda: not e2e.classes(), seconds=60, what="the DeviceClass gone")
+    until(lambda: not e2e.slices(), seconds=60, what="the shared pool gone")
