@@ -165,6 +165,48 @@ def test_agent_daemonset() -> None:
     assert agent["ports"] == [{"name": "metrics", "containerPort": 8080}]
 
 
+def test_dra_allocation_switches_the_agent_and_the_controller() -> None:
+    objects = render({"allocation": "dra"})
+    ds = one(objects, "DaemonSet", "akri-agent-daemonset")
+    spec = pod_spec(ds)
+    (agent,) = spec["containers"]
+    assert agent["args"] == [
+        "agent",
+        "--allocation=dra",
+        "--kubelet-root-dir=/var/lib/kubelet",
+        "--cdi-dir=/var/run/cdi",
+    ]
+    mounts = {m["mountPath"] for m in agent["volumeMounts"]}
+    dra = {"/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins", "/var/run/cdi"}
+    assert dra <= mounts
+    assert dra <= {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    (controller,) = pod_spec(one(objects, "Deployment", "akri-controller-deployment"))["containers"]
+    assert "--allocation=dra" in controller["args"]
+    # The default is upstream's device plugins: neither gets the flag nor the DRA mounts.
+    default = render()
+    (agent,) = pod_spec(one(default, "DaemonSet", "akri-agent-daemonset"))["containers"]
+    assert agent["args"] == ["agent"]
+    assert not dra & {m["mountPath"] for m in agent["volumeMounts"]}
+    with pytest.raises(helm_python.HelmError, match="allocation must be device-plugin or dra"):
+        render({"allocation": "dynamic"})
+
+
+def test_broker_info_directory_is_mounted_at_its_own_path() -> None:
+    ds = one(
+        render({"agent": {"brokerInfoDirectory": "/var/lib/akri-broker-info"}}),
+        "DaemonSet",
+        "akri-agent-daemonset",
+    )
+    spec = pod_spec(ds)
+    (agent,) = spec["containers"]
+    assert env_of(agent)["BROKER_INFO_DIRECTORY"] == "/var/lib/akri-broker-info"
+    assert {"name": "broker-info", "mountPath": "/var/lib/akri-broker-info"} in agent[
+        "volumeMounts"
+    ]
+    volume = next(v for v in spec["volumes"] if v["name"] == "broker-info")
+    assert volume["hostPath"]["path"] == "/var/lib/akri-broker-info"
+
+
 def test_agent_full_debug_echo_and_host_network() -> None:
     (agent_ds,) = [o for o in render(EVERYTHING) if o["metadata"]["name"] == "akri-agent-daemonset"]
     spec = pod_spec(agent_ds)
