@@ -1,12 +1,13 @@
 """Chaos on the real node: every component dies while Pods keep claiming and releasing devices.
 
-For a bounded time a fault loop takes turns killing the agent (SIGKILL), killing the standalone
-discovery handler (SIGKILL), restarting the kubelet, and restarting the API server and etcd (each
-SIGKILLed, then `cluster up` starts them again), while claimant threads keep creating Pods that
-ask for one device (instance-level or configuration-level), let them run a moment and delete
-them. Then the faults stop, everything is up again, two Pods hold devices, and the books must
-balance: no slot held twice, no slot held for a Pod that is not running (nothing leaked), every
-Instance is a device the handler discovers. The counts are printed (bench/RESULTS.md keeps them).
+For two rounds (ten faults, a few seconds apart) a fault loop takes turns killing the agent
+(SIGKILL), killing the standalone discovery handler (SIGKILL), restarting the kubelet, and
+restarting the API server and etcd (each SIGKILLed, then `cluster up` starts them again), while
+claimant threads keep creating Pods that ask for one device (instance-level or
+configuration-level), let them run a moment and delete them. Then the faults stop, everything is
+up again, two Pods hold devices, and the books must balance: no slot held twice, no slot held for
+a Pod that is not running (nothing leaked), every Instance is a device the handler discovers. The
+counts are printed (bench/RESULTS.md keeps them).
 
 Destructive: it restarts the shared cluster's processes, so it runs in CI's single session and not
 beside other developers' tests.
@@ -42,7 +43,7 @@ pytestmark = pytest.mark.node
 NS = "akri-chaos"
 CONFIG = "chaos-echo"
 DESCRIPTIONS = ("c0", "c1")
-FAULT_SECONDS = 100.0  # how long faults are injected
+FAULT_ROUNDS = 2  # each round injects every kind of fault once
 FAULT_GAP = 7.0  # seconds between two faults
 CLAIMANTS = 3
 POD_WAIT = 25.0  # a claimant gives a Pod this long to start before it deletes it
@@ -223,7 +224,7 @@ class Chaos:
 
     # --- faults ---------------------------------------------------------------------------
 
-    def fault_loop(self, seconds: float) -> None:
+    def fault_loop(self, rounds: int) -> None:
         faults: list[tuple[str, Callable[[], None]]] = [
             ("agent killed", self._kill_agent),
             ("kubelet restarted", self._restart_kubelet),
@@ -231,10 +232,7 @@ class Chaos:
             ("apiserver restarted", lambda: self._restart_control_plane("kube-apiserver")),
             ("etcd restarted", lambda: self._restart_control_plane("etcd")),
         ]
-        deadline = time.monotonic() + seconds
-        for name, inject in itertools.cycle(faults):
-            if time.monotonic() > deadline:
-                return
+        for name, inject in faults * rounds:
             inject()
             self.faults[name] = self.faults.get(name, 0) + 1
             time.sleep(FAULT_GAP)
@@ -323,7 +321,7 @@ def test_chaos_leaves_no_slot_doubled_or_leaked(chaos: Chaos) -> None:
     for t in claimants:
         t.start()
     try:
-        chaos.fault_loop(FAULT_SECONDS)
+        chaos.fault_loop(FAULT_ROUNDS)
     finally:
         stop.set()
         for t in claimants:
@@ -359,5 +357,5 @@ def test_chaos_leaves_no_slot_doubled_or_leaked(chaos: Chaos) -> None:
         f"anomalies {len(anomalies)}"
     )
     assert not anomalies, anomalies
-    assert sum(chaos.faults.values()) >= 10
+    assert sum(chaos.faults.values()) == 5 * FAULT_ROUNDS
     assert chaos.claims["running"] > 0
