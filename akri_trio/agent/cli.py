@@ -137,7 +137,7 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         type=int,
         metavar="GID",
         help="let discovery handlers of this group register and serve, as non-root (the agent "
-        "must be a member): the handlers directory becomes group GID, mode 2770, the "
+        "must be a member): the handlers directory becomes group GID, mode 3770, the "
         "registration socket 0660 (default: none, root's handlers only)",
     )
     add_env_argument(
