@@ -16,14 +16,14 @@ kubelet as host paths. So before a device reaches an Instance or an Allocate ans
   socket, the CDI directory, the brokerInfo directory): those are the node's keys;
 - a device node's host path is inside /dev; a mount's host path is inside one of the
   directories the agent allows handlers to mount (`mount_dirs`, none by default: upstream's
-  handlers send no mounts).
-
-The paths are checked as text: a symbolic link on the node (inside /dev or an allowed
-directory) is the node administrator's, and is followed by the runtime.
+  handlers send no mounts);
 - no more than `max_devices` devices per list (the lowest ids are kept); the agent applies
   `max_configuration_devices` the same way to a Configuration's merged lists.
 
-A device that fails is dropped with a reason; the others go on. Pure functions.
+A device that fails is dropped with a reason (at most SHOWN_PROBLEMS of its problems, each cut);
+the others go on. Pure functions: paths are checked as text, so a symbolic link on the node
+inside /dev or an allowed directory is followed by the runtime (the runtime takes only device
+nodes as device nodes; the mount directories must hold no links a handler can plant).
 """
 
 from __future__ import annotations
