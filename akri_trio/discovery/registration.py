@@ -34,8 +34,8 @@ SOCKET_MODE: Final = 0o600
 GROUP_SOCKET_MODE: Final = 0o660
 # setgid: what handlers create here (their sockets) belongs to the group, so the agent, a
 # member, can connect to them without root's DAC override (the DaemonSet drops ALL caps).
-# sticky: a handler may unlink or rename over only its own files, never the registration socket
-# or another handler's socket (whose Discover calls carry resolved Secret values).
+# sticky: a handler may unlink or rename over only its own user's files, never the registration
+# socket or the socket of a handler of another user (Discover calls carry resolved Secrets).
 GROUP_DIRECTORY_MODE: Final = 0o3770
 # Upstream's handler names are a word ("udev", "debugEcho"); a Unix socket path is at most
 # 108 bytes and an http://host:port endpoint not much longer.
