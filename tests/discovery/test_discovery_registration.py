@@ -196,7 +196,8 @@ OTHER_HANDLER_UID = 65533
 )
 def test_a_handler_of_the_group_can_remove_only_its_own_sockets() -> None:
     """In the shared handlers directory a handler creates and removes its own socket, but can
-    neither unlink nor rename over the agent's registration socket or another handler's."""
+    neither unlink nor rename over the agent's registration socket or the socket of a handler
+    running as another user."""
     with tempfile.TemporaryDirectory(prefix="reg-sticky-", dir="/tmp") as parent:
         Path(parent).chmod(0o755)
         directory = Path(parent) / "akri"
