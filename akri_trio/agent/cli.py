@@ -19,7 +19,7 @@ from akri_trio.agent.brokerinfo import DEFAULT_PERIOD_S as BROKER_INFO_PERIOD_S
 from akri_trio.agent.brokerinfo import Limits
 from akri_trio.agent.configurations import ConfigurationLimits
 from akri_trio.agent.run import AgentSettings, run_agent
-from akri_trio.discovery.device_rules import KUBELET_ROOT, DeviceRules
+from akri_trio.discovery.device_rules import DeviceRules, host_path_problem
 from akri_trio.discovery.handlers import BUILTIN
 from akri_trio.flaghelp import (
     Parser,
@@ -137,8 +137,21 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         type=int,
         metavar="GID",
         help="let discovery handlers of this group register and serve, as non-root (the agent "
-        "must be a member): the handlers directory becomes group GID, mode 2770, the "
+        "must be a member): the handlers directory becomes group GID, mode 3770, the "
         "registration socket 0660 (default: none, root's handlers only)",
+    )
+    add_env_argument(
+        p,
+        "--handler-mount-dir",
+        env=env,
+        var="AKRI_HANDLER_MOUNT_DIRS",
+        from_env=comma_list,
+        action="append",
+        dest="handler_mount_dirs",
+        default=[],
+        metavar="DIR",
+        help="a node directory whose contents discovery handlers may mount into brokers "
+        "(repeatable; the env var takes a list; default: none, handlers' mounts are refused)",
     )
     add_env_argument(
         p,
@@ -231,6 +244,20 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         p.error(f"brokerInfo limits: {exc}")
     if not args.broker_info_period > 0:
         p.error("--broker-info-period must be a positive number of seconds")
+    # No handler may hand a container a path the agent was given: they are the node's keys.
+    given = (
+        args.kubelet_root_dir,
+        args.device_plugin_dir,
+        args.pod_resources_socket,
+        args.cdi_dir,
+        args.discovery_handlers_directory,
+        args.broker_info_dir,
+    )
+    refused = tuple(dict.fromkeys(os.path.normpath(path) for path in given if path is not None))
+    for directory in args.handler_mount_dirs:
+        problem = host_path_problem(directory, "--handler-mount-dir", refused)
+        if problem is not None:
+            p.error(problem)
     settings = AgentSettings(
         node=args.node_name,
         discovery_handlers_directory=args.discovery_handlers_directory,
@@ -251,16 +278,8 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
             devices=DeviceRules(
                 max_devices=args.max_devices_per_handler,
                 max_configuration_devices=args.max_devices_per_configuration,
-                # No handler may hand a container the kubelet's sockets.
-                refused_host_dirs=tuple(
-                    dict.fromkeys(
-                        (
-                            KUBELET_ROOT,
-                            str(args.device_plugin_dir),
-                            str(args.pod_resources_socket),
-                        )
-                    )
-                ),
+                refused_host_dirs=refused,
+                mount_dirs=tuple(dict.fromkeys(args.handler_mount_dirs)),
             ),
         ),
         reclaim_period=args.reclaim_period,

@@ -16,14 +16,23 @@ from typing import Any, Final
 from akri_trio.discovery.registry import Active, HandlerStatus, Offline, Waiting
 from akri_trio.model.resources import JSON
 
-# Lines a condition message lists before "and N more": a status stays small whatever a handler
-# sends.
+# Lines a condition message (or `problems`) lists before "and N more", each cut to
+# MAX_LINE_CHARS: a status stays small whatever a handler sends (at most ~10 KB a message).
 MAX_LISTED: Final = 10
+MAX_LINE_CHARS: Final = 1000
+
+
+def _cut(line: str) -> str:
+    return line if len(line) <= MAX_LINE_CHARS else line[:MAX_LINE_CHARS] + "..."
+
+
+def _bounded(lines: Sequence[str]) -> list[str]:
+    more = len(lines) - MAX_LISTED
+    return [_cut(line) for line in lines[:MAX_LISTED]] + ([f"and {more} more"] if more > 0 else [])
 
 
 def _listed(lines: Sequence[str]) -> str:
-    more = len(lines) - MAX_LISTED
-    return "; ".join(lines[:MAX_LISTED]) + (f"; and {more} more" if more > 0 else "")
+    return "; ".join(_bounded(lines))
 
 
 def _handler_state(status: HandlerStatus, to_wall: Callable[[float], str]) -> JSON:
@@ -79,7 +88,7 @@ def node_entry(
     prev_conditions = {c["type"]: c for c in (previous or {}).get("conditions") or []}
     if unsolvable is not None:
         props = _condition(
-            "PropertiesResolved", False, unsolvable_reason, unsolvable, prev_conditions, now
+            "PropertiesResolved", False, unsolvable_reason, _cut(unsolvable), prev_conditions, now
         )
     else:
         props = _condition("PropertiesResolved", True, "Resolved", "", prev_conditions, now)
@@ -106,7 +115,7 @@ def node_entry(
             "DiscoveryDetailsValid",
             False,
             "InvalidDiscoveryDetails",
-            "; ".join(invalid_details),
+            _listed(invalid_details),
             prev_conditions,
             now,
         )
@@ -124,7 +133,7 @@ def node_entry(
     else:
         devices = _condition("DevicesAccepted", True, "Accepted", "", prev_conditions, now)
     if refused is not None:
-        accepted = _condition("Accepted", False, refused[0], refused[1], prev_conditions, now)
+        accepted = _condition("Accepted", False, refused[0], _cut(refused[1]), prev_conditions, now)
     else:
         accepted = _condition("Accepted", True, "Accepted", "", prev_conditions, now)
     conditions = [accepted, available, details, props, devices]
@@ -134,7 +143,7 @@ def node_entry(
                 "BrokerInfoValid",
                 not broker_info_problems,
                 "FileSkipped" if broker_info_problems else "Valid",
-                "; ".join(broker_info_problems),
+                _listed(broker_info_problems),
                 prev_conditions,
                 now,
             )
@@ -146,6 +155,6 @@ def node_entry(
             {"endpoint": endpoint, **_handler_state(status, to_wall)}
             for endpoint, status in sorted(handlers.items())
         ],
-        "problems": list(other_problems),
+        "problems": _bounded(other_problems),
         "conditions": conditions,
     }

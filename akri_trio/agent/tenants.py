@@ -4,8 +4,10 @@ A Configuration `cam` in namespace `a` and one named `cam` in namespace `b` woul
 the kubelet resource `akri.sh/cam` (and, for a shared device, the same `akri.sh/cam-<hash>`)
 on the same socket names: the kubelet would keep whichever registered last, and Pods of one
 tenant would get the other's devices. So on a node one of them owns the name — the oldest
-(creationTimestamp), then the first namespace in order, the same answer on every node and after
-every restart — and the others are refused with a status condition naming the owner. Pure.
+(creationTimestamp), then the first namespace in order, among the Configurations the agent
+watches: the same answer on every node and after every restart as long as each node's agent
+watches them all (an agent scoped by --namespace or --configuration-selector cannot see the
+others) — and the others are refused with a status condition naming the owner. Pure.
 """
 
 from __future__ import annotations

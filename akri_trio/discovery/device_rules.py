@@ -8,13 +8,22 @@ kubelet as host paths. So before a device reaches an Instance or an Allocate ans
 - property names are environment variable names (`[A-Za-z_][A-Za-z0-9_]*`), values hold no NUL;
 - device-node permissions are a non-empty subset of `rwm`;
 - host and container paths are absolute and normalised (no `..`, `.`, `//` or trailing `/`);
-- a host path is not `/`, and neither inside nor above one of the refused paths (the
-  kubelet's directory by default; the agent adds the device-plugin directory and the
-  pod-resources socket it was given: the kubelet's sockets are the node's keys);
+- a host path is not `/`, and neither inside nor above one of the refused paths: the node's
+  kernel interfaces, configuration and runtime state (`SYSTEM_DIRS`: /proc, whose
+  /proc/1/root is the whole node, /sys, /etc, /run and /var/run with the runtimes' sockets,
+  the runtimes' storage, the kubelet's directory) and every path the agent was given (its
+  handlers directory, the kubelet's directory, device-plugin directory and pod-resources
+  socket, the CDI directory, the brokerInfo directory): those are the node's keys;
+- a device node's host path is inside /dev; a mount's host path is inside one of the
+  directories the agent allows handlers to mount (`mount_dirs`, none by default: upstream's
+  handlers send no mounts);
 - no more than `max_devices` devices per list (the lowest ids are kept); the agent applies
   `max_configuration_devices` the same way to a Configuration's merged lists.
 
-A device that fails is dropped with a reason; the others go on. Pure functions.
+A device that fails is dropped with a reason (at most SHOWN_PROBLEMS of its problems, each cut);
+the others go on. Pure functions: paths are checked as text, so a symbolic link on the node
+inside /dev or an allowed directory is followed by the runtime (the runtime takes only device
+nodes as device nodes; the mount directories must hold no links a handler can plant).
 """
 
 from __future__ import annotations
@@ -32,14 +41,37 @@ from akri_trio.model.limits import MAX_DEVICES_PER_CONFIGURATION, MAX_DEVICES_PE
 ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 PERMISSIONS: Final = frozenset("rwm")
 KUBELET_ROOT: Final = "/var/lib/kubelet"
+# Refused whatever the agent's flags: a container given one of these (or a directory above one)
+# owns the node.
+SYSTEM_DIRS: Final = (
+    "/proc",
+    "/sys",
+    "/etc",
+    "/boot",
+    "/root",
+    "/run",
+    "/var/run",
+    "/var/lib/containerd",
+    "/var/lib/containers",
+    "/var/lib/docker",
+    KUBELET_ROOT,
+)
+DEVICE_DIR: Final = "/dev"
 SHOWN_ID_CHARS: Final = 80
+# A dropped device's line names at most this many of its problems, each cut to SHOWN_CHARS, so
+# one device (5,000 bad property names) cannot fill a Configuration's status.
+SHOWN_PROBLEMS: Final = 3
+SHOWN_CHARS: Final = 200
 
 
 @attrs.frozen
 class DeviceRules:
     max_devices: int = MAX_DEVICES_PER_HANDLER  # per handler endpoint's list
     max_configuration_devices: int = MAX_DEVICES_PER_CONFIGURATION  # after the merge
-    refused_host_dirs: tuple[str, ...] = (KUBELET_ROOT,)
+    # Refused besides SYSTEM_DIRS: the paths the agent was given.
+    refused_host_dirs: tuple[str, ...] = ()
+    # The only directories a mount's host path may be in.
+    mount_dirs: tuple[str, ...] = ()
 
 
 def shown(device_id: str) -> str:
@@ -61,16 +93,36 @@ def _inside(path: str, directory: str) -> bool:
     return path == directory or path.startswith(directory.rstrip("/") + "/")
 
 
-def _host_path_problem(path: str, what: str, refused: Sequence[str]) -> str | None:
+def host_path_problem(path: str, what: str, refused: Sequence[str]) -> str | None:
+    """Why a container may not be given host `path` (None: it may): it is not absolute and
+    normalised, or is `/`, or is inside or above SYSTEM_DIRS or a path of `refused`."""
     problem = _path_problem(path, what)
     if problem is not None:
         return problem
     if path == "/":
         return f"{what} '/' would give the container the node's whole filesystem"
-    for directory in refused:
+    for directory in (*SYSTEM_DIRS, *refused):
         if _inside(path, directory) or _inside(directory, path):
             return f"{what} {path!r} would give the container {directory}"
     return None
+
+
+def _device_node_problem(path: str, rules: DeviceRules) -> str | None:
+    problem = host_path_problem(path, "device host path", rules.refused_host_dirs)
+    if problem is None and (path == DEVICE_DIR or not _inside(path, DEVICE_DIR)):
+        return f"device host path {path!r} is not inside {DEVICE_DIR}"
+    return problem
+
+
+def _mount_problem(path: str, rules: DeviceRules) -> str | None:
+    problem = host_path_problem(path, "mount host path", rules.refused_host_dirs)
+    if problem is None and not any(_inside(path, d) for d in rules.mount_dirs):
+        allowed = ", ".join(rules.mount_dirs) or "none"
+        return (
+            f"mount host path {path!r} is not inside a directory the agent lets handlers "
+            f"mount (--handler-mount-dir: {allowed})"
+        )
+    return problem
 
 
 def device_problems(device: Device, rules: DeviceRules) -> list[str]:
@@ -90,15 +142,23 @@ def device_problems(device: Device, rules: DeviceRules) -> list[str]:
             )
         problems += filter(None, [_path_problem(spec.container_path, "device container path")])
         host = spec.host_path or spec.container_path
-        problems += filter(
-            None, [_host_path_problem(host, "device host path", rules.refused_host_dirs)]
-        )
+        problems += filter(None, [_device_node_problem(host, rules)])
     for mount in device.mounts:
         problems += filter(None, [_path_problem(mount.container_path, "mount container path")])
-        problems += filter(
-            None, [_host_path_problem(mount.host_path, "mount host path", rules.refused_host_dirs)]
-        )
+        problems += filter(None, [_mount_problem(mount.host_path, rules)])
     return problems
+
+
+def dropped(device_id: str, problems: Sequence[str]) -> str:
+    """The line saying why a device was dropped: at most SHOWN_PROBLEMS problems, each cut to
+    SHOWN_CHARS, whatever the device sent."""
+    shown_problems = [
+        p if len(p) <= SHOWN_CHARS else p[:SHOWN_CHARS] + "..." for p in problems[:SHOWN_PROBLEMS]
+    ]
+    more = len(problems) - SHOWN_PROBLEMS
+    if more > 0:
+        shown_problems.append(f"and {more} more")
+    return f"device {shown(device_id)} dropped: {'; '.join(shown_problems)}"
 
 
 def check_devices(devices: Iterable[Device], rules: DeviceRules) -> tuple[list[Device], list[str]]:
@@ -115,7 +175,7 @@ def check_devices(devices: Iterable[Device], rules: DeviceRules) -> tuple[list[D
         seen.add(device.id)
         why = device_problems(device, rules)
         if why:
-            problems.append(f"device {shown(device.id)} dropped: {'; '.join(why)}")
+            problems.append(dropped(device.id, why))
             continue
         kept[device.id] = device
     for device_id, times in repeats.items():

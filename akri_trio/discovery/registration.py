@@ -34,7 +34,9 @@ SOCKET_MODE: Final = 0o600
 GROUP_SOCKET_MODE: Final = 0o660
 # setgid: what handlers create here (their sockets) belongs to the group, so the agent, a
 # member, can connect to them without root's DAC override (the DaemonSet drops ALL caps).
-GROUP_DIRECTORY_MODE: Final = 0o2770
+# sticky: a handler may unlink or rename over only its own user's files, never the registration
+# socket or the socket of a handler of another user (Discover calls carry resolved Secrets).
+GROUP_DIRECTORY_MODE: Final = 0o3770
 # Upstream's handler names are a word ("udev", "debugEcho"); a Unix socket path is at most
 # 108 bytes and an http://host:port endpoint not much longer.
 MAX_NAME_LENGTH: Final = 128
@@ -137,8 +139,8 @@ async def expire_offline(registry: Registry) -> None:
 
 def share_with_group(directory: Path, gid: int) -> None:
     """Let the handlers of group `gid` (non-root) use the handlers directory: group `gid`,
-    mode 2770. The agent owns the directory; changing its group to one the agent is a member
-    of (the Pod's supplementalGroups) needs no capability."""
+    mode 3770 (setgid and sticky). The agent owns the directory; changing its group to one the
+    agent is a member of (the Pod's supplementalGroups) needs no capability."""
     try:
         if directory.stat().st_gid != gid:
             os.chown(directory, -1, gid)

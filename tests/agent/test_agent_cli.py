@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import attrs
 import pytest
 import yaml
 
 from akri_trio.agent.cli import parse_args
+from akri_trio.discovery.device_rules import check_devices
+from akri_trio.model.device import Device, DeviceSpec, Mount
 from akri_trio.model.limits import (
     MAX_CAPACITY,
     MAX_DEVICES_PER_CONFIGURATION,
@@ -35,7 +38,10 @@ def test_limits_and_least_privilege_flags() -> None:
         "/var/lib/kubelet",
         "/var/lib/kubelet/device-plugins",
         "/var/lib/kubelet/pod-resources/kubelet.sock",
+        "/var/run/cdi",
+        "/var/lib/akri",
     )
+    assert default.limits.devices.mount_dirs == ()
     assert (default.metrics_host, default.handler_group, default.enable_debug_echo) == (
         "0.0.0.0",
         None,
@@ -89,3 +95,47 @@ def test_allocation_mode_and_the_dra_paths() -> None:
     assert (dra.allocation, dra.kubelet_root_dir, dra.cdi_dir) == ("dra", Path("/k"), Path("/c"))
     with pytest.raises(SystemExit):
         parse_args(["--allocation", "classic"], env)
+
+
+def test_every_path_the_agent_is_given_is_refused_to_handlers() -> None:
+    """A non-default kubelet root, CDI, handlers or brokerInfo directory is refused as a
+    handler's mount or device node, not only the defaults."""
+    given = {
+        "--kubelet-root-dir": "/data/kubelet",
+        "--device-plugin-dir": "/data/dp",
+        "--pod-resources-socket": "/data/pr/kubelet.sock",
+        "--cdi-dir": "/data/cdi",
+        "--discovery-handlers-directory": "/data/akri/",
+        "--broker-info-dir": "/data/broker-info",
+    }
+    flags = [arg for pair in given.items() for arg in pair] + ["--handler-mount-dir", "/srv"]
+    rules = parse_args(flags, {"AGENT_NODE_NAME": "n1"}).limits.devices
+    assert rules.mount_dirs == ("/srv",)
+    rules = attrs.evolve(rules, mount_dirs=("/",))  # only the refusals decide
+    for path in given.values():
+        path = path.rstrip("/")
+        devices = [
+            Device("mount", mounts=(Mount("/m", path),)),
+            Device("inside", mounts=(Mount("/m", f"{path}/x"),)),
+            Device("node", device_specs=(DeviceSpec("/dev/x", path),)),
+        ]
+        kept, problems = check_devices(
+            [*devices, Device("fine", mounts=(Mount("/m", "/data/ok"),))], rules
+        )
+        assert [d.id for d in kept] == ["fine"]
+        assert all(f"would give the container {path}" in p for p in problems), problems
+
+
+@pytest.mark.parametrize("directory", ["/", "/var", "/var/lib/akri/x", "/proc/1/root", "srv"])
+def test_a_mount_directory_that_holds_the_node_keys_is_a_usage_error(
+    directory: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(["--handler-mount-dir", directory], {"AGENT_NODE_NAME": "n1"})
+    assert exit_.value.code == 2
+    assert f"--handler-mount-dir {directory!r}" in capsys.readouterr().err
+
+
+def test_mount_directories_from_the_environment() -> None:
+    env = {"AGENT_NODE_NAME": "n1", "AKRI_HANDLER_MOUNT_DIRS": "/srv/a,/srv/b"}
+    assert parse_args([], env).limits.devices.mount_dirs == ("/srv/a", "/srv/b")

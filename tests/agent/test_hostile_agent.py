@@ -458,7 +458,7 @@ async def test_a_non_root_handler_serves_an_agent_without_capabilities(
         made = await eventually(lambda: _instances_on(api, node, name), 60)
         assert list(made) == [naming.instance_name(name, naming.device_hash("n0", node))]
         info = directory.stat()
-        assert (info.st_gid, oct(info.st_mode & 0o7777)) == (HANDLER_GID, oct(0o2770))
+        assert (info.st_gid, oct(info.st_mode & 0o7777)) == (HANDLER_GID, oct(0o3770))
         assert oct(registration.stat().st_mode & 0o777) == oct(0o660)
         served = (directory / f"{handler_name}.sock").stat()
         assert (served.st_uid, served.st_gid) == (HANDLER_GID, HANDLER_GID)

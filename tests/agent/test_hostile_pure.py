@@ -4,6 +4,7 @@ device lists, tenants sharing a name, secrets in reprs, and the status that repo
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from typing import Any
 
@@ -31,7 +32,7 @@ from akri_trio.agent.plugins.service import (
     within_message_limit,
 )
 from akri_trio.agent.plugins.slots import DeviceView, InstanceSlots
-from akri_trio.agent.status import node_entry
+from akri_trio.agent.status import MAX_LINE_CHARS, MAX_LISTED, node_entry
 from akri_trio.agent.view import NodeView
 from akri_trio.model.convert import structure
 from akri_trio.model.device import Device
@@ -271,6 +272,38 @@ def test_status_conditions_for_refused_devices_and_a_refused_configuration() -> 
     assert (status, reason) == ("False", "DevicesRefused")
     assert message.endswith("device 9 dropped; and 15 more")
     assert bad["PropertiesResolved"] == ("False", "OtherNamespace", "x in other namespace")
+
+
+@given(
+    st.lists(st.text(min_size=0, max_size=3000), max_size=40),
+    st.integers(min_value=0, max_value=100_000),
+)
+def test_the_status_entry_stays_small_whatever_the_lines(lines: list[str], long: int) -> None:
+    """However many lines, however long (one device's 5,000 problems, or many devices'), a
+    node's status entry stays within a small fixed size: each list and message shows at most
+    10 lines, each cut."""
+    huge = "p" * long
+    entry = _entry(
+        refused_devices=[*lines, huge],
+        invalid_details=[huge, *lines],
+        other_problems=[*lines, huge],
+        broker_info_problems=[*lines, huge],
+        unsolvable=huge,
+        refused=("NameTaken", huge),
+    )
+    assert len(json.dumps(entry)) < 80_000
+    assert len(entry["problems"]) <= MAX_LISTED + 1
+    for condition in entry["conditions"]:
+        assert len(condition["message"]) <= MAX_LISTED * (MAX_LINE_CHARS + 5) + 20
+
+
+def test_a_long_line_is_cut_and_the_rest_counted() -> None:
+    entry = _entry(refused_devices=["x" * 5000] * 12, other_problems=["y" * 5000] * 12)
+    message = _conditions(entry)["DevicesAccepted"][2]
+    assert message.startswith("x" * MAX_LINE_CHARS + "...; ")
+    assert message.endswith("...; and 2 more")
+    assert entry["problems"][-1] == "and 2 more"
+    assert entry["problems"][0] == "y" * MAX_LINE_CHARS + "..."
 
 
 # --- kubelet resources are one namespace: never two plugins on one ---------------------------

@@ -7,10 +7,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from akri_trio.discovery.device_rules import DeviceRules, check_devices, device_problems
+from akri_trio.discovery.device_rules import (
+    SHOWN_CHARS,
+    DeviceRules,
+    check_devices,
+    device_problems,
+)
 from akri_trio.model.device import Device, DeviceSpec, Mount
 
-RULES = DeviceRules(refused_host_dirs=("/var/lib/kubelet",))
+RULES = DeviceRules(refused_host_dirs=("/var/lib/akri",), mount_dirs=("/srv",))
+# Every mount allowed but what is refused: the refusals on their own.
+ANY_MOUNT = DeviceRules(refused_host_dirs=("/var/lib/akri",), mount_dirs=("/",))
 
 
 def test_a_well_formed_device_passes() -> None:
@@ -61,7 +68,24 @@ def test_a_well_formed_device_passes() -> None:
         ),
         (
             Device("d", mounts=(Mount("/m", "/var/lib"),)),
-            "mount host path '/var/lib' would give the container /var/lib/kubelet",
+            "mount host path '/var/lib' would give the container /var/lib/containerd",
+        ),
+        (
+            Device("d", mounts=(Mount("/m", "/home/cam"),)),
+            "mount host path '/home/cam' is not inside a directory the agent lets handlers "
+            "mount (--handler-mount-dir: /srv)",
+        ),
+        (
+            Device("d", device_specs=(DeviceSpec("/dev/a", "/srv/a"),)),
+            "device host path '/srv/a' is not inside /dev",
+        ),
+        (
+            Device("d", device_specs=(DeviceSpec("/dev/a", "/dev"),)),
+            "device host path '/dev' is not inside /dev",
+        ),
+        (
+            Device("d", device_specs=(DeviceSpec("/dev/a", "/proc/1/root/dev/sda"),)),
+            "device host path '/proc/1/root/dev/sda' would give the container /proc",
         ),
         (
             Device("d", mounts=(Mount("/m", "relative"),)),
@@ -81,7 +105,67 @@ def test_each_rule_names_its_problem(device: Device, problem: str) -> None:
 
 
 def test_a_directory_that_only_shares_a_prefix_is_not_refused() -> None:
-    assert device_problems(Device("d", mounts=(Mount("/m", "/var/lib/kubelet2"),)), RULES) == []
+    mount = Device("d", mounts=(Mount("/m", "/var/lib/kubelet2"),))
+    assert device_problems(mount, ANY_MOUNT) == []
+    assert device_problems(Device("d", mounts=(Mount("/m", "/srv2"),)), RULES) != []
+
+
+@pytest.mark.parametrize(
+    ("path", "refused"),
+    [
+        ("/proc/1/root", "/proc"),  # the node's whole filesystem, past the "not /" rule
+        ("/proc/self/root/var/lib/kubelet", "/proc"),
+        ("/sys/fs/cgroup", "/sys"),
+        ("/run/containerd/containerd.sock", "/run"),
+        ("/var/run/docker.sock", "/var/run"),
+        ("/var/run/cdi", "/var/run"),
+        ("/etc/kubernetes", "/etc"),
+        ("/etc", "/etc"),
+        ("/boot", "/boot"),
+        ("/root/.kube", "/root"),
+        ("/var/lib/containerd/io.containerd.snapshotter.v1.overlayfs", "/var/lib/containerd"),
+        ("/var/lib/kubelet/pods", "/var/lib/kubelet"),
+        ("/var/lib/akri", "/var/lib/akri"),  # a path the agent was given (its handlers')
+        ("/var/lib/akri/agent-registration.sock", "/var/lib/akri"),
+        ("/var", "/var/run"),  # above a refused directory
+    ],
+)
+def test_the_node_keys_are_refused_to_mounts_and_device_nodes(path: str, refused: str) -> None:
+    """The reviewer's ways around a short blocklist: each is refused, as a mount (even when
+    every directory may be mounted) and as a device node."""
+    mount = Device("d", mounts=(Mount("/m", path),))
+    assert device_problems(mount, ANY_MOUNT) == [
+        f"mount host path {path!r} would give the container {refused}"
+    ]
+    node = Device("d", device_specs=(DeviceSpec("/dev/x", path),))
+    assert device_problems(node, ANY_MOUNT) == [
+        f"device host path {path!r} would give the container {refused}"
+    ]
+
+
+def test_device_nodes_inside_dev_and_mounts_inside_an_allowed_directory_pass() -> None:
+    device = Device(
+        "d",
+        mounts=(Mount("/data", "/srv/cams/0"), Mount("/all", "/srv")),
+        device_specs=(DeviceSpec("/dev/video0", "/dev/bus/usb/001/002"), DeviceSpec("/dev/x", "")),
+    )
+    assert device_problems(device, RULES) == []
+
+
+def test_mounts_are_refused_unless_the_agent_allows_a_directory() -> None:
+    (problem,) = device_problems(Device("d", mounts=(Mount("/m", "/srv/x"),)), DeviceRules())
+    assert problem.endswith("(--handler-mount-dir: none)")
+
+
+def test_a_device_with_thousands_of_problems_gets_one_short_line() -> None:
+    """5,000 bad property names (each near the length cut) make one line naming three of
+    them and how many more, not a 759 KB message."""
+    names = {f"{i}-{'x' * 300}": "" for i in range(5000)}
+    _, (line,) = check_devices([Device("cam", names)], RULES)
+    assert line.startswith("device 'cam' dropped: property name '0-xxx")
+    assert line.endswith("; and 4997 more")
+    assert line.count("property name") == 3
+    assert len(line) < 3 * (SHOWN_CHARS + 5) + 60
 
 
 def test_duplicate_ids_are_reported_and_the_first_is_kept() -> None:

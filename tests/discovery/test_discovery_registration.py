@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import stat
+import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +20,7 @@ from akri_trio.discovery.registration import (
     InvalidRegistration,
     registration_from_request,
     serve_registration,
+    share_with_group,
 )
 from akri_trio.discovery.registry import EndpointType, Registration, Registry
 from akri_trio.rpc.gen import discovery_pb2 as pb
@@ -179,3 +183,48 @@ async def test_junk_connections_cost_one_line_and_idle_ones_are_closed(
                         pass
                     assert IDLE_TIMEOUT_S <= trio.current_time() - start < IDLE_TIMEOUT_S + 1
             nursery.cancel_scope.cancel()
+
+
+# ---- the handlers directory shared with a group (review item 11) -------------------------------
+
+HANDLER_UID = HANDLER_GID = 65532
+OTHER_HANDLER_UID = 65533
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv"
+)
+def test_a_handler_of_the_group_can_remove_only_its_own_sockets() -> None:
+    """In the shared handlers directory a handler creates and removes its own socket, but can
+    neither unlink nor rename over the agent's registration socket or the socket of a handler
+    running as another user."""
+    with tempfile.TemporaryDirectory(prefix="reg-sticky-", dir="/tmp") as parent:
+        Path(parent).chmod(0o755)
+        directory = Path(parent) / "akri"
+        directory.mkdir(mode=0o755)
+        share_with_group(directory, HANDLER_GID)
+        info = directory.stat()
+        assert (info.st_gid, oct(stat.S_IMODE(info.st_mode))) == (HANDLER_GID, oct(0o3770))
+        (directory / "agent-registration.sock").touch(mode=0o660)  # the agent's (root's)
+        other = directory / "other.sock"
+        other.touch(mode=0o660)
+        os.chown(other, OTHER_HANDLER_UID, HANDLER_GID)
+        script = (
+            'cd "$1"; touch mine.sock && mv mine.sock mine2.sock && rm mine2.sock && echo own-ok;'
+            "touch mine.sock;"
+            "rm -f agent-registration.sock 2>/dev/null || echo unlink-refused;"
+            "mv -f mine.sock agent-registration.sock 2>/dev/null || echo replace-refused;"
+            "rm -f other.sock 2>/dev/null || echo other-refused"
+        )
+        run = subprocess.run(
+            ["setpriv", f"--reuid={HANDLER_UID}", f"--regid={HANDLER_GID}", "--clear-groups",
+             "sh", "-c", script, "sh", str(directory)],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        assert run.stdout.split() == [
+            "own-ok",
+            "unlink-refused",
+            "replace-refused",
+            "other-refused",
+        ]
+        assert (directory / "agent-registration.sock").exists() and other.exists()

@@ -13,6 +13,8 @@ import attrs
 import pytest
 import trio
 
+from akri_trio.agent.configurations import ConfigurationLimits
+from akri_trio.discovery.device_rules import DeviceRules
 from akri_trio.discovery.interface import Properties, Send
 from akri_trio.kube import Resource
 from akri_trio.model import naming
@@ -86,7 +88,9 @@ async def _run(node_cluster: dict[str, str], root: Path) -> None:
         }
     )
     handler = FilesHandler(root / "files")
-    agent = dra_agent_in_process(node_cluster, NS, CONFIG, root, handlers=(handler,))
+    # The agent lets handlers mount only the directories it is told to.
+    limits = ConfigurationLimits(devices=DeviceRules(mount_dirs=(str(root / "files"),)))
+    agent = dra_agent_in_process(node_cluster, NS, CONFIG, root, handlers=(handler,), limits=limits)
     async with agent as (api, _):
         await api.create(PODS, claim_pod("files", NS, SCRIPT, TEMPLATE))
 
