@@ -191,6 +191,15 @@ def test_dra_allocation_switches_the_agent_and_the_controller() -> None:
         render({"allocation": "dynamic"})
 
 
+def test_handler_mount_dirs_reach_the_agent() -> None:
+    values = {"agent": {"handlerMountDirs": ["/srv/cams", "/opt/models"]}}
+    ds = one(render(values), "DaemonSet", "akri-agent-daemonset")
+    (agent,) = pod_spec(ds)["containers"]
+    assert env_of(agent)["AKRI_HANDLER_MOUNT_DIRS"] == "/srv/cams,/opt/models"
+    (default,) = pod_spec(one(render(), "DaemonSet", "akri-agent-daemonset"))["containers"]
+    assert "AKRI_HANDLER_MOUNT_DIRS" not in env_of(default)
+
+
 def test_broker_info_directory_is_mounted_at_its_own_path() -> None:
     ds = one(
         render({"agent": {"brokerInfoDirectory": "/var/lib/akri-broker-info"}}),
