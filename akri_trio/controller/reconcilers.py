@@ -9,7 +9,8 @@ Three reconcilers, each keyed by the object it is about:
 - `node(key)`: a Node's Ready transitions (nodeloss.node_transition); on a loss, the guarded
   JSON patches of nodeloss.plan_node_loss, then the Instances left with no node are deleted.
   `lost_while_away()` names the nodes that Instances or statuses still list but that no longer
-  exist, for run.py to reconcile once the caches are first synced.
+  exist, for run.py to reconcile once the caches are first synced. The NodeLost Events say what
+  the patch that was applied removed (a re-plan after a failed `test` may differ).
 
 What each write did is also told as an Event on the Instance or Configuration concerned
 (controller/events.py decides which; the recorder never blocks), and log lines carry the
@@ -487,20 +488,24 @@ class Reconcilers:
             fresh = _model(obj, Instance)
             return None if fresh is None else release_instance(fresh, release.node)
 
-        written = await self._guarded(INSTANCES, release, again)
-        if written is None:
+        outcome = await self._guarded(INSTANCES, release, again)
+        if outcome is None:
             return
-        key = ObjectKey(release.namespace, release.name)
-        log.info(
-            "removed lost node %s from Instance %s",
-            release.node,
-            key,
-            extra=fields(instance=key, node=release.node),
-        )
-        subject = ev.subject("akri.sh/v0", "Instance", release.namespace, release.name, release.uid)
-        self.record(
-            ev.node_lost(release.node, why, subject, release.slots, bool(release.node_indexes))
-        )
+        written, sent = outcome
+        if sent is not None:  # told from what was removed, which a re-plan may have changed
+            key = ObjectKey(release.namespace, release.name)
+            log.info(
+                "removed lost node %s from Instance %s",
+                release.node,
+                key,
+                extra=fields(instance=key, node=release.node),
+            )
+            subject = ev.subject(
+                "akri.sh/v0", "Instance", release.namespace, release.name, release.uid
+            )
+            self.record(
+                ev.node_lost(release.node, why, subject, sent.slots, bool(sent.node_indexes))
+            )
         if not release.node_indexes:
             return
         after = _model(written, Instance)
@@ -515,8 +520,8 @@ class Reconcilers:
             fresh = _model(obj, Configuration)
             return None if fresh is None else release_status(fresh, release.node)
 
-        written = await self._guarded(CONFIGURATIONS, release, again, subresource="status")
-        if written is not None:
+        outcome = await self._guarded(CONFIGURATIONS, release, again, subresource="status")
+        if outcome is not None and outcome[1] is not None:
             subject = ev.subject(
                 "akri.sh/v0", "Configuration", release.namespace, release.name, release.uid
             )
@@ -528,11 +533,11 @@ class Reconcilers:
         release: R,
         again: Callable[[JSON], R | None],
         subresource: str | None = None,
-    ) -> JSON | None:
+    ) -> tuple[JSON, R | None] | None:
         """Send `release`'s guarded JSON patch. A failed `test` means the object moved on:
-        read it and send `again(fresh)` instead. Returns the object as last written (or read,
-        when nothing was left to remove); None when it is gone or another object has its name
-        (the uid test)."""
+        read it and send `again(fresh)` instead. Returns the object as last written and the
+        release that wrote it (or the object as read and None, when nothing was left to
+        remove); None when it is gone or another object has its name (the uid test)."""
         ns, name = release.namespace, release.name
         current = release
         for _ in range(RELEASE_TRIES):
@@ -541,7 +546,7 @@ class Reconcilers:
                     res, name, list(current.json_patch()), namespace=ns, subresource=subresource
                 )
                 self.metrics.writes.labels(kind=res.kind, verb="patch").inc()
-                return written
+                return written, current
             except NotFound:
                 return None
             except Invalid:
@@ -553,6 +558,6 @@ class Reconcilers:
                     return None
                 following = again(fresh)
                 if following is None:
-                    return fresh
+                    return fresh, None
                 current = following
         raise RuntimeError(f"{res.kind} {ns}/{name} kept changing under node removal")
