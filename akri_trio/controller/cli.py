@@ -15,6 +15,7 @@ from pathlib import Path
 import attrs
 import trio
 
+from akri_trio.controller.reconcilers import NODE_LOST_GRACE_S
 from akri_trio.controller.run import ControllerSettings, default_identity, run_controller
 from akri_trio.flaghelp import Parser, add_env_argument, add_kubeconfig_argument
 from akri_trio.kube import Client, KubeConfig, load_config
@@ -84,8 +85,19 @@ def _parse(
         "controller also keeps one DeviceClass per Configuration and publishes the shared "
         "Instances' ResourceSlices",
     )
+    p.add_argument(
+        "--node-lost-grace",
+        type=float,
+        default=NODE_LOST_GRACE_S,
+        metavar="SECONDS",
+        help="how long a node found NotReady at start, while Instances name it, must have been "
+        "NotReady (by its Ready condition's lastTransitionTime, or since this controller first "
+        "saw it) before its entries are removed; a node seen going NotReady is cleaned at once",
+    )
     add_log_arguments(p, env)
     args = p.parse_args(argv)
+    if not args.node_lost_grace >= 0:
+        p.error(f"--node-lost-grace must be >= 0 seconds, got {args.node_lost_grace}")
     settings = ControllerSettings(
         kubeconfig=args.kubeconfig,
         namespace=args.namespace,
@@ -96,6 +108,7 @@ def _parse(
         identity=args.identity or default_identity(),
         workers=args.workers,
         allocation=args.allocation,
+        node_lost_grace=args.node_lost_grace,
     )
     return settings, args
 

@@ -14,9 +14,16 @@ that starts (or starts leading) can know about it:
 - a node that exists and is NotReady: whether it was Ready before is not recorded anywhere
   (the Ready condition only says since when it is what it is). But an agent writes its node
   into an Instance only while it runs there, and it runs on a Ready node (a DaemonSet Pod is
-  not scheduled onto a NotReady one), so a node named as serving something had been Ready:
-  it is cleaned once, as upstream cleans a node it saw go from Ready to NotReady. A NotReady
-  node that serves nothing (a node still joining) is only remembered, as upstream does.
+  not scheduled onto a NotReady one), so a node named as serving something had been Ready.
+  It may be NotReady only for a moment, though (its kubelet restarting during a node upgrade
+  while the controller restarts too), so it is cleaned once, as upstream cleans a node it saw
+  go from Ready to NotReady, only after a grace period (`--node-lost-grace`): when its Ready
+  condition's lastTransitionTime is that old, or the controller has seen it NotReady for that
+  long (the bound when the condition has no time or the clocks disagree). Until then it is
+  looked at again when the grace ends; becoming Ready meanwhile ends the matter. (Upstream
+  never cleans such a node: it only remembers it, as it does a NotReady node that serves
+  nothing, a node still joining, and as this controller does too.) A node seen going from
+  Ready to NotReady while the controller watches is cleaned at once, as upstream does.
 A node deleted while the Node watch was away (a relist) needs none of this: the cache drops it
 at the relist and tells its key as changed, so it is cleaned as a live deletion is.
 
@@ -33,12 +40,13 @@ the patch, with its uid as precondition, so a recreated namesake is never touche
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
 
-from akri_trio.controller.observed import Delete
+from akri_trio.controller.observed import Delete, timestamp
 from akri_trio.model import naming
 from akri_trio.model.resources import JSON, Configuration, Instance
 
@@ -54,22 +62,55 @@ def node_ready(node: Mapping[str, Any]) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
+def ready_changed_at(node: Mapping[str, Any]) -> float | None:
+    """When the Node's Ready condition last changed status (Unix seconds), if it says."""
+    for c in (node.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "Ready":
+            try:
+                return timestamp(c.get("lastTransitionTime"))
+            except (TypeError, ValueError):
+                return None
+    return None
+
+
+@attrs.frozen
+class Transition:
+    """What a Node event means: the node's next state (None: forget it), whether to clean up
+    after it now, and when to look at it again (seconds) when that is not decided yet."""
+
+    state: NodeState | None
+    clean: bool = False
+    recheck_after: float | None = None
+
+
 def node_transition(
-    previous: NodeState | None, ready: bool | None, *, serving: bool = False
-) -> tuple[NodeState | None, bool]:
-    """(next state, clean up now?) for a Node event; `ready` is None when it was deleted (or
-    does not exist). `serving`: some Instance or Configuration status names the node.
+    previous: NodeState | None,
+    ready: bool | None,
+    *,
+    serving: bool = False,
+    not_ready_for: float = math.inf,
+    grace: float = 0.0,
+) -> Transition:
+    """The transition for a Node event; `ready` is None when it was deleted (or does not
+    exist). `serving`: some Instance or Configuration status names the node;
+    `not_ready_for`: seconds since its Ready condition last changed.
 
     A node seen NotReady before ever being Ready is not cleaned (it may be starting), unless it
     is seen for the first time while serving something (a controller that has just started:
-    see the module's docstring); a deleted node is cleaned, unless that was already done."""
+    see the module's docstring) and has been NotReady for `grace` seconds at least (no grace:
+    at once): within the grace it stays unseen and is looked at again when the grace ends.
+    A deleted node is cleaned, unless that was already done."""
     if ready is None:
-        return None, previous is not NodeState.CLEANED
+        return Transition(None, clean=previous is not NodeState.CLEANED)
     if ready:
-        return NodeState.READY, False
-    if previous is NodeState.READY or (previous is None and serving):
-        return NodeState.CLEANED, True
-    return previous or NodeState.KNOWN, False
+        return Transition(NodeState.READY)
+    if previous is NodeState.READY:
+        return Transition(NodeState.CLEANED, clean=True)
+    if previous is None and serving:
+        if not_ready_for >= grace or grace <= 0:
+            return Transition(NodeState.CLEANED, clean=True)
+        return Transition(None, recheck_after=grace - max(0.0, not_ready_for))
+    return Transition(previous or NodeState.KNOWN)
 
 
 def served_nodes(

@@ -8,8 +8,10 @@ Three reconcilers, each keyed by the object it is about:
   (services.plan_services), applied only when their fingerprint differs;
 - `node(key)`: a Node's Ready transitions (nodeloss.node_transition); on a loss, the guarded
   JSON patches of nodeloss.plan_node_loss, then the Instances left with no node are deleted.
+  A serving node first seen NotReady within its grace is requeued for when the grace ends.
   `lost_while_away()` names the nodes that Instances or statuses still list but that no longer
-  exist, for run.py to reconcile once the caches are first synced.
+  exist, for run.py to reconcile once the caches are first synced. The NodeLost Events say what
+  the patch that was applied removed (a re-plan after a failed `test` may differ).
 
 What each write did is also told as an Event on the Instance or Configuration concerned
 (controller/events.py decides which; the recorder never blocks), and log lines carry the
@@ -28,6 +30,7 @@ collector) got there first. A reconcile that raises is retried by the queue with
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -54,6 +57,7 @@ from akri_trio.controller import (
     plan_node_loss,
     plan_pods,
     plan_services,
+    ready_changed_at,
     release_instance,
     release_status,
     served_nodes,
@@ -95,6 +99,8 @@ FIELD_MANAGER: Final = "akri-controller"
 BROKER_BACKOFF = Backoff(base=1.0, cap=300.0)
 WRITE_CONCURRENCY: Final = 8
 RELEASE_TRIES: Final = 5
+# The default --node-lost-grace: longer than a kubelet restart during a node upgrade.
+NODE_LOST_GRACE_S: Final = 300.0
 
 T = TypeVar("T")
 
@@ -192,6 +198,7 @@ class Reconcilers:
         clock: Callable[[], float] = time.time,
         rand: Callable[[], float] = random.random,
         recorder: EventRecorder | None = None,
+        node_lost_grace: float = NODE_LOST_GRACE_S,
     ) -> None:
         self.api = api
         self.recorder = recorder
@@ -205,6 +212,9 @@ class Reconcilers:
         self._models: dict[tuple[type, ObjectKey], tuple[str, Any]] = {}
         self.launched: dict[ObjectKey, str] = {}
         self.node_states: dict[str, NodeState] = {}
+        # A NotReady node found serving at start: cleaned only after this many seconds NotReady.
+        self.node_lost_grace = node_lost_grace
+        self.not_ready_seen: dict[str, float] = {}  # node -> when first seen so (wall clock)
         self.dra: DraReconcilers | None = None  # DRA mode: brokers claim their device
 
     def read_instance(self, key: ObjectKey) -> Instance | None:
@@ -438,7 +448,30 @@ class Reconcilers:
             and ready is False
             and key.name in served_nodes(self._instances(), self._configurations())
         )
-        state, clean = node_transition(previous, ready, serving=serving)
+        not_ready_for = math.inf
+        if serving:
+            now = self.clock()
+            seen = self.not_ready_seen.setdefault(key.name, now)
+            changed = None if obj is None else ready_changed_at(obj)
+            not_ready_for = now - min(seen, now if changed is None else changed)
+        transition = node_transition(
+            previous,
+            ready,
+            serving=serving,
+            not_ready_for=not_ready_for,
+            grace=self.node_lost_grace,
+        )
+        state, clean = transition.state, transition.clean
+        if transition.recheck_after is not None:
+            log.info(
+                "node %s serves Instances and is NotReady: removing its entries in %.0f s "
+                "unless it is Ready again",
+                key.name,
+                transition.recheck_after,
+                extra=fields(node=key.name),
+            )
+            return Requeue(transition.recheck_after)
+        self.not_ready_seen.pop(key.name, None)
         if clean:
             if obj is None:
                 why = "deleted" if previous is not None else "deleted while no controller ran"
@@ -487,20 +520,24 @@ class Reconcilers:
             fresh = _model(obj, Instance)
             return None if fresh is None else release_instance(fresh, release.node)
 
-        written = await self._guarded(INSTANCES, release, again)
-        if written is None:
+        outcome = await self._guarded(INSTANCES, release, again)
+        if outcome is None:
             return
-        key = ObjectKey(release.namespace, release.name)
-        log.info(
-            "removed lost node %s from Instance %s",
-            release.node,
-            key,
-            extra=fields(instance=key, node=release.node),
-        )
-        subject = ev.subject("akri.sh/v0", "Instance", release.namespace, release.name, release.uid)
-        self.record(
-            ev.node_lost(release.node, why, subject, release.slots, bool(release.node_indexes))
-        )
+        written, sent = outcome
+        if sent is not None:  # told from what was removed, which a re-plan may have changed
+            key = ObjectKey(release.namespace, release.name)
+            log.info(
+                "removed lost node %s from Instance %s",
+                release.node,
+                key,
+                extra=fields(instance=key, node=release.node),
+            )
+            subject = ev.subject(
+                "akri.sh/v0", "Instance", release.namespace, release.name, release.uid
+            )
+            self.record(
+                ev.node_lost(release.node, why, subject, sent.slots, bool(sent.node_indexes))
+            )
         if not release.node_indexes:
             return
         after = _model(written, Instance)
@@ -515,8 +552,8 @@ class Reconcilers:
             fresh = _model(obj, Configuration)
             return None if fresh is None else release_status(fresh, release.node)
 
-        written = await self._guarded(CONFIGURATIONS, release, again, subresource="status")
-        if written is not None:
+        outcome = await self._guarded(CONFIGURATIONS, release, again, subresource="status")
+        if outcome is not None and outcome[1] is not None:
             subject = ev.subject(
                 "akri.sh/v0", "Configuration", release.namespace, release.name, release.uid
             )
@@ -528,11 +565,11 @@ class Reconcilers:
         release: R,
         again: Callable[[JSON], R | None],
         subresource: str | None = None,
-    ) -> JSON | None:
+    ) -> tuple[JSON, R | None] | None:
         """Send `release`'s guarded JSON patch. A failed `test` means the object moved on:
-        read it and send `again(fresh)` instead. Returns the object as last written (or read,
-        when nothing was left to remove); None when it is gone or another object has its name
-        (the uid test)."""
+        read it and send `again(fresh)` instead. Returns the object as last written and the
+        release that wrote it (or the object as read and None, when nothing was left to
+        remove); None when it is gone or another object has its name (the uid test)."""
         ns, name = release.namespace, release.name
         current = release
         for _ in range(RELEASE_TRIES):
@@ -541,7 +578,7 @@ class Reconcilers:
                     res, name, list(current.json_patch()), namespace=ns, subresource=subresource
                 )
                 self.metrics.writes.labels(kind=res.kind, verb="patch").inc()
-                return written
+                return written, current
             except NotFound:
                 return None
             except Invalid:
@@ -553,6 +590,6 @@ class Reconcilers:
                     return None
                 following = again(fresh)
                 if following is None:
-                    return fresh
+                    return fresh, None
                 current = following
         raise RuntimeError(f"{res.kind} {ns}/{name} kept changing under node removal")

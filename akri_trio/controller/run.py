@@ -20,8 +20,8 @@ nodes that Instances or Configuration statuses still name but that no longer exi
 deleted while no controller led are cleaned as a live deletion is (nodeloss.py says what a
 fresh controller can know about NotReady ones). Losing the Lease cancels the whole subtree.
 Nothing needs a timer: each queue is woken by cache changes, and by the `wake_at` a plan
-returns (a Pending deadline, a broker's backoff), so with nothing changing the controller sends
-no request.
+returns (a Pending deadline, a broker's backoff) or the end of a NotReady node's grace, so with
+nothing changing the controller sends no request.
 
 Caches hold only what the decisions read (`slim_pod`, `slim_job`, `slim_node`): a busy
 kubelet's status updates then change nothing in the cache and wake nobody.
@@ -59,6 +59,7 @@ from akri_trio.controller.leader import ClientLeaseApi, LeaderElector
 from akri_trio.controller.metrics import ControllerMetrics
 from akri_trio.controller.reconcilers import (
     JOBS,
+    NODE_LOST_GRACE_S,
     NODES,
     PODS,
     SERVICES,
@@ -107,6 +108,7 @@ class ControllerSettings:
     identity: str = attrs.field(factory=default_identity)
     workers: int = 8
     allocation: str = "device-plugin"  # or "dra"
+    node_lost_grace: float = NODE_LOST_GRACE_S  # a NotReady node at start: seconds before cleanup
 
 
 @attrs.define
@@ -151,11 +153,14 @@ def slim_job(obj: JSON) -> JSON:
 
 
 def slim_node(obj: JSON) -> JSON:
-    """A Node reduced to its Ready condition's status and its hostname label (a real Node
-    carries its image list, and heartbeat times that change without anything happening)."""
+    """A Node reduced to its Ready condition's status and time of last change and its hostname
+    label (a real Node carries its image list, and heartbeat times that change without anything
+    happening)."""
     conditions = (obj.get("status") or {}).get("conditions") or []
     ready = [
-        {"type": "Ready", "status": c.get("status")} for c in conditions if c.get("type") == "Ready"
+        {k: c[k] for k in ("type", "status", "lastTransitionTime") if k in c}
+        for c in conditions
+        if c.get("type") == "Ready"
     ]
     meta = _slim_meta(obj, ("name", "uid", "resourceVersion"))
     hostname = ((obj.get("metadata") or {}).get("labels") or {}).get(HOSTNAME_LABEL)
@@ -365,7 +370,9 @@ async def reconcile_while_leading(
     caches = make_caches(dra=dra_mode)
     metrics = running.metrics
     recorder = EventRecorder(api, "akri-controller")
-    reconcilers = Reconcilers(api, caches, metrics, recorder=recorder)
+    reconcilers = Reconcilers(
+        api, caches, metrics, recorder=recorder, node_lost_grace=settings.node_lost_grace
+    )
     ns = settings.namespace
     ours = f"{naming.LABEL_CONTROLLER}={naming.CONTROLLER_VALUE}"
     watches: list[tuple[Resource, Store, str | None]] = [

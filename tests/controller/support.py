@@ -74,20 +74,21 @@ async def namespace(api: Client, prefix: str) -> AsyncIterator[str]:
                 await api.delete(NAMESPACES, name)
 
 
-def _now(micro: bool = False) -> str:
-    stamp = dt.datetime.now(dt.UTC)
+def _now(micro: bool = False, ago: float = 0.0) -> str:
+    stamp = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=ago)
     return stamp.strftime("%Y-%m-%dT%H:%M:%S.%fZ" if micro else "%Y-%m-%dT%H:%M:%SZ")
 
 
-async def set_ready(api: Client, node: str, ready: bool) -> None:
-    """Write a Node's Ready condition (nodes/status), as its kubelet would."""
+async def set_ready(api: Client, node: str, ready: bool, *, since: float = 0.0) -> None:
+    """Write a Node's Ready condition (nodes/status), as its kubelet would; `since`: seconds
+    ago that it changed (its lastTransitionTime)."""
     condition = {
         "type": "Ready",
         "status": "True" if ready else "False",
         "reason": "Test",
         "message": "set by the controller's tests",
         "lastHeartbeatTime": _now(),
-        "lastTransitionTime": _now(),
+        "lastTransitionTime": _now(ago=since),
     }
     await api.merge_patch(
         NODES, node, {"status": {"conditions": [condition]}}, subresource="status"

@@ -46,6 +46,11 @@ def test_a_nodes_heartbeats_are_not_cached() -> None:
 
     assert slim_node(node("True", "t1")) == slim_node(node("True", "t2"))
     assert slim_node(node("True", "t1")) != slim_node(node("False", "t1"))
+    # When Ready last changed is kept: a NotReady node's grace at start is counted from it.
+    changed = node("False", "t1")
+    changed["status"]["conditions"][0]["lastTransitionTime"] = "t0"  # type: ignore[index]
+    (ready,) = slim_node(changed)["status"]["conditions"]
+    assert ready == {"type": "Ready", "status": "False", "lastTransitionTime": "t0"}
 
 
 def test_unchanged_cached_objects_wake_nobody() -> None:

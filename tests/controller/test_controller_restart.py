@@ -2,9 +2,11 @@
 and JSON log lines.
 
 The controller runs as a process (`akri-trio controller --log-format json`), is stopped, and
-while it is away one node the Instances name is deleted and another goes NotReady. The next
-controller removes both as it would have removed them live, and says so in its log (with the
-`node` field) and in Events.
+while it is away one node the Instances name is deleted, another goes NotReady (its condition
+says: ten minutes ago) and a third goes NotReady just now. The next controller removes the
+first two as it would have removed them live, and says so in its log (with the `node` field)
+and in Events; the third, maybe a kubelet restarting, keeps its entries until it has been
+NotReady for the grace (`--node-lost-grace`), and loses them then.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from tests.controller.support import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
+GRACE_S = 30  # long enough for the controller to start and clean the others first
 
 
 @pytest.fixture
@@ -57,6 +60,7 @@ class ControllerProcess:
             "--metrics-port", "-1",
             "--log-format", "json",
             "--log-level", "info",
+            "--node-lost-grace", str(GRACE_S),
         ]  # fmt: skip
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
@@ -86,8 +90,9 @@ class ControllerProcess:
 async def test_nodes_lost_while_no_controller_ran_are_cleaned_at_start(
     api: Client, cluster: dict[str, str], tmp_path: Path
 ) -> None:
-    async with namespace(api, "ctl-away") as ns, fake_nodes(api, 3) as (gone, down, up):
-        config = await served_configuration(api, ns, [gone, down, up])
+    nodes = fake_nodes(api, 4)
+    async with namespace(api, "ctl-away") as ns, nodes as (gone, down, blip, up):
+        config = await served_configuration(api, ns, [gone, down, blip, up])
         shared = await make_instance(
             api,
             config,
@@ -98,6 +103,7 @@ async def test_nodes_lost_while_no_controller_ran_are_cleaned_at_start(
         )
         await make_instance(api, config, "cfg-bbbbbb", [gone], finalizers=[gone])
         await make_instance(api, config, "cfg-cccccc", [down, up], finalizers=[down])
+        await make_instance(api, config, "cfg-dddddd", [blip, up], finalizers=[blip])
 
         controller = ControllerProcess(cluster, ns, tmp_path / "controller.log")
         try:
@@ -112,9 +118,10 @@ async def test_nodes_lost_while_no_controller_ran_are_cleaned_at_start(
             assert settings["leader_elect"] is False
             assert not any(line["level"] == "WARNING" for line in first)  # nothing was lost
 
-            # While no controller runs: one node is deleted, another goes NotReady.
+            # While no controller runs: one node is deleted, two go NotReady.
             await api.delete(NODES, gone)
-            await set_ready(api, down, False)
+            await set_ready(api, down, False, since=600)
+            await set_ready(api, blip, False)
             await controller.start()
 
             inst = await until(
@@ -135,7 +142,7 @@ async def test_nodes_lost_while_no_controller_ran_are_cleaned_at_start(
             async def status_released() -> bool:
                 cfg = await api.get(CONFIGURATIONS, "cfg", namespace=ns)
                 named = {entry.get("node") for entry in cfg["status"].get("nodes") or []}
-                return up in named and not named & {gone, down}
+                return {up, blip} <= named and not named & {gone, down}
 
             await until(status_released, what="the lost nodes' status entries removed")
 
@@ -156,6 +163,22 @@ async def test_nodes_lost_while_no_controller_ran_are_cleaned_at_start(
             }
             assert set(lost) == {gone, down}
             assert "NotReady when this controller started" in lost[down]["message"]
+            # The node NotReady for less than the grace: kept, and looked at again then.
+            assert any(
+                line.get("node") == blip and "unless it is Ready again" in line["message"]
+                for line in _lines(controller.log)
+            )
+            assert await with_nodes(api, ns, "cfg-dddddd", [blip, up])
+            await until(
+                lambda: with_nodes(api, ns, "cfg-dddddd", [up]),
+                seconds=2 * GRACE_S,
+                what=f"{blip} removed once NotReady for the grace",
+            )
+            assert blip in {
+                line["node"]
+                for line in _lines(controller.log)
+                if line["level"] == "WARNING" and "is lost" in line["message"]
+            }
             removed = [
                 line
                 for line in _lines(controller.log)

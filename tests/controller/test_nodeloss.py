@@ -13,9 +13,11 @@ from hypothesis import strategies as st
 from akri_trio.controller import (
     Delete,
     NodeState,
+    Transition,
     node_ready,
     node_transition,
     plan_node_loss,
+    ready_changed_at,
     served_nodes,
 )
 from akri_trio.controller.nodeloss import pointer
@@ -78,7 +80,7 @@ def test_node_ready_reads_the_ready_condition() -> None:
 def test_node_transition_cleans_once_after_ready(
     previous: NodeState | None, ready: bool | None, expected: tuple[NodeState | None, bool]
 ) -> None:
-    assert node_transition(previous, ready) == expected
+    assert node_transition(previous, ready) == Transition(*expected)
 
 
 @pytest.mark.parametrize(
@@ -97,7 +99,74 @@ def test_node_transition_cleans_once_after_ready(
 def test_a_fresh_controller_cleans_a_serving_node_it_first_sees_lost(
     previous: NodeState | None, ready: bool | None, expected: tuple[NodeState | None, bool]
 ) -> None:
-    assert node_transition(previous, ready, serving=True) == expected
+    assert node_transition(previous, ready, serving=True) == Transition(*expected)
+    # NotReady for longer than the grace: the same.
+    after_grace = node_transition(previous, ready, serving=True, not_ready_for=301, grace=300)
+    assert after_grace == Transition(*expected)
+
+
+@pytest.mark.parametrize(
+    ("not_ready_for", "expected"),
+    [
+        # A kubelet restarting while the controller starts: not lost yet, looked at again when
+        # the grace ends, and not remembered meanwhile (the next look is a first sight again).
+        (0.0, Transition(None, recheck_after=300.0)),
+        (60.0, Transition(None, recheck_after=240.0)),
+        # A lastTransitionTime ahead of this clock: no later than a whole grace from now.
+        (-30.0, Transition(None, recheck_after=300.0)),
+        (300.0, Transition(NodeState.CLEANED, clean=True)),
+        (3600.0, Transition(NodeState.CLEANED, clean=True)),
+    ],
+)
+def test_a_fresh_controller_waits_out_the_grace_of_a_node_it_first_sees_not_ready(
+    not_ready_for: float, expected: Transition
+) -> None:
+    got = node_transition(None, False, serving=True, not_ready_for=not_ready_for, grace=300.0)
+    assert got == expected
+
+
+@pytest.mark.parametrize("previous", [NodeState.READY, NodeState.KNOWN, NodeState.CLEANED])
+def test_the_grace_is_only_for_a_first_sight(previous: NodeState) -> None:
+    # Seen going from Ready to NotReady: cleaned at once, as upstream; a node seen NotReady
+    # since it was first seen stays known, whatever its condition's age.
+    live = node_transition(previous, False, serving=True, not_ready_for=0.0, grace=300.0)
+    assert live == node_transition(previous, False)
+    assert live.recheck_after is None
+
+
+@given(
+    not_ready_for=st.floats(min_value=-1e6, max_value=1e6),
+    grace=st.floats(min_value=0, max_value=1e5),
+)
+def test_a_serving_node_is_cleaned_after_exactly_the_grace(
+    not_ready_for: float, grace: float
+) -> None:
+    t = node_transition(None, False, serving=True, not_ready_for=not_ready_for, grace=grace)
+    assert t.clean == (not_ready_for >= grace or grace == 0)
+    if not t.clean:
+        assert t.state is None and t.recheck_after is not None
+        assert 0 < t.recheck_after <= grace
+        if not_ready_for >= 0:
+            assert t.recheck_after == pytest.approx(grace - not_ready_for)
+    # A node serving nothing, or Ready, never waits.
+    assert node_transition(None, False, not_ready_for=not_ready_for, grace=grace) == Transition(
+        NodeState.KNOWN
+    )
+    ready = node_transition(None, True, serving=True, not_ready_for=not_ready_for, grace=grace)
+    assert ready == Transition(NodeState.READY)
+
+
+def test_ready_changed_at_reads_the_ready_conditions_last_transition() -> None:
+    def node(*conditions: dict[str, str]) -> dict[str, object]:
+        return {"status": {"conditions": list(conditions)}}
+
+    pressure = {"type": "MemoryPressure", "lastTransitionTime": "2020-01-01T00:00:00Z"}
+    ready = {"type": "Ready", "status": "False", "lastTransitionTime": "2026-11-23T18:00:00Z"}
+    assert ready_changed_at(node(pressure, ready)) == 1795456800.0
+    assert ready_changed_at(node(pressure)) is None
+    assert ready_changed_at(node({"type": "Ready", "status": "False"})) is None
+    assert ready_changed_at(node({"type": "Ready", "lastTransitionTime": "yesterday"})) is None
+    assert ready_changed_at({}) is None
 
 
 def test_served_nodes_are_instance_nodes_and_status_entries_only() -> None:
