@@ -3,11 +3,15 @@
     <root>/<namespace>/<instance>/<slot>.g<generation>.<token>/        a running workload
     <root>/<namespace>/<instance>/ended-<slot>.g<generation>.<token>/  what an ended one left
 
-Blocking calls, made from a worker thread (`trio.to_thread`) except for the one mkdir at
-Allocate. Everything a broker put in its directory is untrusted: entries are opened without
-following symlinks and without blocking (a FIFO), only regular files are read, at most one
-byte past the per-file limit, and a directory's listing stops after a bound, so a broker cannot
-make the agent read the node's files or spend unbounded time or memory.
+Blocking calls, made from a worker thread (`trio.to_thread`) except at Allocate, which lists
+the Instance's directory (the agent's entries only), renames the slot's earlier workload
+directory aside and makes the new one: a few syscalls whatever a broker left behind, since
+removing what it left is the copy pass's work. Everything a broker put in its directory is
+untrusted: only entries the listing says are regular files are opened, without following
+symlinks and without blocking, and a file that is not regular by then is not read; at most one
+byte past the per-file limit is read, and a directory's listing stops after a bound, so a broker
+cannot make the agent open a device node, read the node's files or spend unbounded time or
+memory.
 """
 
 from __future__ import annotations
@@ -21,7 +25,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from akri_trio.address import ObjectKey
-from akri_trio.agent.brokerinfo._rules import DirPlan, FileRead, Limits, WorkloadDir, superseded
+from akri_trio.agent.brokerinfo._rules import (
+    DirPlan,
+    FileRead,
+    Limits,
+    WorkloadDir,
+    set_aside,
+    superseded,
+)
 
 # A listing longer than this is cut (and the cut reported through the file-count limit).
 LISTING_FACTOR = 4
@@ -33,11 +44,13 @@ def instance_dir(root: Path, key: ObjectKey) -> Path:
 
 def make_workload_dir(root: Path, key: ObjectKey, workload: WorkloadDir) -> Path:
     """An empty directory for a new workload, writable by any user the broker runs as (it is
-    mounted into that workload only). The directories of the slot's earlier workloads go."""
+    mounted into that workload only). The directories of the slot's earlier workloads are
+    renamed aside (the next copy pass removes them)."""
     parent = instance_dir(root, key)
     parent.mkdir(parents=True, exist_ok=True, mode=0o755)
     for name in superseded(_names(parent), workload.slot):
-        shutil.rmtree(parent / name, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):  # a copy pass ended it meanwhile
+            os.rename(parent / name, parent / set_aside(name))
     path = parent / workload.name
     path.mkdir(mode=0o777)
     path.chmod(0o777)  # the umask narrowed mkdir's mode
@@ -92,7 +105,8 @@ def _entries(path: Path, bound: int) -> Iterator[os.DirEntry[str]]:
 
 
 def read_workload(path: Path, limits: Limits) -> list[FileRead]:
-    """The entries of one workload directory, each read within the limits."""
+    """The entries of one workload directory, each read within the limits. OSError: the
+    directory cannot be listed (a broker may take its permissions away)."""
     out = []
     for entry in _entries(path, limits.max_files * LISTING_FACTOR + 16):
         if entry.name.startswith("."):
@@ -102,6 +116,14 @@ def read_workload(path: Path, limits: Limits) -> list[FileRead]:
 
 
 def _read(entry: os.DirEntry[str], most: int) -> FileRead:
+    # The listing's type first: a device node a broker made is never opened.
+    try:
+        if entry.is_symlink():
+            return FileRead(entry.name, 0.0, None, "a symbolic link")
+        if not entry.is_file(follow_symlinks=False):
+            return FileRead(entry.name, 0.0, None, "not a regular file")
+    except OSError as exc:
+        return FileRead(entry.name, 0.0, None, f"cannot open: {exc.strerror}")
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(entry.path, flags)
