@@ -553,8 +553,8 @@ async def test_a_directory_that_cannot_be_read_is_a_problem_not_a_crash(tmp_path
     assert inst is not None
     mount = info.mount(inst, ["cam-aaaaaa-0"])
     assert mount is not None
-    # What a broker's chmod 000 gives an agent without CAP_DAC_OVERRIDE, here as a real
-    # OSError: the workload's "directory" cannot be listed.
+    # A root broker's chmod 000 of its directory leaves an agent without CAP_DAC_OVERRIDE
+    # unable to list it; the same kind of real OSError here: the "directory" is a file.
     path = trio.Path(mount.host_path)
     await path.rmdir()
     await path.write_text("not a directory")

@@ -106,7 +106,7 @@ def _entries(path: Path, bound: int) -> Iterator[os.DirEntry[str]]:
 
 def read_workload(path: Path, limits: Limits) -> list[FileRead]:
     """The entries of one workload directory, each read within the limits. OSError: the
-    directory cannot be listed (a broker may take its permissions away)."""
+    directory cannot be listed (a broker running as root may take its permissions away)."""
     out = []
     for entry in _entries(path, limits.max_files * LISTING_FACTOR + 16):
         if entry.name.startswith("."):
