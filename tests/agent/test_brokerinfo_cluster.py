@@ -1,7 +1,8 @@
 """brokerInfo against the real API server: two nodes' agents (their copy loops, each with its
 own workload directories) on one shared Instance. Each writes only its own `<node>/` keys, a
 removed file leaves the map, a skipped file is reported, and an ended workload's report stays
-until the node's next workload starts."""
+until the node's next workload starts; keys another writer puts under a node's name are
+taken back."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 import trio
 
 from akri_trio.address import ObjectKey
-from akri_trio.agent.brokerinfo import BrokerInfo, Limits
+from akri_trio.agent.brokerinfo import BrokerInfo, Limits, node_entries
 from akri_trio.agent.view import NodeView
 from akri_trio.kube.client import PATCH_APPLY, Client
 from akri_trio.kube.errors import ApiError
@@ -188,3 +189,38 @@ async def test_a_restarted_agent_removes_entries_whose_directories_are_gone(
     restarted.info.known = lambda: [INST]
     await restarted.sync(api)
     assert await _broker_info(api) == {}
+
+
+async def test_keys_another_writer_put_under_the_node_s_name_are_taken_back(
+    api: Client, ns: str, tmp_path: Path
+) -> None:
+    a = Node(api, "bi-a", tmp_path)
+    await a.sync(api)
+    (a.workload(0) / "status").write_text("ok")
+    await a.sync(api)
+    # Another field manager writes under bi-a/: over a key a file has, and one no file has.
+    forged = {"bi-a/status": "forged", "bi-a/extra": "x", "bi-b/status": "theirs"}
+    body = {
+        "apiVersion": "akri.sh/v0",
+        "kind": "Instance",
+        "metadata": {"name": INST.name, "namespace": NS},
+        "spec": {"brokerInfo": forged},
+    }
+    await api.apply(INSTANCES, body, field_manager="someone", force=True, namespace=NS)
+    await a.sync(api)
+    assert await _broker_info(api) == {"bi-a/status": "ok", "bi-b/status": "theirs"}
+    # The node's part of the map is its files again, so its next passes write nothing.
+    await a.sync(api)
+    assert node_entries(a.seen["spec"]["brokerInfo"], "bi-a") == {"bi-a/status": "ok"}
+
+    # With no file left, the last foreign key goes too (the map ends up empty).
+    body["spec"] = {"brokerInfo": {"bi-a/extra": "y"}}
+    await api.apply(INSTANCES, body, field_manager="someone", force=True, namespace=NS)
+    (tmp_path / NS / INST.name).joinpath(*_live(tmp_path), "status").unlink()
+    await a.sync(api)
+    assert await _broker_info(api) == {}
+
+
+def _live(root: Path) -> list[str]:
+    (live,) = (p.name for p in (root / NS / INST.name).iterdir() if not p.name.startswith("ended"))
+    return [live]

@@ -207,7 +207,7 @@ class BrokerInfo:
             return
         if now:
             self._problems[key] = now
-            log.warning("brokerInfo of %s: skipped %s", key, "; ".join(now))
+            log.warning("brokerInfo of %s: %s", key, "; ".join(now))
         else:
             self._problems.pop(key, None)
         inst = self.view.instance(key)
