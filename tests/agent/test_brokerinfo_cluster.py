@@ -105,6 +105,16 @@ class Node:
         return Path(mount.host_path)
 
 
+async def _reporting(api: Client, root: Path, name: str, text: str) -> tuple[Node, Path]:
+    """Node bi-a's agent with a workload on slot 0 whose file `name` holds `text`, copied."""
+    node = Node(api, "bi-a", root)
+    await node.sync(api)
+    work = node.workload(0)
+    (work / name).write_text(text)
+    await node.sync(api)
+    return node, work
+
+
 async def _broker_info(api: Client) -> dict[str, Any]:
     await ensure_brokerinfo_schema(api, NS)  # the field is stored; read it with our schema
     obj = await api.get(INSTANCES, INST.name, namespace=NS)
@@ -152,10 +162,7 @@ async def test_nodes_write_their_own_keys_of_a_shared_instance(
 async def test_an_ended_workload_leaves_its_report_until_the_next_one(
     api: Client, ns: str, tmp_path: Path
 ) -> None:
-    a = Node(api, "bi-a", tmp_path)
-    await a.sync(api)
-    (a.workload(0) / "firmware").write_text("2.0")
-    await a.sync(api)
+    a, _ = await _reporting(api, tmp_path, "firmware", "2.0")
     assert await _broker_info(api) == {"bi-a/firmware": "2.0"}
 
     # The slot is freed (the reclaimer's write): the directory goes, the report stays.
@@ -179,10 +186,7 @@ async def test_an_ended_workload_leaves_its_report_until_the_next_one(
 async def test_a_restarted_agent_removes_entries_whose_directories_are_gone(
     api: Client, ns: str, tmp_path: Path
 ) -> None:
-    old = Node(api, "bi-a", tmp_path / "old")
-    await old.sync(api)
-    (old.workload(0) / "firmware").write_text("1.0")
-    await old.sync(api)
+    await _reporting(api, tmp_path / "old", "firmware", "1.0")
     assert await _broker_info(api) == {"bi-a/firmware": "1.0"}
 
     restarted = Node(api, "bi-a", tmp_path / "new")  # its directory root is empty
@@ -194,10 +198,7 @@ async def test_a_restarted_agent_removes_entries_whose_directories_are_gone(
 async def test_keys_another_writer_put_under_the_node_s_name_are_taken_back(
     api: Client, ns: str, tmp_path: Path
 ) -> None:
-    a = Node(api, "bi-a", tmp_path)
-    await a.sync(api)
-    (a.workload(0) / "status").write_text("ok")
-    await a.sync(api)
+    a, work = await _reporting(api, tmp_path, "status", "ok")
     # Another field manager writes under bi-a/: over a key a file has, and one no file has.
     forged = {"bi-a/status": "forged", "bi-a/extra": "x", "bi-b/status": "theirs"}
     body = {
@@ -216,11 +217,6 @@ async def test_keys_another_writer_put_under_the_node_s_name_are_taken_back(
     # With no file left, the last foreign key goes too (the map ends up empty).
     body["spec"] = {"brokerInfo": {"bi-a/extra": "y"}}
     await api.apply(INSTANCES, body, field_manager="someone", force=True, namespace=NS)
-    (tmp_path / NS / INST.name).joinpath(*_live(tmp_path), "status").unlink()
+    (work / "status").unlink()
     await a.sync(api)
     assert await _broker_info(api) == {}
-
-
-def _live(root: Path) -> list[str]:
-    (live,) = (p.name for p in (root / NS / INST.name).iterdir() if not p.name.startswith("ended"))
-    return [live]
