@@ -535,14 +535,14 @@ def _serving_view(node: str = "n") -> tuple[NodeView, ObjectKey]:
     return view, ObjectKey("ns", "cam-aaaaaa")
 
 
-def _offline(view: NodeView, root: Path) -> BrokerInfo:
-    """A copy loop whose Instance's map already is what it would write (no API call)."""
+def _offline(view: NodeView, root: Path, current: dict[str, str] | None = None) -> BrokerInfo:
+    """A copy loop with no API: a write it tried would raise."""
     return BrokerInfo(
         cast(Client, None),
         view,
         root,
         generation=lambda key: 1 if key == ObjectKey("ns", "cam") else None,
-        current=lambda _: None,
+        current=lambda _: current,
     )
 
 
@@ -567,7 +567,7 @@ async def test_file_system_errors_never_end_the_copy_loop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     view, key = _serving_view()
-    info = _offline(view, tmp_path)
+    info = _offline(view, tmp_path, current={"n/status": "ok"})  # written before
     inst = view.instance(key)
     assert inst is not None
     info.mount(inst, ["cam-aaaaaa-0"])
@@ -576,7 +576,7 @@ async def test_file_system_errors_never_end_the_copy_loop(
         raise OSError(errno.EROFS, "Read-only file system")
 
     monkeypatch.setattr(_disk, "carry_out", read_only)
-    await info.pass_once()
+    await info.pass_once()  # and no write: what was written stays
     assert info.problems(ObjectKey("ns", "cam")) == [
         "cam-aaaaaa: cannot tidy its directories: [Errno 30] Read-only file system"
     ]

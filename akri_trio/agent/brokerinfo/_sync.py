@@ -11,7 +11,8 @@ from what the watch cache shows (level-triggered: an entry lost in any way is wr
 and one another writer put under this node's name is removed). Work per pass is bounded by the
 directories that exist and the per-directory limits; what one node writes into one Instance, by
 its per-node budget (`_rules.Limits`). A file-system error is a problem like a skipped file
-(the root directory's: one log line when it changes); it never ends the loop.
+(the root directory's: one log line when it changes) and leaves what was written; it never ends
+the loop.
 
 Files that break a rule are skipped and reported: one log line when the set of problems of an
 Instance changes, and through `problems(configuration)`, which the agent puts in its entry of the
@@ -148,7 +149,7 @@ class BrokerInfo:
             return
         self._root_failed("")
         plans = {key: self._plan(key, names) for key, names in found.items()}
-        reads = await trio.to_thread.run_sync(
+        reads, untidy = await trio.to_thread.run_sync(
             self._carry_out_and_read, plans, abandon_on_cancel=True
         )
         for key in sorted(set(plans) | self.leftover):
@@ -156,6 +157,8 @@ class BrokerInfo:
             files = _rules.merge(selections)
             desired, over = _rules.desired_entries(self.node, files, self.limits)
             self._report(key, [*(p for s in selections for p in s.problems), *over])
+            if key in untidy:
+                continue  # what it wrote stays until its directories can be put in order
             inst = self.view.instance(key)
             if inst is None or await self._write(key, desired):
                 self.leftover.discard(key)
@@ -173,16 +176,19 @@ class BrokerInfo:
 
     def _carry_out_and_read(
         self, plans: Mapping[ObjectKey, _rules.DirPlan]
-    ) -> dict[ObjectKey, list[_rules.Selection]]:
-        """In a worker thread. A file-system error (a read-only or full disk, a directory a
-        broker took its permissions from) is reported as a problem of the Instance."""
+    ) -> tuple[dict[ObjectKey, list[_rules.Selection]], set[ObjectKey]]:
+        """In a worker thread: what each Instance's directories hold, and the Instances whose
+        plan failed. A file-system error (a read-only disk, a directory a broker took its
+        permissions from) is reported as a problem of the Instance."""
         out: dict[ObjectKey, list[_rules.Selection]] = {}
+        untidy: set[ObjectKey] = set()
         for key, plan in plans.items():
             path = _disk.instance_dir(self.root, key)
             try:
                 _disk.carry_out(path, plan)
             except OSError as exc:
                 out[key] = [_rules.Selection({}, (f"cannot tidy its directories: {exc}",))]
+                untidy.add(key)
                 continue
             out[key] = []
             for name in plan.report_from:
@@ -192,7 +198,7 @@ class BrokerInfo:
                     out[key].append(_rules.Selection({}, (f"cannot list {name}: {exc}",)))
                 else:
                     out[key].append(_rules.select(found, self.limits))
-        return out
+        return out, untidy
 
     def _root_failed(self, problem: str) -> None:
         """One log line when the root directory's trouble changes."""
