@@ -191,6 +191,11 @@ def test_dra_allocation_switches_the_agent_and_the_controller() -> None:
         render({"allocation": "dynamic"})
 
 
+def test_broker_info_directory_is_refused_with_dra() -> None:
+    with pytest.raises(helm_python.HelmError, match="brokerInfoDirectory works with allocation"):
+        render({"allocation": "dra", "agent": {"brokerInfoDirectory": "/var/lib/akri-bi"}})
+
+
 def test_broker_info_directory_is_mounted_at_its_own_path() -> None:
     ds = one(
         render({"agent": {"brokerInfoDirectory": "/var/lib/akri-broker-info"}}),
