@@ -618,3 +618,26 @@ def test_brokerinfo_needs_allocate(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         parse_args(["--node-name", "n", "--allocation", "dra", "--broker-info-dir", "/x"], {})
     assert "--broker-info-dir works with --allocation device-plugin only" in capsys.readouterr().err
+
+
+def test_a_tree_of_any_depth_is_removed_without_following_links(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("node file")
+    inst = tmp_path / "inst"
+    (inst / "ended-cam-0.g1.a").mkdir(parents=True)
+    # A broker's directories nested deeper than Python's recursion limit and PATH_MAX.
+    fd = os.open(inst / "ended-cam-0.g1.a", os.O_RDONLY)
+    for n in range(1500):
+        os.mkdir("d", dir_fd=fd)
+        if n % 100 == 0:
+            os.symlink(outside, "link", dir_fd=fd)
+            os.close(os.open("f", os.O_CREAT | os.O_WRONLY, dir_fd=fd))
+        child = os.open("d", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = child
+    os.close(fd)
+    (inst / "ended-cam-0.g1.a.superseded").symlink_to(outside)
+    carry_out(inst, DirPlan(remove=("ended-cam-0.g1.a", "ended-cam-0.g1.a.superseded")))
+    assert os.listdir(inst) == []
+    assert os.listdir(outside) == ["keep"]

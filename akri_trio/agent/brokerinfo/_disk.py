@@ -9,9 +9,9 @@ directory aside and makes the new one: a few syscalls whatever a broker left beh
 removing what it left is the copy pass's work. Everything a broker put in its directory is
 untrusted: only entries the listing says are regular files are opened, without following
 symlinks and without blocking, and a file that is not regular by then is not read; at most one
-byte past the per-file limit is read, and a directory's listing stops after a bound, so a broker
-cannot make the agent open a device node, read the node's files or spend unbounded time or
-memory.
+byte past the per-file limit is read, a directory's listing stops after a bound, and a tree is
+removed without recursion or following a link, so a broker cannot make the agent open a device
+node, read or remove the node's files, crash, or spend unbounded time or memory.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import shutil
+import secrets
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -77,20 +77,95 @@ def _names(path: Path) -> list[str]:
 def carry_out(path: Path, plan: DirPlan) -> None:
     """Do what `plan` says in the Instance directory `path`."""
     for live, ended in plan.end:
-        shutil.rmtree(path / ended, ignore_errors=True)
+        remove_tree(path / ended)
         with contextlib.suppress(FileNotFoundError):
             os.rename(path / live, path / ended)
     for name in plan.remove:
-        target = path / name
-        if target.is_dir() and not target.is_symlink():
-            shutil.rmtree(target, ignore_errors=True)
-        else:
-            with contextlib.suppress(FileNotFoundError):
-                target.unlink()
+        remove_tree(path / name)
     if plan.remove_all:
         with contextlib.suppress(OSError):  # not empty: an Allocate made one meanwhile
             path.rmdir()
             path.parent.rmdir()  # the namespace's, once empty
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+# How many directories deep a removal holds open; a deeper one is moved up to be removed later.
+MAX_OPEN_DEPTH = 32
+MAX_SCANS = 1024
+
+
+def remove_tree(path: Path) -> None:
+    """`path` and everything below it, as far as permissions allow (what cannot go stays).
+    Unlike `shutil.rmtree`, which recurses, any depth: a broker may nest directories deeper
+    than Python's recursion limit. Every call is relative to an open directory and never
+    follows a symbolic link; `path` itself may be one (it is removed, not followed)."""
+    try:
+        top = os.open(path, _DIR_FLAGS)
+    except OSError:  # gone, not a directory (a symbolic link), or not ours to open
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        return
+    try:
+        # Each scan empties the tree down to MAX_OPEN_DEPTH and moves what is deeper into
+        # `top`; the depths of what is left only go down, so the scans end (bounded all the
+        # same: a broker still writing there may keep nesting; the next pass goes on).
+        for _ in range(MAX_SCANS):
+            if not _empty(top):
+                break
+    finally:
+        os.close(top)
+    with contextlib.suppress(OSError):
+        os.rmdir(path)
+
+
+def _empty(top: int) -> bool:
+    """One depth-first pass over the directory `top`; True when it moved a directory up."""
+    moved = False
+    stack: list[tuple[str, int, Iterator[os.DirEntry[str]]]] = []
+    fd, it = top, _scan(top)
+    while True:
+        entry = next(it, None)
+        if entry is None:
+            if not stack:
+                return moved
+            name, parent, parent_it = stack.pop()
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.rmdir(name, dir_fd=parent)
+            fd, it = parent, parent_it
+            continue
+        if not _is_dir(entry):
+            with contextlib.suppress(OSError):
+                os.unlink(entry.name, dir_fd=fd)
+        elif len(stack) >= MAX_OPEN_DEPTH:
+            with contextlib.suppress(OSError):
+                os.rename(
+                    entry.name, f".deep-{secrets.token_hex(8)}", src_dir_fd=fd, dst_dir_fd=top
+                )
+                moved = True
+        else:
+            try:
+                child = os.open(entry.name, _DIR_FLAGS, dir_fd=fd)
+            except OSError:
+                continue  # not ours to open: it stays
+            stack.append((entry.name, fd, it))
+            fd, it = child, _scan(child)
+
+
+def _scan(fd: int) -> Iterator[os.DirEntry[str]]:
+    """The entries of the open directory `fd`; an error ends the listing."""
+    try:
+        with os.scandir(fd) as it:
+            yield from it
+    except OSError:
+        return
+
+
+def _is_dir(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.is_dir(follow_symlinks=False)
+    except OSError:
+        return False
 
 
 def _entries(path: Path, bound: int) -> Iterator[os.DirEntry[str]]:
