@@ -7,7 +7,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shutil
 import stat
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import cast
@@ -641,3 +644,36 @@ def test_a_tree_of_any_depth_is_removed_without_following_links(tmp_path: Path) 
     carry_out(inst, DirPlan(remove=("ended-cam-0.g1.a", "ended-cam-0.g1.a.superseded")))
     assert os.listdir(inst) == []
     assert os.listdir(outside) == ["keep"]
+
+
+def _without_capabilities(*argv: str) -> subprocess.CompletedProcess[str]:
+    """Python as this uid with no capabilities, as the shipped agent runs."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None or os.geteuid() != 0:
+        pytest.skip("needs root and setpriv to drop capabilities")
+    cmd = [setpriv, "--bounding-set=-all", "--inh-caps=-all", "--", sys.executable, *argv]
+    return subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=60)
+
+
+def test_an_agent_without_capabilities_removes_what_a_root_broker_locked(tmp_path: Path) -> None:
+    locked = tmp_path / "inst" / "ended-cam-0.g1.a"
+    (locked / "sub" / "deeper").mkdir(parents=True)
+    (locked / "sub" / "f").write_text("x")
+    (locked / "sub" / "deeper" / "g").write_text("x")
+    (locked / "sub" / "deeper").chmod(0)
+    (locked / "sub").chmod(0o500)
+    locked.chmod(0)  # its own directory too
+    other = tmp_path / "inst" / "ended-cam-1.g1.a"
+    (other / "sub").mkdir(parents=True)
+    (other / "sub" / "f").write_text("x")
+    os.chown(other / "sub", 1000, 1000)  # another user's: not the agent's to open up
+    (other / "sub").chmod(0o500)
+    script = (
+        "import sys; from pathlib import Path; "
+        "from akri_trio.agent.brokerinfo._disk import remove_tree; "
+        "[remove_tree(Path(p)) for p in sys.argv[1:]]; "
+        "import os; print(os.listdir(sys.argv[1].rpartition('/')[0]))"
+    )
+    done = _without_capabilities("-c", script, str(locked), str(other))
+    assert done.stdout.strip() == "['ended-cam-1.g1.a']"
+    assert os.listdir(other / "sub") == ["f"]  # it stays, and removing it ended

@@ -100,10 +100,20 @@ def remove_tree(path: Path) -> None:
     than Python's recursion limit. Every call is relative to an open directory and never
     follows a symbolic link; `path` itself may be one (it is removed, not followed)."""
     try:
-        top = os.open(path, _DIR_FLAGS)
-    except OSError:  # gone, not a directory (a symbolic link), or not ours to open
+        parent = os.open(path.parent, _DIR_FLAGS)  # the agent's own directory
+    except OSError:
+        return
+    try:
+        _remove_in(parent, path.name)
+    finally:
+        os.close(parent)
+
+
+def _remove_in(parent: int, name: str) -> None:
+    top = _open_dir(parent, name)
+    if top is None:  # gone, not a directory (a symbolic link), or not ours to open
         with contextlib.suppress(OSError):
-            os.unlink(path)
+            os.unlink(name, dir_fd=parent)
         return
     try:
         # Each scan empties the tree down to MAX_OPEN_DEPTH and moves what is deeper into
@@ -115,7 +125,7 @@ def remove_tree(path: Path) -> None:
     finally:
         os.close(top)
     with contextlib.suppress(OSError):
-        os.rmdir(path)
+        os.rmdir(name, dir_fd=parent)
 
 
 def _empty(top: int) -> bool:
@@ -144,12 +154,53 @@ def _empty(top: int) -> bool:
                 )
                 moved = True
         else:
-            try:
-                child = os.open(entry.name, _DIR_FLAGS, dir_fd=fd)
-            except OSError:
+            child = _open_dir(fd, entry.name)
+            if child is None:
                 continue  # not ours to open: it stays
             stack.append((entry.name, fd, it))
             fd, it = child, _scan(child)
+
+
+def _open_dir(parent: int, name: str) -> int | None:
+    """The directory `name` in `parent`, opened to be emptied. One this process owns whose
+    owner's permissions a broker took away (a broker running as root: an agent without
+    CAP_DAC_OVERRIDE is held to them) gets them back first."""
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+    except PermissionError:
+        if not _give_back(parent, name):
+            return None
+        try:
+            fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+        except OSError:
+            return None
+    except OSError:
+        return None
+    with contextlib.suppress(OSError):  # to remove what is in it
+        st = os.fstat(fd)
+        if st.st_uid == os.geteuid() and st.st_mode & 0o700 != 0o700:
+            os.fchmod(fd, stat.S_IMODE(st.st_mode) | 0o700)
+    return fd
+
+
+def _give_back(parent: int, name: str) -> bool:
+    """u+rwx on the directory `name` in `parent` when this process owns it (one it cannot
+    read: changed through an O_PATH descriptor, so never through a symbolic link)."""
+    flags = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(name, flags, dir_fd=parent)
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid():
+            return False
+        os.chmod(f"/proc/self/fd/{fd}", stat.S_IMODE(st.st_mode) | 0o700)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def _scan(fd: int) -> Iterator[os.DirEntry[str]]:
