@@ -221,6 +221,18 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         ("--broker-info-max-files", int, limits.max_files, "files per workload directory"),
         ("--broker-info-max-file-bytes", int, limits.max_file_bytes, "bytes per file (<= 4096)"),
         ("--broker-info-max-total-bytes", int, limits.max_total_bytes, "bytes per directory"),
+        (
+            "--broker-info-max-node-entries",
+            int,
+            limits.max_node_entries,
+            "this node's entries on one Instance",
+        ),
+        (
+            "--broker-info-max-node-bytes",
+            int,
+            limits.max_node_bytes,
+            "bytes (keys and values) of those entries",
+        ),
         ("--broker-info-period", float, BROKER_INFO_PERIOD_S, "seconds between looks"),
     ):
         p.add_argument(flag, type=kind, default=default, help=f"brokerInfo: {what}")
@@ -239,6 +251,8 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
             args.broker_info_max_files,
             args.broker_info_max_file_bytes,
             args.broker_info_max_total_bytes,
+            args.broker_info_max_node_entries,
+            args.broker_info_max_node_bytes,
         )
     except ValueError as exc:
         p.error(f"brokerInfo limits: {exc}")
@@ -258,6 +272,8 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         problem = host_path_problem(directory, "--handler-mount-dir", refused)
         if problem is not None:
             p.error(problem)
+    if args.broker_info_dir is not None and args.allocation == "dra":
+        p.error("--broker-info-dir works with --allocation device-plugin only (no Allocate)")
     settings = AgentSettings(
         node=args.node_name,
         discovery_handlers_directory=args.discovery_handlers_directory,

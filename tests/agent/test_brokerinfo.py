@@ -4,11 +4,19 @@ the file-system edge against hostile entries, and the mount Allocate hands out."
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import shutil
+import stat
+import subprocess
+import sys
+import threading
 from pathlib import Path
 from typing import cast
 
 import pytest
+import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -19,6 +27,7 @@ from akri_trio.agent.brokerinfo import (
     Limits,
     Selection,
     WorkloadDir,
+    _disk,
     entry_key,
     field_manager,
     merge,
@@ -27,7 +36,16 @@ from akri_trio.agent.brokerinfo import (
     select,
 )
 from akri_trio.agent.brokerinfo._disk import carry_out, make_workload_dir, read_workload
-from akri_trio.agent.brokerinfo._rules import DirPlan, apply_body, parse_dir, superseded
+from akri_trio.agent.brokerinfo._rules import (
+    DirPlan,
+    apply_body,
+    desired_entries,
+    foreign_entries,
+    parse_dir,
+    removal_ops,
+    set_aside,
+    superseded,
+)
 from akri_trio.agent.cli import parse_args
 from akri_trio.agent.events import condition_events
 from akri_trio.agent.plugins.service import container_response
@@ -234,16 +252,38 @@ def test_a_workload_directory_starts_empty_and_writable_by_anyone(tmp_path: Path
     assert path == tmp_path / "ns" / "cam-1" / "cam-1-0.g1.a"
 
 
-def test_a_new_workload_on_a_slot_ends_the_one_before(tmp_path: Path) -> None:
+def test_a_new_workload_on_a_slot_sets_the_one_before_aside(tmp_path: Path) -> None:
     key = ObjectKey("ns", "cam-1")
-    make_workload_dir(tmp_path, key, WorkloadDir("cam-1-0", 1, "a"))  # a Job of generation 1
+    old = make_workload_dir(tmp_path, key, WorkloadDir("cam-1-0", 1, "a"))  # generation 1's Job
+    for n in range(200):  # what a broker left behind is not removed inside Allocate
+        (old / f"f{n}").write_text("x")
     make_workload_dir(tmp_path, key, WorkloadDir("cam-1-1", 1, "b"))
     # The kubelet gives slot 0 to generation 2's Job before the reclaimer freed it.
     make_workload_dir(tmp_path, key, WorkloadDir("cam-1-0", 2, "c"))
-    assert sorted(os.listdir(tmp_path / "ns" / "cam-1")) == ["cam-1-0.g2.c", "cam-1-1.g1.b"]
+    inst = tmp_path / "ns" / "cam-1"
+    names = sorted(os.listdir(inst))
+    assert names == ["cam-1-0.g1.a.superseded", "cam-1-0.g2.c", "cam-1-1.g1.b"]
+    assert len(os.listdir(inst / "cam-1-0.g1.a.superseded")) == 200
     assert superseded(["cam-1-0.g1.a", "ended-cam-1-0.g1.a", "cam-1-00.g1.a"], "cam-1-0") == [
         "cam-1-0.g1.a"
     ]
+    # The next copy pass removes the set-aside directory (in its worker thread).
+    plan = plan_dirs(names, held={"cam-1-0", "cam-1-1"}, serving=True, generation=2)
+    assert plan.remove == ("cam-1-0.g1.a.superseded",)
+    carry_out(inst, plan)
+    assert sorted(os.listdir(inst)) == ["cam-1-0.g2.c", "cam-1-1.g1.b"]
+
+
+@given(
+    st.from_regex(r"[a-z0-9.-]{1,20}", fullmatch=True),
+    st.integers(0, 2**40),
+    st.from_regex(r"[0-9a-f]{1,8}", fullmatch=True),
+    st.booleans(),
+)
+def test_a_set_aside_name_is_never_a_workload_directory(
+    slot: str, generation: int, token: str, ended: bool
+) -> None:
+    assert parse_dir(set_aside(WorkloadDir(slot, generation, token, ended).name)) is None
 
 
 def test_symlinks_fifos_and_directories_are_not_read(tmp_path: Path) -> None:
@@ -262,6 +302,31 @@ def test_symlinks_fifos_and_directories_are_not_read(tmp_path: Path) -> None:
     assert found["sub"].data is None
     assert found["big"].data == b"x" * (LIMITS.max_file_bytes + 1)  # read no further
     assert found["ok"].data == b"fine"
+
+
+def test_only_entries_the_listing_calls_regular_files_are_opened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    work = tmp_path / "w"
+    work.mkdir()
+    (work / "link").symlink_to(tmp_path)
+    os.mkfifo(work / "fifo")
+    (work / "sub").mkdir()
+    (work / "ok").write_text("fine")
+    with contextlib.suppress(PermissionError):  # a broker with CAP_MKNOD: /dev/null's numbers
+        os.mknod(work / "dev", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    opened: list[str] = []
+    real_open = os.open
+
+    def spy(path: str, flags: int, *args: int) -> int:
+        opened.append(os.path.basename(path))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", spy)
+    found = {f.name: f for f in read_workload(work, LIMITS)}
+    assert opened == ["ok"]
+    assert found["link"].problem == "a symbolic link"
+    assert {found[n].problem for n in found if n not in ("ok", "link")} == {"not a regular file"}
 
 
 def test_carrying_out_a_plan_renames_and_removes(tmp_path: Path) -> None:
@@ -379,11 +444,14 @@ def test_flags_and_environment() -> None:
     off = parse_args(["--node-name", "n"], {})
     assert off.broker_info_dir is None
     on = parse_args(
-        ["--node-name", "n", "--broker-info-max-files", "2", "--broker-info-period", "0.5"],
+        [
+            *("--node-name", "n", "--broker-info-max-files", "2", "--broker-info-period", "0.5"),
+            *("--broker-info-max-node-entries", "8", "--broker-info-max-node-bytes", "2048"),
+        ],
         {"BROKER_INFO_DIRECTORY": "/var/lib/akri/broker-info"},
     )
     assert on.broker_info_dir == Path("/var/lib/akri/broker-info")
-    assert on.broker_info_limits == Limits(max_files=2)
+    assert on.broker_info_limits == Limits(max_files=2, max_node_entries=8, max_node_bytes=2048)
     assert on.broker_info_period == 0.5
 
 
@@ -391,3 +459,221 @@ def test_limits_beyond_the_crd_are_refused_at_start(capsys: pytest.CaptureFixtur
     with pytest.raises(SystemExit):
         parse_args(["--node-name", "n", "--broker-info-max-file-bytes", "5000"], {})
     assert "maxLength" in capsys.readouterr().err
+
+
+# --- a node's budget on one Instance, and entries it did not write --------------------------------
+
+
+def test_a_node_s_entries_on_an_instance_stay_within_its_budget() -> None:
+    # Two directories of 3 files each pass their own limits; the node's budget keeps 4.
+    files = merge(
+        [
+            Selection({n: (1.0, "12345678") for n in "abc"}),
+            Selection({n: (1.0, "1") for n in "def"}),
+        ]
+    )
+    by_count = Limits(max_node_entries=4)
+    entries, over = desired_entries("n", files, by_count)
+    assert list(entries) == ["n/a", "n/b", "n/c", "n/d"]
+    assert over == ["'e': more than 4 entries from n", "'f': more than 4 entries from n"]
+    # Bytes count keys and values: "n/a" + 8 = 11 each.
+    by_bytes = Limits(max_node_bytes=26)
+    entries, over = desired_entries("n", files, by_bytes)
+    assert list(entries) == ["n/a", "n/b", "n/d"]  # a small file still fits after a big one
+    assert over[0] == "'c': over 26 bytes from n"
+
+
+@given(
+    st.dictionaries(st.from_regex(r"[a-z]{1,6}", fullmatch=True), st.text(max_size=40)),
+    st.integers(1, 8),
+    st.integers(1, 200),
+)
+def test_the_budget_holds_and_every_file_is_kept_or_reported(
+    files: dict[str, str], most: int, budget: int
+) -> None:
+    limits = Limits(max_node_entries=most, max_node_bytes=budget)
+    entries, over = desired_entries("node", files, limits)
+    assert len(entries) <= most
+    assert sum(len(k.encode()) + len(v.encode()) for k, v in entries.items()) <= budget
+    reported = [p.split("'")[1] for p in over]
+    assert sorted([k.partition("/")[2] for k in entries] + reported) == sorted(files)
+
+
+def test_the_node_budget_is_bounded_by_the_crd_and_one_etcd_object() -> None:
+    with pytest.raises(ValueError, match="maxProperties"):
+        Limits(max_node_entries=1025)
+    with pytest.raises(ValueError, match="etcd"):
+        Limits(max_node_bytes=256 * 1024 + 1)
+
+
+def test_entries_another_writer_put_under_the_node_s_name_are_removed_if_unchanged() -> None:
+    after_apply = {"n/mine": "1", "n/forged": "x", "m/other": "2", "n~1/odd": "y"}
+    foreign = foreign_entries(after_apply, "n", {"n/mine": "1"})
+    assert foreign == {"n/forged": "x"}
+    assert removal_ops(foreign) == [
+        {"op": "test", "path": "/spec/brokerInfo/n~1forged", "value": "x"},
+        {"op": "remove", "path": "/spec/brokerInfo/n~1forged"},
+    ]
+    assert removal_ops({"n/a~b": "v"})[1]["path"] == "/spec/brokerInfo/n~1a~0b"
+    assert foreign_entries(None, "n", {}) == {}
+
+
+# --- file-system errors and shutdown --------------------------------------------------------------
+
+
+def _serving_view(node: str = "n") -> tuple[NodeView, ObjectKey]:
+    view = NodeView(node)
+    view.put_instance(
+        {
+            "metadata": {"name": "cam-aaaaaa", "namespace": "ns", "resourceVersion": "1"},
+            "spec": {
+                "configurationName": "cam",
+                "cdiName": "akri.sh/cam=aaaaaa",
+                "capacity": 1,
+                "nodes": [node],
+                "deviceUsage": {"cam-aaaaaa-0": node},
+            },
+        }
+    )
+    return view, ObjectKey("ns", "cam-aaaaaa")
+
+
+def _offline(view: NodeView, root: Path, current: dict[str, str] | None = None) -> BrokerInfo:
+    """A copy loop with no API: a write it tried would raise."""
+    return BrokerInfo(
+        cast(Client, None),
+        view,
+        root,
+        generation=lambda key: 1 if key == ObjectKey("ns", "cam") else None,
+        current=lambda _: current,
+    )
+
+
+async def test_a_directory_that_cannot_be_read_is_a_problem_not_a_crash(tmp_path: Path) -> None:
+    view, key = _serving_view()
+    info = _offline(view, tmp_path)
+    inst = view.instance(key)
+    assert inst is not None
+    mount = info.mount(inst, ["cam-aaaaaa-0"])
+    assert mount is not None
+    # A root broker's chmod 000 of its directory leaves an agent without CAP_DAC_OVERRIDE
+    # unable to list it; the same kind of real OSError here: the "directory" is a file.
+    path = trio.Path(mount.host_path)
+    await path.rmdir()
+    await path.write_text("not a directory")
+    await info.pass_once()
+    (problem,) = info.problems(ObjectKey("ns", "cam"))
+    assert problem.startswith(f"cam-aaaaaa: cannot list {path.name}: [Errno 20] Not a directory")
+
+
+async def test_file_system_errors_never_end_the_copy_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    view, key = _serving_view()
+    info = _offline(view, tmp_path, current={"n/status": "ok"})  # written before
+    inst = view.instance(key)
+    assert inst is not None
+    info.mount(inst, ["cam-aaaaaa-0"])
+
+    def read_only(*_: object) -> None:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(_disk, "carry_out", read_only)
+    await info.pass_once()  # and no write: what was written stays
+    assert info.problems(ObjectKey("ns", "cam")) == [
+        "cam-aaaaaa: cannot tidy its directories: [Errno 30] Read-only file system"
+    ]
+
+    def denied(*_: object) -> None:
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(_disk, "instance_dirs", denied)
+    caplog.clear()
+    await info.pass_once()
+    await info.pass_once()
+    said = [r.getMessage() for r in caplog.records if "cannot list" in r.getMessage()]
+    assert said == [
+        f"brokerInfo: cannot list {tmp_path}: [Errno 13] Permission denied (retried every pass)"
+    ]
+
+
+async def test_shutdown_does_not_wait_for_the_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, autojump_clock: trio.abc.Clock
+) -> None:
+    view, _ = _serving_view()
+    info = _offline(view, tmp_path)
+    release = threading.Event()
+    finished: list[bool] = []
+
+    def slow(*_: object) -> dict[ObjectKey, list[str]]:
+        release.wait(5)  # a removal of millions of files a broker left
+        finished.append(True)
+        return {}
+
+    monkeypatch.setattr(_disk, "instance_dirs", slow)
+    with trio.move_on_after(1):
+        await info.pass_once()
+    assert finished == []  # the pass was cancelled while the thread still worked
+    release.set()
+
+
+def test_brokerinfo_needs_allocate(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--node-name", "n", "--allocation", "dra", "--broker-info-dir", "/x"], {})
+    assert "--broker-info-dir works with --allocation device-plugin only" in capsys.readouterr().err
+
+
+def test_a_tree_of_any_depth_is_removed_without_following_links(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("node file")
+    inst = tmp_path / "inst"
+    (inst / "ended-cam-0.g1.a").mkdir(parents=True)
+    # A broker's directories nested deeper than Python's recursion limit and PATH_MAX.
+    fd = os.open(inst / "ended-cam-0.g1.a", os.O_RDONLY)
+    for n in range(1500):
+        os.mkdir("d", dir_fd=fd)
+        if n % 100 == 0:
+            os.symlink(outside, "link", dir_fd=fd)
+            os.close(os.open("f", os.O_CREAT | os.O_WRONLY, dir_fd=fd))
+        child = os.open("d", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = child
+    os.close(fd)
+    (inst / "ended-cam-0.g1.a.superseded").symlink_to(outside)
+    carry_out(inst, DirPlan(remove=("ended-cam-0.g1.a", "ended-cam-0.g1.a.superseded")))
+    assert os.listdir(inst) == []
+    assert os.listdir(outside) == ["keep"]
+
+
+def _without_capabilities(*argv: str) -> subprocess.CompletedProcess[str]:
+    """Python as this uid with no capabilities, as the shipped agent runs."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None or os.geteuid() != 0:
+        pytest.skip("needs root and setpriv to drop capabilities")
+    cmd = [setpriv, "--bounding-set=-all", "--inh-caps=-all", "--", sys.executable, *argv]
+    return subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=60)
+
+
+def test_an_agent_without_capabilities_removes_what_a_root_broker_locked(tmp_path: Path) -> None:
+    locked = tmp_path / "inst" / "ended-cam-0.g1.a"
+    (locked / "sub" / "deeper").mkdir(parents=True)
+    (locked / "sub" / "f").write_text("x")
+    (locked / "sub" / "deeper" / "g").write_text("x")
+    (locked / "sub" / "deeper").chmod(0)
+    (locked / "sub").chmod(0o500)
+    locked.chmod(0)  # its own directory too
+    other = tmp_path / "inst" / "ended-cam-1.g1.a"
+    (other / "sub").mkdir(parents=True)
+    (other / "sub" / "f").write_text("x")
+    os.chown(other / "sub", 1000, 1000)  # another user's: not the agent's to open up
+    (other / "sub").chmod(0o500)
+    script = (
+        "import sys; from pathlib import Path; "
+        "from akri_trio.agent.brokerinfo._disk import remove_tree; "
+        "[remove_tree(Path(p)) for p in sys.argv[1:]]; "
+        "import os; print(os.listdir(sys.argv[1].rpartition('/')[0]))"
+    )
+    done = _without_capabilities("-c", script, str(locked), str(other))
+    assert done.stdout.strip() == "['ended-cam-1.g1.a']"
+    assert os.listdir(other / "sub") == ["f"]  # it stays, and removing it ended

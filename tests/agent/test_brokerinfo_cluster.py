@@ -1,7 +1,8 @@
 """brokerInfo against the real API server: two nodes' agents (their copy loops, each with its
 own workload directories) on one shared Instance. Each writes only its own `<node>/` keys, a
 removed file leaves the map, a skipped file is reported, and an ended workload's report stays
-until the node's next workload starts."""
+until the node's next workload starts; keys another writer puts under a node's name are
+taken back."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 import trio
 
 from akri_trio.address import ObjectKey
-from akri_trio.agent.brokerinfo import BrokerInfo, Limits
+from akri_trio.agent.brokerinfo import BrokerInfo, Limits, node_entries
 from akri_trio.agent.view import NodeView
 from akri_trio.kube.client import PATCH_APPLY, Client
 from akri_trio.kube.errors import ApiError
@@ -104,6 +105,16 @@ class Node:
         return Path(mount.host_path)
 
 
+async def _reporting(api: Client, root: Path, name: str, text: str) -> tuple[Node, Path]:
+    """Node bi-a's agent with a workload on slot 0 whose file `name` holds `text`, copied."""
+    node = Node(api, "bi-a", root)
+    await node.sync(api)
+    work = node.workload(0)
+    (work / name).write_text(text)
+    await node.sync(api)
+    return node, work
+
+
 async def _broker_info(api: Client) -> dict[str, Any]:
     await ensure_brokerinfo_schema(api, NS)  # the field is stored; read it with our schema
     obj = await api.get(INSTANCES, INST.name, namespace=NS)
@@ -151,10 +162,7 @@ async def test_nodes_write_their_own_keys_of_a_shared_instance(
 async def test_an_ended_workload_leaves_its_report_until_the_next_one(
     api: Client, ns: str, tmp_path: Path
 ) -> None:
-    a = Node(api, "bi-a", tmp_path)
-    await a.sync(api)
-    (a.workload(0) / "firmware").write_text("2.0")
-    await a.sync(api)
+    a, _ = await _reporting(api, tmp_path, "firmware", "2.0")
     assert await _broker_info(api) == {"bi-a/firmware": "2.0"}
 
     # The slot is freed (the reclaimer's write): the directory goes, the report stays.
@@ -178,13 +186,37 @@ async def test_an_ended_workload_leaves_its_report_until_the_next_one(
 async def test_a_restarted_agent_removes_entries_whose_directories_are_gone(
     api: Client, ns: str, tmp_path: Path
 ) -> None:
-    old = Node(api, "bi-a", tmp_path / "old")
-    await old.sync(api)
-    (old.workload(0) / "firmware").write_text("1.0")
-    await old.sync(api)
+    await _reporting(api, tmp_path / "old", "firmware", "1.0")
     assert await _broker_info(api) == {"bi-a/firmware": "1.0"}
 
     restarted = Node(api, "bi-a", tmp_path / "new")  # its directory root is empty
     restarted.info.known = lambda: [INST]
     await restarted.sync(api)
+    assert await _broker_info(api) == {}
+
+
+async def test_keys_another_writer_put_under_the_node_s_name_are_taken_back(
+    api: Client, ns: str, tmp_path: Path
+) -> None:
+    a, work = await _reporting(api, tmp_path, "status", "ok")
+    # Another field manager writes under bi-a/: over a key a file has, and one no file has.
+    forged = {"bi-a/status": "forged", "bi-a/extra": "x", "bi-b/status": "theirs"}
+    body = {
+        "apiVersion": "akri.sh/v0",
+        "kind": "Instance",
+        "metadata": {"name": INST.name, "namespace": NS},
+        "spec": {"brokerInfo": forged},
+    }
+    await api.apply(INSTANCES, body, field_manager="someone", force=True, namespace=NS)
+    await a.sync(api)
+    assert await _broker_info(api) == {"bi-a/status": "ok", "bi-b/status": "theirs"}
+    # The node's part of the map is its files again, so its next passes write nothing.
+    await a.sync(api)
+    assert node_entries(a.seen["spec"]["brokerInfo"], "bi-a") == {"bi-a/status": "ok"}
+
+    # With no file left, the last foreign key goes too (the map ends up empty).
+    body["spec"] = {"brokerInfo": {"bi-a/extra": "y"}}
+    await api.apply(INSTANCES, body, field_manager="someone", force=True, namespace=NS)
+    (work / "status").unlink()
+    await a.sync(api)
     assert await _broker_info(api) == {}

@@ -200,6 +200,11 @@ def test_handler_mount_dirs_reach_the_agent() -> None:
     assert "AKRI_HANDLER_MOUNT_DIRS" not in env_of(default)
 
 
+def test_broker_info_directory_is_refused_with_dra() -> None:
+    with pytest.raises(helm_python.HelmError, match="brokerInfoDirectory works with allocation"):
+        render({"allocation": "dra", "agent": {"brokerInfoDirectory": "/var/lib/akri-bi"}})
+
+
 def test_broker_info_directory_is_mounted_at_its_own_path() -> None:
     ds = one(
         render({"agent": {"brokerInfoDirectory": "/var/lib/akri-broker-info"}}),

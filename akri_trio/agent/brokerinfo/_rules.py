@@ -32,10 +32,14 @@ FIELD_MANAGER_PREFIX = "brokerinfo-"
 # promise more than the API server accepts.
 CRD_MAX_ENTRIES = 1024
 CRD_MAX_VALUE_CHARS = 4096
+# The most a node's entries on one Instance may be given by flag: an Instance is one etcd
+# object (about 1.5 MiB at most) that every node serving it writes into.
+MAX_NODE_BYTES = 256 * 1024
 # A file name is a ConfigMap key: what `kubectl create configmap --from-file` accepts.
 _FILE_NAME = re.compile(r"[-._a-zA-Z0-9]+")
 MAX_NAME = 253
 ENDED = "ended-"
+SET_ASIDE = ".superseded"
 
 
 def field_manager(node: str) -> str:
@@ -53,19 +57,27 @@ def _positive(_: object, attribute: attrs.Attribute[int], value: int) -> None:
 
 @attrs.frozen
 class Limits:
-    """Per workload directory. Files over a limit are reported and skipped, never cut."""
+    """Per workload directory (`max_files`, `max_file_bytes`, `max_total_bytes`), and per node
+    on one Instance: what all of the node's directories of that Instance add up to
+    (`max_node_entries`, and `max_node_bytes` of keys and values, UTF-8). Files over a limit
+    are reported and skipped, never cut."""
 
     max_files: int = attrs.field(default=16, validator=_positive)
     max_file_bytes: int = attrs.field(default=1024, validator=_positive)
     max_total_bytes: int = attrs.field(default=4096, validator=_positive)
+    max_node_entries: int = attrs.field(default=32, validator=_positive)
+    max_node_bytes: int = attrs.field(default=8192, validator=_positive)
 
     def __attrs_post_init__(self) -> None:
-        if self.max_files > CRD_MAX_ENTRIES:
-            raise ValueError(f"max_files is at most {CRD_MAX_ENTRIES} (the CRD's maxProperties)")
+        for name in ("max_files", "max_node_entries"):
+            if getattr(self, name) > CRD_MAX_ENTRIES:
+                raise ValueError(f"{name} is at most {CRD_MAX_ENTRIES} (the CRD's maxProperties)")
         if self.max_file_bytes > CRD_MAX_VALUE_CHARS:
             raise ValueError(
                 f"max_file_bytes is at most {CRD_MAX_VALUE_CHARS} (the CRD's maxLength)"
             )
+        if self.max_node_bytes > MAX_NODE_BYTES:
+            raise ValueError(f"max_node_bytes is at most {MAX_NODE_BYTES} (one etcd object)")
 
 
 @attrs.frozen
@@ -138,8 +150,42 @@ def merge(selections: Iterable[Selection]) -> dict[str, str]:
     return {name: text for name, (_, text) in sorted(newest.items())}
 
 
-def desired_entries(node: str, files: Mapping[str, str]) -> dict[str, str]:
-    return {entry_key(node, name): text for name, text in files.items()}
+def desired_entries(
+    node: str, files: Mapping[str, str], limits: Limits
+) -> tuple[dict[str, str], list[str]]:
+    """This node's entries of one Instance from its merged `files`, in name order until the
+    node's budget on the Instance is spent, and what did not fit."""
+    entries: dict[str, str] = {}
+    problems: list[str] = []
+    total = 0
+    for name, text in sorted(files.items()):
+        key = entry_key(node, name)
+        size = len(key.encode()) + len(text.encode())
+        if len(entries) >= limits.max_node_entries:
+            problems.append(f"{name!r}: more than {limits.max_node_entries} entries from {node}")
+        elif total + size > limits.max_node_bytes:
+            problems.append(f"{name!r}: over {limits.max_node_bytes} bytes from {node}")
+        else:
+            total += size
+            entries[key] = text
+    return entries, problems
+
+
+def foreign_entries(
+    broker_info: Mapping[str, str] | None, node: str, desired: Mapping[str, str]
+) -> dict[str, str]:
+    """Entries under this node's keys that its files do not account for, as they are after
+    its apply: another field manager's (an apply never removes what it does not own)."""
+    return {k: v for k, v in node_entries(broker_info, node).items() if k not in desired}
+
+
+def removal_ops(entries: Mapping[str, str]) -> list[dict[str, object]]:
+    """JSON patch removing `entries`, each only while it still has the value seen."""
+    ops: list[dict[str, object]] = []
+    for key, value in sorted(entries.items()):
+        path = "/spec/brokerInfo/" + key.replace("~", "~0").replace("/", "~1")
+        ops += [{"op": "test", "path": path, "value": value}, {"op": "remove", "path": path}]
+    return ops
 
 
 def apply_body(namespace: str, instance: str, entries: Mapping[str, str]) -> dict[str, object]:
@@ -189,12 +235,19 @@ def parse_dir(name: str) -> WorkloadDir | None:
 def superseded(names: Iterable[str], slot: str) -> list[str]:
     """The running-workload directories of `slot` in `names`: a new workload given that slot
     means the one before it has ended (the kubelet hands a device on when its container ends,
-    before the reclaimer frees the slot), so they go when the new one's directory is made."""
+    before the reclaimer frees the slot), so they are set aside when the new one's directory
+    is made."""
     return [
         name
         for name in names
         if (wd := parse_dir(name)) is not None and not wd.ended and wd.slot == slot
     ]
+
+
+def set_aside(name: str) -> str:
+    """What a superseded directory is renamed to: a name `parse_dir` refuses (the token is
+    hex), so the next copy pass removes it like any unknown entry, in its worker thread."""
+    return name + SET_ASIDE
 
 
 @attrs.frozen
@@ -214,7 +267,8 @@ def plan_dirs(
     """`names`: the Instance's directories; `held`: the deviceUsage keys this node holds on it;
     `serving`: the Instance exists and lists this node; `generation`: its Configuration's
     (None: gone). A workload whose slot is no longer held has ended: its directory is renamed
-    `ended-*` (current generation) or removed (older)."""
+    `ended-*` (current generation) or removed (older). Any other name (a directory set aside
+    at Allocate, anything else) is removed."""
     if not serving or generation is None:
         return DirPlan(remove_all=True, remove=tuple(sorted(names)))
     live: list[str] = []

@@ -7,8 +7,12 @@ for the container. `run` is one nursery child: every `period` seconds it lists t
 (in a worker thread), ends the workloads whose slots this node no longer holds (the reclaimer
 freed them, the Instance went, the node left it; see `_rules.plan_dirs`), reads what counts,
 and server-side applies this node's part of each Instance's `spec.brokerInfo` where it differs
-from what the watch cache shows (level-triggered: an entry lost in any way is written again).
-Work per pass is bounded by the directories that exist and the per-directory limits.
+from what the watch cache shows (level-triggered: an entry lost in any way is written again,
+and one another writer put under this node's name is removed). Work per pass is bounded by the
+directories that exist and the per-directory limits; what one node writes into one Instance, by
+its per-node budget (`_rules.Limits`). A file-system error is a problem like a skipped file
+(the root directory's: one log line when it changes) and leaves what was written; it never ends
+the loop.
 
 Files that break a rule are skipped and reported: one log line when the set of problems of an
 Instance changes, and through `problems(configuration)`, which the agent puts in its entry of the
@@ -84,6 +88,7 @@ class BrokerInfo:
         # pass checks that they are gone.
         self.leftover: set[ObjectKey] = set()
         self._problems: dict[ObjectKey, tuple[str, ...]] = {}  # per Instance
+        self._root_problem = ""
         self._started = False
 
     # --- Allocate ------------------------------------------------------------------------------
@@ -133,15 +138,29 @@ class BrokerInfo:
             self.leftover.update(
                 key for key in self.known() if _rules.node_entries(self.current(key), self.node)
             )
-        found = await trio.to_thread.run_sync(_disk.instance_dirs, self.root, self.namespace)
+        # The worker threads are abandoned on cancellation (shutdown does not wait for a
+        # removal of what a broker left): a pass is redone whole, never resumed.
+        try:
+            found = await trio.to_thread.run_sync(
+                _disk.instance_dirs, self.root, self.namespace, abandon_on_cancel=True
+            )
+        except OSError as exc:
+            self._root_failed(f"cannot list {self.root}: {exc}")
+            return
+        self._root_failed("")
         plans = {key: self._plan(key, names) for key, names in found.items()}
-        reads = await trio.to_thread.run_sync(self._carry_out_and_read, plans)
+        reads, untidy = await trio.to_thread.run_sync(
+            self._carry_out_and_read, plans, abandon_on_cancel=True
+        )
         for key in sorted(set(plans) | self.leftover):
             selections = reads.get(key, [])
-            self._report(key, [p for s in selections for p in s.problems])
-            inst = self.view.instance(key)
             files = _rules.merge(selections)
-            if inst is None or await self._write(key, _rules.desired_entries(self.node, files)):
+            desired, over = _rules.desired_entries(self.node, files, self.limits)
+            self._report(key, [*(p for s in selections for p in s.problems), *over])
+            if key in untidy:
+                continue  # what it wrote stays until its directories can be put in order
+            inst = self.view.instance(key)
+            if inst is None or await self._write(key, desired):
                 self.leftover.discard(key)
             else:
                 self.leftover.add(key)  # retried next pass, even once its directory is gone
@@ -157,16 +176,35 @@ class BrokerInfo:
 
     def _carry_out_and_read(
         self, plans: Mapping[ObjectKey, _rules.DirPlan]
-    ) -> dict[ObjectKey, list[_rules.Selection]]:
-        out = {}
+    ) -> tuple[dict[ObjectKey, list[_rules.Selection]], set[ObjectKey]]:
+        """In a worker thread: what each Instance's directories hold, and the Instances whose
+        plan failed. A file-system error (a read-only disk, a directory a broker took its
+        permissions from) is reported as a problem of the Instance."""
+        out: dict[ObjectKey, list[_rules.Selection]] = {}
+        untidy: set[ObjectKey] = set()
         for key, plan in plans.items():
             path = _disk.instance_dir(self.root, key)
-            _disk.carry_out(path, plan)
-            out[key] = [
-                _rules.select(_disk.read_workload(path / name, self.limits), self.limits)
-                for name in plan.report_from
-            ]
-        return out
+            try:
+                _disk.carry_out(path, plan)
+            except OSError as exc:
+                out[key] = [_rules.Selection({}, (f"cannot tidy its directories: {exc}",))]
+                untidy.add(key)
+                continue
+            out[key] = []
+            for name in plan.report_from:
+                try:
+                    found = _disk.read_workload(path / name, self.limits)
+                except OSError as exc:
+                    out[key].append(_rules.Selection({}, (f"cannot list {name}: {exc}",)))
+                else:
+                    out[key].append(_rules.select(found, self.limits))
+        return out, untidy
+
+    def _root_failed(self, problem: str) -> None:
+        """One log line when the root directory's trouble changes."""
+        if problem and problem != self._root_problem:
+            log.warning("brokerInfo: %s (retried every pass)", problem)
+        self._root_problem = problem
 
     def _report(self, key: ObjectKey, problems: list[str]) -> None:
         before = self._problems.get(key, ())
@@ -175,7 +213,7 @@ class BrokerInfo:
             return
         if now:
             self._problems[key] = now
-            log.warning("brokerInfo of %s: skipped %s", key, "; ".join(now))
+            log.warning("brokerInfo of %s: %s", key, "; ".join(now))
         else:
             self._problems.pop(key, None)
         inst = self.view.instance(key)
@@ -190,14 +228,26 @@ class BrokerInfo:
             return True
         body = _rules.apply_body(key.namespace, key.name, desired)
         try:
-            await self.api.apply(
-                INSTANCES, body, field_manager=self.manager, namespace=key.namespace
+            # Forced: a key under this node's name is this node's, whoever wrote it last.
+            obj = await self.api.apply(
+                INSTANCES, body, field_manager=self.manager, force=True, namespace=key.namespace
             )
+            # The apply leaves the keys another manager wrote under this node's name (it
+            # removes only its own): they go by a patch that tests each value first.
+            info = obj.get("spec", {}).get("brokerInfo")
+            if foreign := _rules.foreign_entries(info, self.node, desired):
+                await self.api.json_patch(
+                    INSTANCES,
+                    key.name,
+                    _rules.removal_ops(foreign),
+                    field_manager=self.manager,
+                    namespace=key.namespace,
+                )
         except NotFound:
             return True
         except (ApiError, httpx.HTTPError) as exc:
-            # Retried on the next pass; a refusal (an entry someone else owns, the CRD's
-            # bounds) is said here once per pass until it clears.
+            # Retried on the next pass; a refusal (the CRD's bounds, a foreign entry that
+            # changed under the patch) is said here once per pass until it clears.
             log.warning("could not write brokerInfo of %s: %s", key, exc)
             return False
         return True
