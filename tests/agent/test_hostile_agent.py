@@ -36,6 +36,7 @@ from tests.support.akri_cluster import ensure_namespace, install_crds, purge_nam
 from tests.support.chart import render
 from tests.support.kubelet_standin import KubeletStandin
 from tests.support.rbac import RBAC_KINDS, account_token
+from tests.support.traverse import traversable_by_others
 
 TAG = secrets.token_hex(3)
 NODE = f"hostile-{TAG}"
@@ -443,10 +444,12 @@ async def test_a_non_root_handler_serves_an_agent_without_capabilities(
         cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     handler: subprocess.Popen[bytes] | None = None
+    stack = contextlib.ExitStack()
     try:
         registration = directory / "agent-registration.sock"
         await eventually(lambda: _returns(registration.exists()), 30)
         non_root = [f"--reuid={HANDLER_GID}", f"--regid={HANDLER_GID}", "--clear-groups"]
+        stack.enter_context(traversable_by_others(REPO, Path(sys.prefix)))
         handler = subprocess.Popen(  # noqa: ASYNC220  (a process for the whole test)
             ["setpriv", *non_root, *no_caps, sys.executable, "-c", HANDLER, str(directory),
              handler_name],
@@ -465,6 +468,7 @@ async def test_a_non_root_handler_serves_an_agent_without_capabilities(
         assert oct(served.st_mode & 0o777) == oct(0o660)
     finally:
         stop_process(handler)
+        stack.close()
         stop_process(agent)
         log.close()
         kubelet.stop()
