@@ -27,6 +27,7 @@ from akri_trio.agent.view import NodeView
 from akri_trio.dra import spec_file_name
 from akri_trio.dra.checkpoint import PreparedClaim, PreparedDevice, encode
 from akri_trio.kube import Client
+from tests.support.silent_server import silent_api_server
 
 
 def _loaded(http: httpx.AsyncClient, tmp_path: Path) -> Preparer:
@@ -41,33 +42,15 @@ def _loaded(http: httpx.AsyncClient, tmp_path: Path) -> Preparer:
     return preparer
 
 
-async def _hold_connections(listener: trio.SocketListener) -> None:
-    async with trio.open_nursery() as nursery:
-        while True:
-            stream = await listener.accept()
-            nursery.start_soon(_never_answer, stream)
-
-
-async def _never_answer(stream: trio.SocketStream) -> None:
-    async with stream:
-        await trio.sleep_forever()
-
-
 async def test_a_silent_api_server_times_the_call_out(
     autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:
-    (listener,) = await trio.open_tcp_listeners(0, host="127.0.0.1")
-    port = listener.socket.getsockname()[1]
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(_hold_connections, listener)
-        http = httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=3600)
-        async with http:
-            preparer = _loaded(http, tmp_path)
-            refs = [ClaimRef("ns", "uid-1", "c1"), ClaimRef("ns", "uid-2", "c2")]
-            started = trio.current_time()
-            answers = await preparer.prepare(refs)
-            assert trio.current_time() - started == PREPARE_TIMEOUT_S
-        nursery.cancel_scope.cancel()
+    async with silent_api_server() as http:
+        preparer = _loaded(http, tmp_path)
+        refs = [ClaimRef("ns", "uid-1", "c1"), ClaimRef("ns", "uid-2", "c2")]
+        started = trio.current_time()
+        answers = await preparer.prepare(refs)
+        assert trio.current_time() - started == PREPARE_TIMEOUT_S
     assert answers == {
         "uid-1": "prepare ns/c1: timed out",
         "uid-2": "prepare ns/c2: timed out",

@@ -14,36 +14,17 @@ from akri_trio.agent.dra.publisher import SYNC_WARN_S, NodePoolPublisher
 from akri_trio.kube import Apply, Client, Init, InitApply, InitDone, Store
 from akri_trio.model.convert import unstructure
 from tests.dra.support import instance
-
-
-async def _hold_connections(listener: trio.SocketListener) -> None:
-    async with trio.open_nursery() as nursery:
-        while True:
-            stream = await listener.accept()
-            nursery.start_soon(_never_answer, stream)
-
-
-async def _never_answer(stream: trio.SocketStream) -> None:
-    async with stream:
-        await trio.sleep_forever()
+from tests.support.silent_server import silent_api_server
 
 
 async def test_a_slow_api_server_at_start_is_waited_for(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    (listener,) = await trio.open_tcp_listeners(0, host="127.0.0.1")
-    port = listener.socket.getsockname()[1]
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(_hold_connections, listener)
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=3600) as http:
-            publisher = NodePoolPublisher(
-                Client(http), Store(), "n1", namespace=None, consumable=True
-            )
-            async with trio.open_nursery() as inner:
-                inner.start_soon(publisher.run)
-                await trio.sleep(10 * SYNC_WARN_S)  # with a deadline it would have crashed
-                assert publisher.rounds == 0
-                inner.cancel_scope.cancel()
+    async with silent_api_server() as http, trio.open_nursery() as nursery:
+        publisher = NodePoolPublisher(Client(http), Store(), "n1", namespace=None, consumable=True)
+        nursery.start_soon(publisher.run)
+        await trio.sleep(10 * SYNC_WARN_S)  # with a deadline it would have crashed
+        assert publisher.rounds == 0
         nursery.cancel_scope.cancel()
 
 
