@@ -1,4 +1,5 @@
-"""The DRA node-pool publisher against the real API server, with exactly k8s/agent.yaml's RBAC:
+"""The DRA node-pool publisher against the real API server, with exactly the RBAC of k8s/agent.yaml
+and k8s/agent-dra.yaml (DRA mode's opt-in; without it the agent may not touch ResourceSlices):
 it publishes the node's pool, writes nothing while nothing changes, bumps the generation on a
 change, publishes again at once what someone else deletes (as the kubelet wipes a node's slices
 when it starts), and deletes the pool when its last Instance goes. The node is made up, so no
@@ -22,16 +23,18 @@ from akri_trio.model.convert import unstructure
 from tests.dra.support import instance
 from tests.support.akri_cluster import ensure_namespace
 from tests.support.polling import until_api
-from tests.support.rbac import manifest_client
+from tests.support.rbac import apply_rbac, manifest_client
 
 MANIFEST = Path(__file__).parents[2] / "k8s" / "agent.yaml"
+DRA_MANIFEST = Path(__file__).parents[2] / "k8s" / "agent-dra.yaml"
 NS = "dra-publisher-tests"
 
 
 @pytest.fixture
 async def agent_api(api: Client, cluster: dict[str, str]) -> AsyncIterator[Client]:
-    """A client that authenticates as the agent's ServiceAccount."""
+    """A client that authenticates as the agent's ServiceAccount, in DRA mode."""
     async with manifest_client(api, cluster, MANIFEST, "akri", "akri-agent-sa") as client:
+        await apply_rbac(api, DRA_MANIFEST)
         yield client
 
 
