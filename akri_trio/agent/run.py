@@ -13,7 +13,7 @@
     │   │   └── per plugin: socket server + ListAndWatch streams + registration
     │   └── slot reclaimer                                   PodResources -> free unused slots
     ├── or DRA mode (DraNode): node pool publisher (Instances -> ResourceSlices) and the
-    │   kubelet DRA plugin (claims -> CDI specs)
+    │   kubelet DRA plugin (claims -> CDI specs); /readyz waits for its registration
     ├── brokerInfo copier (with --broker-info-dir)           workload files -> Instances
     └── health / metrics server
 
@@ -235,6 +235,22 @@ async def run_agent(
         on_freed=metrics.slots_reclaimed.inc,
         on_slots_freed=events.slots_reclaimed,
     )
+    dra = None
+    ready = [
+        ("configurations-synced", lambda: configs.synced),
+        ("instances-synced", lambda: instances.synced),
+    ]
+    if settings.allocation == "dra":  # no device plugins, nothing to reclaim
+        dra = DraNode(
+            api,
+            view,
+            instances,
+            namespace=settings.namespace,
+            kubelet_root_dir=settings.kubelet_root_dir,
+            cdi_dir=settings.cdi_dir,
+            consumable=settings.dra_consumable_capacity,
+        )
+        ready.append(("dra-plugin-registered", dra.ready))
     settings.discovery_handlers_directory.mkdir(parents=True, exist_ok=True)
     if settings.handler_group is not None:
         share_with_group(settings.discovery_handlers_directory, settings.handler_group)
@@ -248,10 +264,7 @@ async def run_agent(
                     settings.metrics_host,
                     settings.metrics_port,
                     registry=metrics.registry,
-                    ready=[
-                        ("configurations-synced", lambda: configs.synced),
-                        ("instances-synced", lambda: instances.synced),
-                    ],
+                    ready=ready,
                 )
             )
         await root.start(
@@ -315,17 +328,7 @@ async def run_agent(
             reconciler.broker_info_problems = broker_info.problems
             root.start_soon(broker_info.run)
         await root.start(controller.run)
-        dra = None
-        if settings.allocation == "dra":  # no device plugins, nothing to reclaim
-            dra = DraNode(
-                api,
-                view,
-                instances,
-                namespace=ns,
-                kubelet_root_dir=settings.kubelet_root_dir,
-                cdi_dir=settings.cdi_dir,
-                consumable=settings.dra_consumable_capacity,
-            )
+        if dra is not None:
             await root.start(dra.run)
         else:
             await root.start(watch.run)

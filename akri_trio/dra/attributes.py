@@ -15,6 +15,7 @@ from typing import Final
 import attrs
 
 from akri_trio.dra.names import ATTRIBUTE_VALUE_MAX, DOMAIN, fit_value
+from akri_trio.model.resources import JSON
 
 MAX_ENTRIES: Final = 32  # attributes + capacities of one device
 NAME_MAX: Final = 32
@@ -24,8 +25,6 @@ INSTANCE: Final = "instance"
 IDENTITY: Final = (CONFIGURATION, NAMESPACE, INSTANCE)
 
 _C_IDENTIFIER = re.compile(r"[_a-zA-Z][_a-zA-Z0-9]*")
-
-JSON = dict[str, object]
 
 
 @attrs.frozen

@@ -9,11 +9,10 @@ device ids back from NodePrepareResources and passes them to the runtime.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Final
 
 from akri_trio.model.edits import ContainerEdits
-
-JSON = dict[str, Any]
+from akri_trio.model.resources import JSON
 
 CDI_VERSION: Final = "0.6.0"
 CDI_KIND: Final = "akri.sh/claim"

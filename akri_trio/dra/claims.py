@@ -4,7 +4,10 @@ The kubelet asks the node's plugin to prepare claims by uid; the plugin reads ea
 must refuse devices it cannot stand behind. `resolve` maps each allocated device of driver
 `akri.sh` to the Instance (and slot) it stands for, through the devices this node publishes or
 may use (`usable`: pool -> device name -> DeviceRef); anything else is an error naming the
-device, so the Pod's event says which device and why.
+device, so the Pod's event says which device and why. A device stands for an Instance of one
+namespace, and only claims of that namespace get it: DeviceClasses are cluster-scoped, so
+nothing but this check keeps a claim of another namespace (allocated a device of ours through a
+class or pool of its own choosing) from a namespace's devices, their properties and mounts.
 """
 
 from __future__ import annotations
@@ -78,9 +81,11 @@ def resolve(
     """Every device of ours in `claim` with the Instance it stands for.
 
     Raises WrongClaim when `claim` is not `uid`, NotAllocated, or UnusableDevice for a device
-    in a pool this node does not serve or a device that pool does not (or no longer) hold.
+    in a pool this node does not serve, a device that pool does not (or no longer) hold, or a
+    device of an Instance in another namespace than the claim's.
     """
-    got = (claim.get("metadata") or {}).get("uid")
+    meta = claim.get("metadata") or {}
+    got = meta.get("uid")
     if got != uid:
         raise WrongClaim(f"claim has uid {got!r}, the kubelet asked for {uid!r}")
     out: list[tuple[Allocated, DeviceRef]] = []
@@ -91,5 +96,12 @@ def resolve(
         ref = pool.get(result.device)
         if ref is None:
             raise UnusableDevice(result.pool, result.device, "no such device (gone?)")
+        if ref.namespace != meta.get("namespace"):
+            raise UnusableDevice(
+                result.pool,
+                result.device,
+                f"belongs to namespace {ref.namespace!r}, the claim is in "
+                f"{meta.get('namespace')!r}",
+            )
         out.append((result, ref))
     return out

@@ -7,8 +7,6 @@ and reading a missing attribute is an error that aborts the whole allocation.
 
 from __future__ import annotations
 
-from typing import Any
-
 from akri_trio.dra.attributes import CONFIGURATION, INSTANCE, NAMESPACE
 from akri_trio.dra.devices import API_VERSION
 from akri_trio.dra.names import (
@@ -20,8 +18,7 @@ from akri_trio.dra.names import (
     fit_value,
 )
 from akri_trio.model.naming import LABEL_CONFIGURATION
-
-JSON = dict[str, Any]
+from akri_trio.model.resources import JSON
 
 
 def _attribute(name: str) -> str:

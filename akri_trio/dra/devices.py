@@ -20,9 +20,7 @@ import attrs
 
 from akri_trio.dra.attributes import Attributes, device_attributes, qualified
 from akri_trio.dra.names import DRIVER, device_name
-from akri_trio.model.resources import Instance
-
-JSON = dict[str, Any]
+from akri_trio.model.resources import JSON, Instance
 
 SLOTS: Final = "slots"  # the capacity a consumable device counts its users in
 API_VERSION: Final = "resource.k8s.io/v1"

@@ -78,8 +78,8 @@ def device_class_name(configuration: str, namespace: str) -> str:
 def node_pool(node: str, namespace: str) -> str:
     """The pool of one node's non-shared Instances of one namespace: `node/<node>/<namespace>`.
 
-    Per namespace, so that agents scoped to different namespaces on one node never write the
-    same pool, and device names (from Instance names, unique per namespace) stay unique in it.
+    Per namespace, so that device names (from Instance names, unique per namespace) stay unique
+    in it, and every device of a pool belongs to the one namespace whose claims may use it.
     """
     return _pool(f"node/{node}/{namespace}")
 

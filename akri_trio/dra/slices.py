@@ -24,9 +24,7 @@ import attrs
 from akri_trio.dra.attributes import Omitted
 from akri_trio.dra.devices import API_VERSION, DeviceRef, instance_devices
 from akri_trio.dra.names import DRIVER, LABEL_NAMESPACE, slice_name
-from akri_trio.model.resources import Instance
-
-JSON = dict[str, Any]
+from akri_trio.model.resources import JSON, Instance
 
 MAX_DEVICES_PER_SLICE: Final = 128
 LABEL_POOL_KIND: Final = "akri.sh/pool-kind"

@@ -39,6 +39,7 @@ from tests.dra.support import instance
 from tests.support.akri_cluster import ensure_namespace
 
 NS = "dra-plugin-tests"
+OTHER_NS = "dra-plugin-tests-other"
 NODE = "dra-plugin-node"
 INSTANCE = "echo-aaaaaa"
 DEVICE = Device(
@@ -66,11 +67,13 @@ class Plugin:
 
         return await trio.to_thread.run_sync(run)
 
-    async def claim(self, results: list[dict[str, str]], name: str = "") -> dict[str, Any]:
+    async def claim(
+        self, results: list[dict[str, str]], name: str = "", namespace: str = NS
+    ) -> dict[str, Any]:
         body = {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaim",
-            "metadata": {"name": name or f"c-{secrets.token_hex(3)}", "namespace": NS},
+            "metadata": {"name": name or f"c-{secrets.token_hex(3)}", "namespace": namespace},
             "spec": dra.claim_spec("echo", NS),
         }
         made = await self.api.create(dra.RESOURCE_CLAIMS, body)
@@ -79,7 +82,7 @@ class Plugin:
             dra.RESOURCE_CLAIMS,
             made["metadata"]["name"],
             status,
-            namespace=NS,
+            namespace=namespace,
             subresource="status",
         )
 
@@ -97,6 +100,7 @@ def _claim_msg(module: Any, claim: dict[str, Any]) -> Any:
 @pytest.fixture
 async def plugin(api: Client, short_tmp: Path) -> AsyncIterator[Plugin]:
     await ensure_namespace(api, NS)
+    await ensure_namespace(api, OTHER_NS)
     view = NodeView(NODE)
     inst = instance(INSTANCE, namespace=NS, configuration="echo", nodes=(NODE,))
     view.put_instance(
@@ -120,9 +124,12 @@ async def plugin(api: Client, short_tmp: Path) -> AsyncIterator[Plugin]:
             nursery.cancel_scope.cancel()
     finally:
         with trio.move_on_after(10, shield=True):
-            for claim in (await api.list(dra.RESOURCE_CLAIMS, namespace=NS)).items:
-                with contextlib.suppress(NotFound):
-                    await api.delete(dra.RESOURCE_CLAIMS, claim["metadata"]["name"], namespace=NS)
+            for ns in (NS, OTHER_NS):
+                for claim in (await api.list(dra.RESOURCE_CLAIMS, namespace=ns)).items:
+                    with contextlib.suppress(NotFound):
+                        await api.delete(
+                            dra.RESOURCE_CLAIMS, claim["metadata"]["name"], namespace=ns
+                        )
 
 
 async def test_registration_names_the_driver_its_socket_and_versions(plugin: Plugin) -> None:
@@ -201,6 +208,20 @@ async def test_devices_this_node_cannot_serve_are_refused(plugin: Plugin) -> Non
     assert "not found" in answers["no-such-uid"].error.lower()
     assert not any(a.devices for a in answers.values())
     assert not list(plugin.cdi.iterdir())
+
+
+async def test_a_claim_of_another_namespace_gets_no_device_of_this_one(plugin: Plugin) -> None:
+    """DeviceClasses are cluster-scoped, so a claim elsewhere can be allocated NS's device."""
+    claim = await plugin.claim([_ours()], namespace=OTHER_NS)
+    request = v1.NodePrepareResourcesRequest(claims=[_claim_msg(v1, claim)])
+    sock, stub = plugin_socket(plugin.root), dra_v1_pb2_grpc.DRAPluginStub
+    answer = (await plugin.call(sock, stub, "NodePrepareResources", request)).claims[
+        claim["metadata"]["uid"]
+    ]
+    assert f"device {dra.node_pool(NODE, NS)}/{INSTANCE}: belongs to namespace" in answer.error
+    assert not answer.devices
+    assert not list(plugin.cdi.iterdir())
+    assert plugin.preparer.prepared == {}
 
 
 async def test_a_restarted_plugin_unprepares_what_the_last_one_prepared(plugin: Plugin) -> None:

@@ -1,37 +1,47 @@
-"""The DRA node-pool publisher against the real API server, with exactly k8s/agent.yaml's RBAC:
+"""The DRA node-pool publisher against the real API server, with exactly the RBAC of k8s/agent.yaml
+and k8s/agent-dra.yaml (DRA mode's opt-in; without it the agent may not touch ResourceSlices):
 it publishes the node's pool, writes nothing while nothing changes, bumps the generation on a
 change, publishes again at once what someone else deletes (as the kubelet wipes a node's slices
 when it starts), and deletes the pool when its last Instance goes. The node is made up, so no
-kubelet takes part; the claim read is the one the kubelet plugin does."""
+kubelet takes part; the claim read is the one the kubelet plugin does. The whole agent in DRA
+mode runs with these rights, and its /readyz waits for the kubelet's registration."""
 
 from __future__ import annotations
 
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import grpc
+import httpx
 import pytest
 import trio
 
 from akri_trio import dra
 from akri_trio.agent.dra.node import probe_consumable_capacity
+from akri_trio.agent.dra.plugin import registration_socket
 from akri_trio.agent.dra.publisher import NodePoolPublisher
+from akri_trio.agent.run import Agent, AgentSettings, run_agent
 from akri_trio.kube import Apply, Client, Delete, Init, InitApply, InitDone, Store
 from akri_trio.model.convert import unstructure
+from akri_trio.rpc.gen import pluginregistration_v1_pb2 as reg
+from akri_trio.rpc.gen import pluginregistration_v1_pb2_grpc
 from tests.dra.support import instance
 from tests.support.akri_cluster import ensure_namespace
 from tests.support.polling import until_api
-from tests.support.rbac import manifest_client
+from tests.support.rbac import apply_rbac, manifest_client
 
 MANIFEST = Path(__file__).parents[2] / "k8s" / "agent.yaml"
+DRA_MANIFEST = Path(__file__).parents[2] / "k8s" / "agent-dra.yaml"
 NS = "dra-publisher-tests"
 
 
 @pytest.fixture
 async def agent_api(api: Client, cluster: dict[str, str]) -> AsyncIterator[Client]:
-    """A client that authenticates as the agent's ServiceAccount."""
+    """A client that authenticates as the agent's ServiceAccount, in DRA mode."""
     async with manifest_client(api, cluster, MANIFEST, "akri", "akri-agent-sa") as client:
+        await apply_rbac(api, DRA_MANIFEST)
         yield client
 
 
@@ -132,3 +142,44 @@ async def test_the_agent_may_probe_and_read_the_claims_it_prepares(
         assert read["metadata"]["uid"] == made["metadata"]["uid"]
     finally:
         await api.delete(dra.RESOURCE_CLAIMS, made["metadata"]["name"], namespace=NS)
+
+
+async def test_the_dra_agent_runs_with_the_manifests_and_is_ready_once_registered(
+    api: Client, agent_api: Client, short_tmp: Path
+) -> None:
+    await ensure_namespace(api, NS)
+    settings = AgentSettings(
+        node=f"dra-test-node-{secrets.token_hex(3)}",
+        namespace=NS,
+        discovery_handlers_directory=short_tmp / "akri",
+        metrics_port=0,
+        metrics_host="127.0.0.1",
+        allocation="dra",
+        kubelet_root_dir=short_tmp,
+        cdi_dir=short_tmp / "cdi",
+    )
+
+    def notify(registered: bool) -> None:
+        target = f"unix://{registration_socket(short_tmp)}"
+        with grpc.insecure_channel(target) as channel:
+            make: Callable[[Any], Any] = pluginregistration_v1_pb2_grpc.RegistrationStub
+            stub = make(channel)
+            status = reg.RegistrationStatus(plugin_registered=registered)
+            stub.NotifyRegistrationStatus(status, timeout=20)
+
+    async with trio.open_nursery() as nursery:
+        agent: Agent = await nursery.start(lambda **kw: run_agent(settings, api=agent_api, **kw))
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{agent.metrics_port}") as http:
+
+            async def synced() -> bool:
+                answer = await http.get("/readyz")
+                return "[+]instances-synced" in answer.text
+
+            await until_api(synced, what="the agent's caches synced")
+            before = await http.get("/readyz")
+            assert before.status_code == 503
+            assert "[-]dra-plugin-registered failed" in before.text
+            await trio.to_thread.run_sync(notify, True)  # as the kubelet does
+            after = await http.get("/readyz")
+            assert after.status_code == 200, after.text
+        nursery.cancel_scope.cancel()

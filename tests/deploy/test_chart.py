@@ -247,10 +247,12 @@ def test_agent_full_debug_echo_and_host_network() -> None:
 
 
 def test_agent_rbac_is_the_tested_manifests() -> None:
-    """The chart's agent and webhook roles are the ones their RBAC tests run with."""
-    objects = render({"webhookConfiguration": {"enabled": True}})
+    """The chart's agent and webhook roles are the ones their RBAC tests run with (DRA mode's
+    with `allocation: dra`)."""
+    objects = render({"webhookConfiguration": {"enabled": True}, "allocation": "dra"})
     for manifest, role in (
         ("agent.yaml", "akri-agent-role"),
+        ("agent-dra.yaml", "akri-agent-dra-role"),
         ("webhook.yaml", "akri-webhook-role"),
     ):
         docs = list(yaml.safe_load_all((REPO / "k8s" / manifest).read_text()))
@@ -258,6 +260,23 @@ def test_agent_rbac_is_the_tested_manifests() -> None:
         assert role in tested
         for name, cluster_role in tested.items():
             assert one(objects, "ClusterRole", name)["rules"] == cluster_role["rules"]
+        for binding in (d for d in docs if d["kind"] == "ClusterRoleBinding"):
+            rendered = one(objects, "ClusterRoleBinding", binding["metadata"]["name"])
+            assert rendered["roleRef"] == binding["roleRef"]
+
+
+def test_only_dra_mode_may_write_resource_slices() -> None:
+    """In device-plugin mode (the default) no agent role grants ResourceSlices or claims."""
+    for values, granted in (({}, False), ({"allocation": "dra"}, True)):
+        resources = {
+            resource
+            for obj in render(values)
+            if obj["kind"] == "ClusterRole" and "agent" in obj["metadata"]["name"]
+            for rule in obj["rules"]
+            for resource in rule["resources"]
+        }
+        assert ("resourceslices" in resources) is granted
+        assert ("resourceclaims" in resources) is granted
 
 
 def test_agent_secrets_are_readable_everywhere_or_per_namespace() -> None:

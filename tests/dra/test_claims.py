@@ -52,3 +52,18 @@ def test_unallocated_claims_other_nodes_and_gone_devices_are_refused() -> None:
         resolve(_claim(_result("cam-abc123", pool="node/n2/ns")), UID, USABLE)
     with pytest.raises(UnusableDevice, match="no such device"):
         resolve(_claim(_result("cam-ffffff")), UID, USABLE)
+
+
+def test_a_claim_of_another_namespace_is_refused_the_device() -> None:
+    """DeviceClasses are cluster-scoped: a claim in namespace "other" allocated a device of
+    namespace "ns"'s pool would get that namespace's environment, mounts and device nodes."""
+    claim = _claim(_result("cam-abc123"))
+    claim["metadata"]["namespace"] = "other"
+    with pytest.raises(UnusableDevice, match="namespace 'ns', the claim is in 'other'") as err:
+        resolve(claim, UID, USABLE)
+    assert (err.value.pool, err.value.device) == ("node/n1/ns", "cam-abc123")
+    shared = {"shared/ns/cam-abc123": {"cam-abc123": DeviceRef("ns", "cam-abc123")}}
+    of_shared = _claim(_result("cam-abc123", pool="shared/ns/cam-abc123"))
+    of_shared["metadata"]["namespace"] = "other"
+    with pytest.raises(UnusableDevice, match="belongs to namespace 'ns'"):
+        resolve(of_shared, UID, shared)

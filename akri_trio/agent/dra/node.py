@@ -1,6 +1,6 @@
 """DRA mode's part of the agent: `DraNode.run` starts it, in order.
 
-DraNode.run
+DraNode.run                  (ready() once the kubelet registered the plugin: the agent's /readyz)
 ├── node lock                one agent at a time serves driver akri.sh on a node
 ├── probe: does the API server take consumable capacity? (a server-side dry run)
 ├── NodePoolPublisher        Instances -> this node's ResourceSlices (re-published when wiped)
@@ -38,9 +38,10 @@ async def node_lock(path: Path) -> AsyncIterator[None]:
     """Hold an exclusive lock on `path` (waiting for it, polled) until the block exits.
 
     The kubelet knows one plugin per driver and socket path, and the checkpoint has one
-    writer: a second agent in DRA mode on the node (a rolling update's new Pod, another
-    namespace's agent) waits here instead of taking the sockets over. The kernel drops the
-    lock when its holder dies, so a crashed agent never blocks the next one.
+    writer: one agent per node serves DRA. A second agent in DRA mode on the node (a rolling
+    update's new Pod, an agent scoped to another namespace) waits here, not ready, instead of
+    taking the sockets over. The kernel drops the lock when its holder dies, so a crashed agent
+    never blocks the next one.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -113,6 +114,12 @@ class DraNode:
 
     def _on_status(self, registered: bool, error: str) -> None:
         self.registered = registered
+
+    def ready(self) -> bool:
+        """Whether the kubelet has registered this agent's plugin (and said nothing since):
+        not while another agent holds the node lock, not before the kubelet has called, not
+        after it refused the driver. The agent's /readyz reports it."""
+        return self.registered
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         state_dir = self.kubelet_root_dir / "plugins" / DRIVER

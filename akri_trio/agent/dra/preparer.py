@@ -1,15 +1,18 @@
 """NodePrepareResources / NodeUnprepareResources behind the kubelet plugin (the I/O edge).
 
 Prepare reads each claim from the API server, keeps the devices of driver `akri.sh`, checks that
-this node can stand behind each one (`pools.usable_devices`, `dra.resolve`), writes one CDI spec
+this node can stand behind each one and that each stands for an Instance of the claim's own
+namespace (`pools.usable_devices`, `dra.resolve`), writes one CDI spec
 per claim giving the container what device-plugin mode's Allocate gives, records the claim in
 the checkpoint, and answers with the CDI device ids. Unprepare removes the spec and the record.
 
 - Idempotent: a claim already in the checkpoint (with its spec file still there) is answered
   from the checkpoint without reading the API; unpreparing an unknown claim succeeds.
 - Survives restarts: the checkpoint is a file in the plugin's directory, written atomically
-  after the spec, so a prepared claim is never forgotten; a spec without a record (a crash in
-  between) is rewritten by the retried prepare or removed by unprepare, which goes by uid.
+  (and its directory synced) after the spec, so a prepared claim is never forgotten; a claim
+  counts as prepared (or unprepared) only once that write succeeded, so what this run answers
+  is what a restarted one reads. A spec without a record (a crash in between, a failed write)
+  is rewritten by the retried prepare or removed by unprepare, which goes by uid.
 - Bounded: one call is cut after PREPARE_TIMEOUT_S (below the kubelet's 45 s); claims not done
   by then are answered with an error, and the kubelet asks again.
 - Serialized: one call at a time, so the checkpoint has one writer.
@@ -69,7 +72,8 @@ class PrepareError(Exception):
 
 
 def write_atomically(path: Path, text: str) -> None:
-    """Readers (the runtime's CDI cache, a restarted agent) see the old file or the new one.
+    """Readers (the runtime's CDI cache, a restarted agent) see the old file or the new one,
+    also after a power loss (the file, then its directory's new entry, are synced to disk).
     The temporary name ends in neither .json nor .yaml, so no CDI reader picks it up."""
     tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
     try:
@@ -80,6 +84,11 @@ def write_atomically(path: Path, text: str) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+    directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
 
 
 class Preparer:
@@ -119,8 +128,11 @@ class Preparer:
             return
         log.info("DRA checkpoint: %d prepared claim(s)", len(self.prepared))
 
-    def _save(self) -> None:
-        write_atomically(self.checkpoint, encode(self.prepared))
+    def _save(self, prepared: dict[str, PreparedClaim]) -> None:
+        """Write `prepared` as the checkpoint, then (not before: a failed write leaves the
+        record as it was on disk) take it as this run's record."""
+        write_atomically(self.checkpoint, encode(prepared))
+        self.prepared = prepared
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PreparedClaim | str]:
         """claim uid -> what was prepared, or why not."""
@@ -176,8 +188,7 @@ class Preparer:
             for a, _ in resolved
         )
         prepared = PreparedClaim(ref.namespace, ref.name, devices, spec_file)
-        self.prepared[ref.uid] = prepared
-        self._save()
+        self._save({**self.prepared, ref.uid: prepared})
         log.info(
             "prepared claim %s/%s: %s",
             ref.namespace,
@@ -191,7 +202,6 @@ class Preparer:
         spec_file = held.spec_file if held is not None else spec_file_name(ref.uid)
         (self.cdi_dir / spec_file).unlink(missing_ok=True)
         if held is not None:
-            del self.prepared[ref.uid]
-            self._save()
+            self._save({uid: c for uid, c in self.prepared.items() if uid != ref.uid})
             log.info("unprepared claim %s/%s", ref.namespace, ref.name)
         return held or PreparedClaim(ref.namespace, ref.name, (), spec_file)

@@ -7,8 +7,10 @@ wipes a node's slices when it starts, and 30 s after the node's plugin went away
 again at once, at a generation above every one this run has written.
 
 Owned pools: the node pools (label `akri.sh/pool-kind=node`) on this node, of the agent's
-namespace when it watches one namespace (agents scoped to different namespaces on one node do
-not touch each other's pools), of every namespace otherwise.
+namespace when it watches one namespace, of every namespace otherwise. One agent per node
+serves DRA (`node.node_lock`): a second one, whatever namespace it watches, waits for the
+first to go, so on a node with a namespace-scoped DRA agent other namespaces' local Instances
+are not published.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ FIELD_MANAGER = "akri-agent-dra"
 SETTLE_S = 0.05  # a burst of Instance changes costs one round of writes
 RESYNC_S = 300.0  # replan now and then even when nothing woke us (cheap: no writes if equal)
 CATCH_UP_S = 10.0  # how long to wait for the slice watch to show our own writes
+SYNC_WARN_S = 60.0  # while the first list of the slices takes longer, say so this often
 
 
 class NodePoolPublisher:
@@ -68,17 +71,26 @@ class NodePoolPublisher:
         self.written: dict[str, int] = {}  # pool -> highest generation written by this run
         self.rounds = 0  # completed publishing rounds (tests wait on it)
         self._omitted: dict[str, tuple[Omitted, ...]] = {}
+        # key -> (resourceVersion, the Instance decoded from it): each version decoded once
+        self._decoded: dict[ObjectKey, tuple[str, Instance | None]] = {}
         self._dirty = trio.Event()
         self._published = trio.Event()
 
     def _instances(self) -> list[Instance]:
-        out = []
-        for obj in self.instances.snapshot().values():
+        decoded = {}
+        for key, obj in self.instances.snapshot().items():
+            version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+            held = self._decoded.get(key)
+            if held is not None and version and held[0] == version:
+                decoded[key] = held
+                continue
             try:
-                out.append(structure(obj, Instance))
+                decoded[key] = (version, structure(obj, Instance))
             except Exception as exc:  # one bad object must not stop the node's publishing
                 log.warning("skipping an Instance the model cannot read: %s", exc)
-        return out
+                decoded[key] = (version, None)
+        self._decoded = decoded
+        return [inst for _, inst in decoded.values() if inst is not None]
 
     def _owned(self, obj: JSON) -> bool:
         labels = (obj.get("metadata") or {}).get("labels") or {}
@@ -182,8 +194,12 @@ class NodePoolPublisher:
                     reflect, self.api, RESOURCE_SLICES, self.slices, field_selector=selector
                 )
             )
-            with trio.fail_after(60):
-                await self.slices.wait_synced()
+            # No deadline: the watch retries with backoff while the API server cannot answer.
+            while not self.slices.synced:
+                with trio.move_on_after(SYNC_WARN_S):
+                    await self.slices.wait_synced()
+                if not self.slices.synced:
+                    log.warning("this node's ResourceSlices are not listed yet; still trying")
             nursery.start_soon(self._wake_on, self.instances)
             nursery.start_soon(self._wake_on, self.slices)
             nursery.start_soon(self._resync)
