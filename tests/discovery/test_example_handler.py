@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Iterator
@@ -98,7 +99,9 @@ async def test_example_handler_devices_become_instances(
 ) -> None:
     stubs = sock_dir / "stubs"
     generate_stubs(stubs)
-    devices = sock_dir / "devs"
+    # Device nodes must live under /dev (the agent refuses any other host path for them), so
+    # the example's "devices" are plain files in a directory of the test's own there.
+    devices = Path("/dev") / f"akri-trio-exh-{secrets.token_hex(3)}"
     devices.mkdir()
     (devices / "usb-cam0").touch()
     (devices / "other").touch()  # not matched by the Configuration's pattern
@@ -187,6 +190,7 @@ async def test_example_handler_devices_become_instances(
                 await until(_no_instances, "the Instances to go")
         finally:
             kubelet.stop()
+            shutil.rmtree(devices, ignore_errors=True)
             with trio.move_on_after(30, shield=True):
                 await purge_namespace(api, ns, limit_s=20)
                 with contextlib.suppress(NotFound):
