@@ -48,6 +48,7 @@ import attrs
 
 from akri_trio.controller.observed import Delete, timestamp
 from akri_trio.model import naming
+from akri_trio.model.jsonpatch import pointer, remove_if_unchanged
 from akri_trio.model.resources import JSON, Configuration, Instance
 
 
@@ -131,15 +132,6 @@ def served_nodes(
     return named
 
 
-def pointer(*parts: str | int) -> str:
-    """A JSON pointer (RFC 6901) from path segments."""
-    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts)
-
-
-def _remove(path: str, value: Any) -> list[JSON]:
-    return [{"op": "test", "path": path, "value": value}, {"op": "remove", "path": path}]
-
-
 def held_slots(usage: Mapping[str, str], node: str) -> dict[str, str]:
     """The deviceUsage entries held by `node`, at instance or configuration level."""
     held = {}
@@ -167,13 +159,13 @@ class InstanceRelease:
     def json_patch(self) -> list[JSON]:
         ops: list[JSON] = [{"op": "test", "path": "/metadata/uid", "value": self.uid}]
         for slot, value in sorted(self.slots.items()):
-            ops += _remove(pointer("spec", "deviceUsage", slot), value)
+            ops += remove_if_unchanged(pointer("spec", "deviceUsage", slot), value)
         for key, value in sorted(self.broker_info.items()):
-            ops += _remove(pointer("spec", "brokerInfo", key), value)
+            ops += remove_if_unchanged(pointer("spec", "brokerInfo", key), value)
         for i in self.node_indexes:
-            ops += _remove(pointer("spec", "nodes", i), self.node)
+            ops += remove_if_unchanged(pointer("spec", "nodes", i), self.node)
         for i in self.finalizer_indexes:
-            ops += _remove(pointer("metadata", "finalizers", i), self.node)
+            ops += remove_if_unchanged(pointer("metadata", "finalizers", i), self.node)
         return ops
 
 

@@ -20,8 +20,8 @@ from akri_trio.controller import (
     ready_changed_at,
     served_nodes,
 )
-from akri_trio.controller.nodeloss import pointer
 from akri_trio.model.convert import unstructure
+from akri_trio.model.jsonpatch import pointer
 from akri_trio.model.naming import ConfigClaim, NodeClaim, parse_usage
 from tests.controller.objects import INSTANCE, configuration, instance
 

@@ -24,6 +24,7 @@ from collections.abc import Collection, Iterable, Mapping
 import attrs
 
 from akri_trio.model import naming
+from akri_trio.model.jsonpatch import pointer, remove_if_unchanged
 
 KEY_SEPARATOR = naming.BROKER_INFO_SEPARATOR
 node_entries = naming.node_broker_info  # the part of an Instance's brokerInfo a node writes
@@ -183,8 +184,7 @@ def removal_ops(entries: Mapping[str, str]) -> list[dict[str, object]]:
     """JSON patch removing `entries`, each only while it still has the value seen."""
     ops: list[dict[str, object]] = []
     for key, value in sorted(entries.items()):
-        path = "/spec/brokerInfo/" + key.replace("~", "~0").replace("/", "~1")
-        ops += [{"op": "test", "path": path, "value": value}, {"op": "remove", "path": path}]
+        ops += remove_if_unchanged(pointer("spec", "brokerInfo", key), value)
     return ops
 
 

@@ -37,6 +37,7 @@ from akri_trio.agent.view import NodeView
 from akri_trio.kube.client import Client
 from akri_trio.kube.errors import ApiError, Conflict, Invalid, NotFound
 from akri_trio.model import naming
+from akri_trio.model.jsonpatch import pointer, remove_if_unchanged
 from akri_trio.model.resources import INSTANCES, JSON, Instance
 
 log = logging.getLogger(__name__)
@@ -77,20 +78,13 @@ def held_by(usage: Mapping[str, str], node: str, instance: str) -> dict[str, str
     return out
 
 
-def _pointer(key: str) -> str:
-    return "/spec/deviceUsage/" + key.replace("~", "~0").replace("/", "~1")
-
-
 def release_ops(old: Mapping[str, str], new: Mapping[str, str]) -> list[Mapping[str, Any]]:
     """JSON patch freeing the keys this node holds in `old` but not (or no more so) in `new`,
     each guarded by a `test` that it still holds it."""
     ops: list[Mapping[str, Any]] = []
     for key, value in sorted(old.items()):
         if new.get(key) != value:
-            ops += [
-                {"op": "test", "path": _pointer(key), "value": value},
-                {"op": "remove", "path": _pointer(key)},
-            ]
+            ops += remove_if_unchanged(pointer("spec", "deviceUsage", key), value)
     return ops
 
 
