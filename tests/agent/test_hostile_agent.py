@@ -35,6 +35,7 @@ from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
 from tests.support.akri_cluster import ensure_namespace, install_crds, purge_namespace
 from tests.support.chart import render
 from tests.support.kubelet_standin import KubeletStandin
+from tests.support.polling import until_api
 from tests.support.rbac import RBAC_KINDS, account_token
 from tests.support.traverse import traversable_by_others
 
@@ -159,14 +160,7 @@ def config(
 
 async def eventually(check: Callable[[], Awaitable[Any]], seconds: float = 45) -> Any:
     """`check()`'s first truthy value (polling the API server), or fail after `seconds`."""
-    last: Any = None
-    with trio.move_on_after(seconds):
-        while True:
-            last = await check()
-            if last:
-                return last
-            await trio.sleep(0.3)
-    raise AssertionError(f"not within {seconds}s (last: {last!r})")
+    return await until_api(check, seconds)
 
 
 async def conditions(api: Client, name: str, namespace: str) -> dict[str, tuple[str, str, str]]:

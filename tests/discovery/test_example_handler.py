@@ -37,6 +37,7 @@ from tests.support.akri_cluster import (
     purge_namespace,
 )
 from tests.support.kubelet_standin import KubeletStandin
+from tests.support.polling import until_api
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "k8s" / "examples" / "custom-handler" / "file_devices.py"
@@ -78,13 +79,8 @@ def process(argv: list[str], env: dict[str, str], log: Path) -> Iterator[subproc
 
 
 async def until(check: Callable[[], Awaitable[T | None]], what: str) -> T:
-    with trio.move_on_after(WAIT_S):
-        while True:
-            value = await check()
-            if value:
-                return value
-            await trio.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+    value: T = await until_api(check, WAIT_S, what)
+    return value
 
 
 def configuration(name: str, namespace: str, details: str) -> dict[str, Any]:
