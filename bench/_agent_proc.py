@@ -47,9 +47,19 @@ async def agent_process(
         "--log-level", "WARNING",
         *extra,
     ]  # fmt: skip
-    with (root / "agent.log").open("w") as log:
-        env = {**os.environ, REQUESTS_ENV: str(root / "requests.json")}
-        proc = await trio.lowlevel.open_process(cmd, cwd=REPO, stdout=log, stderr=log, env=env)
+    env = {**os.environ, REQUESTS_ENV: str(root / "requests.json")}
+    async with child_process(cmd, root / "agent.log", env) as proc:
+        yield proc
+
+
+@asynccontextmanager
+async def child_process(
+    cmd: list[str], log: Path, env: dict[str, str] | None = None
+) -> AsyncIterator[trio.Process]:
+    """`cmd` run from the repository with its output in `log`; SIGTERM on exit, SIGKILL if it
+    is still there 20 s later (shielded: it also runs when the bench is cancelled)."""
+    with log.open("w") as out:
+        proc = await trio.lowlevel.open_process(cmd, cwd=REPO, stdout=out, stderr=out, env=env)
         try:
             yield proc
         finally:

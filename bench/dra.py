@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import signal
 import sys
 import tempfile
 import time
@@ -50,9 +49,8 @@ from akri_trio.controller.reconcilers import NODES, PODS
 from akri_trio.kube import JSON, Apply, Client, Delete, NotFound, open_watch
 from akri_trio.model import naming
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
-from bench._agent_proc import agent_process
+from bench._agent_proc import agent_process, child_process
 from bench._common import (
-    REPO,
     bench_api,
     cluster_env,
     echo_config,
@@ -92,18 +90,8 @@ async def controller_process(
         "--metrics-port", str(metrics_port),
         "--log-level", "WARNING",
     ]  # fmt: skip
-    with log.open("w") as out:
-        proc = await trio.lowlevel.open_process(cmd, cwd=REPO, stdout=out, stderr=out)
-        try:
-            yield proc
-        finally:
-            with trio.CancelScope(shield=True):
-                proc.send_signal(signal.SIGTERM)
-                with trio.move_on_after(20):
-                    await proc.wait()
-                if proc.returncode is None:
-                    proc.kill()
-                    await proc.wait()
+    async with child_process(cmd, log) as proc:
+        yield proc
 
 
 async def wait_for(check: Callable[[], Awaitable[Any]], limit_s: float, what: str) -> float:
