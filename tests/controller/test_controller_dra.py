@@ -133,9 +133,9 @@ async def test_a_configurations_device_class_comes_and_goes_with_it(api: Client)
 
 
 async def test_a_shared_instance_is_one_pool_on_exactly_its_nodes(
-    api: Client, cluster: dict[str, str]
+    api: Client, node_cluster: dict[str, str]
 ) -> None:
-    node = cluster["AKRI_TRIO_NODE_NAME"]
+    node = node_cluster["AKRI_TRIO_NODE_NAME"]
     async with dra_namespace(api, "dra-pool") as ns, extra_node(api) as other:
         config = await api.create(CONFIGURATIONS, broker_config("cfg", ns, services=False))
         # A pool whose Instance went while the controller was down.
@@ -191,9 +191,9 @@ async def test_a_shared_instance_is_one_pool_on_exactly_its_nodes(
 
 
 async def test_brokers_claim_their_instance_and_the_scheduler_allocates_it(
-    api: Client, cluster: dict[str, str]
+    api: Client, node_cluster: dict[str, str]
 ) -> None:
-    node = cluster["AKRI_TRIO_NODE_NAME"]
+    node = node_cluster["AKRI_TRIO_NODE_NAME"]
     async with dra_namespace(api, "dra-broker") as ns:
         config = await api.create(
             CONFIGURATIONS, broker_config("cfg", ns, pod=pod_spec(), services=False)

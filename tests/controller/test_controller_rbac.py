@@ -76,14 +76,14 @@ async def test_controller_works_with_exactly_the_manifest_rbac(
 
 
 async def test_dra_mode_works_with_exactly_the_manifest_rbac(
-    admin: Client, controller_api: Client, cluster: dict[str, str]
+    admin: Client, controller_api: Client, node_cluster: dict[str, str]
 ) -> None:
     """DeviceClass, shared pool, the consumable-capacity probe and broker claim templates."""
     async with namespace(admin, "ctl-rbac-dra") as ns:
         config = await admin.create(
             CONFIGURATIONS, broker_config("cfg", ns, pod=pod_spec(nowhere=True))
         )
-        await make_instance(admin, config, "cfg-aaaaaa", [cluster["AKRI_TRIO_NODE_NAME"]])
+        await make_instance(admin, config, "cfg-aaaaaa", [node_cluster["AKRI_TRIO_NODE_NAME"]])
         settings = ControllerSettings(
             namespace=ns, metrics_port=None, lease_namespace="akri", allocation="dra"
         )
