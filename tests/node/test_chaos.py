@@ -256,7 +256,7 @@ class Chaos:
         self._cluster_up()
 
     def _sigkill(self, name: str) -> None:
-        pidfile = next(self.cluster_dir.rglob(f"{name}.pid"))
+        pidfile = self.cluster_dir / "pids" / f"{name}.pid"  # never walk containerd's tree
         rec = procs.running(pidfile)
         assert rec is not None, f"{name} is not running"
         os.kill(rec.pid, signal.SIGKILL)
