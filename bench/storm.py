@@ -1,33 +1,48 @@
 """Writes of many nodes on shared Instances: at once, against in turn — what contention costs.
 
-    .venv/bin/python -m bench.storm [N] [--devices 10] [--rounds 2] [--no-write]
+    .venv/bin/python -m bench.storm [N] [--devices 10] [--rounds 2] [--no-joins] [--no-write]
 
 Sent by this process, as the agents send them, with no agent in between, in the namespace
 `akri-storm`:
 - claims: one Instance that N nodes share (N membership applies), then N claims of one slot
-  each (a server-side apply of one `deviceUsage` key without force, field manager
-  `dp-<node>`): first all at once, then one after another; the slots are freed between rounds;
+  each, field manager `dp-<node>`, per round: a server-side apply of the key without force, all
+  at once (the agents' claim before); the agents' claim now, all at once: a JSON patch that
+  tests the resourceVersion seen (`claims.usage_patch`), after a lost race the version that won
+  (a watch) and `claims.retry_pause`; the same with a pause doubling per try from 10 ms; the
+  apply one node after another (no contention: the floor). The slots are freed between rounds;
 - joins: N nodes join M new shared Instances (one apply per node and Instance, field manager
   `<node>`), every node at once: each node 8 writes at a time in name order (what the agents
   did before), then one at a time from the node's own starting place (`instances.in_node_order`,
   what they do now).
 Per round: wall time, latency p50 and max (claims), the API server's CPU seconds and the etcd
 writes of Instances it made (its own counters, cluster-wide: another session's traffic adds to
-them). The difference is what the API server spends retrying, inside each request, a write that
-lost the race for its object (each retry a full server-side apply of an object that grows
-with N).
+them), and the races the patches lost (each answered 422 by the `test`). The difference is what
+the API server spends retrying, inside each request, an apply that lost the race for its
+object (each retry a full server-side apply of an object that grows with N), against what a
+lost race costs when the client takes the retry.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import random
 import time
 
 import trio
 
 from akri_trio.agent.instances import Apply, Operation, in_node_order
+from akri_trio.agent.plugins.claims import (
+    CATCH_UP_S,
+    RETRY_CAP_S,
+    retry_pause,
+    usage_patch,
+)
 from akri_trio.kube.client import JSON, Client
-from akri_trio.model.resources import INSTANCES
+from akri_trio.kube.errors import Conflict, Invalid
+from akri_trio.kube.store import drop_managed_fields
+from akri_trio.model.convert import structure
+from akri_trio.model.resources import INSTANCES, Instance
 from bench._common import (
     bench_api,
     cluster_env,
@@ -71,15 +86,95 @@ def claim(slot: str, node: str) -> JSON:
     }
 
 
-async def one_round(api: Client, env: dict[str, str], n: int, at_once: bool) -> list[str]:
+def doubling_pause(attempt: int) -> float:
+    """The textbook alternative to the agents' pause, for comparison: full jitter over a
+    window that doubles per lost race from 10 ms."""
+    return random.uniform(0, min(RETRY_CAP_S, 0.01 * 2**attempt))
+
+
+class Latest:
+    """The newest version of the storm's Instance this process has seen (a watch on it, and
+    every write's answer): what each node's own view would hold."""
+
+    def __init__(self, obj: JSON) -> None:
+        self.obj = obj
+        self.changed = trio.Event()
+
+    def put(self, obj: JSON) -> None:
+        if int(obj["metadata"]["resourceVersion"]) > int(self.obj["metadata"]["resourceVersion"]):
+            self.obj = obj
+            self.changed.set()
+            self.changed = trio.Event()
+
+    async def run(self, api: Client) -> None:
+        while True:
+            rv = self.obj["metadata"]["resourceVersion"]
+            async with api.watch_stream(
+                INSTANCES,
+                resource_version=rv,
+                namespace=STORM_NS,
+                field_selector=f"metadata.name={NAME}",
+            ) as events:
+                async for event in events:
+                    if event.get("type") in ("ADDED", "MODIFIED"):
+                        self.put(event["object"])
+
+    async def newer_than(self, rv: str, limit_s: float) -> None:
+        with trio.move_on_after(limit_s):
+            while self.obj["metadata"]["resourceVersion"] == rv:
+                await self.changed.wait()
+
+
+APPLY_AT_ONCE = "apply, at once"
+PATCH_AT_ONCE = "patch, at once"
+PATCH_DOUBLING = "patch, doubling pause"
+ONE_BY_ONE = "apply, one by one"
+
+
+async def one_round(
+    api: Client, env: dict[str, str], n: int, how: str, latest: Latest
+) -> list[str]:
     nodes = [f"node-{i:03d}" for i in range(n)]
     latencies: list[float] = []
+    lost = 0
+
+    async def patch(i: int) -> None:
+        """The agents' claim: a patch on the version seen; after a lost race, the version
+        that won and a pause."""
+        nonlocal lost
+        slot = f"{NAME}-{i}"
+        for attempt in itertools.count():
+            inst = structure(drop_managed_fields(latest.obj), Instance)
+            try:
+                latest.put(
+                    await api.json_patch(
+                        INSTANCES,
+                        NAME,
+                        usage_patch(inst, {}, {slot: nodes[i]}),
+                        namespace=STORM_NS,
+                        field_manager=f"dp-{nodes[i]}",
+                    )
+                )
+                return
+            except (Invalid, Conflict):
+                lost += 1
+                await latest.newer_than(inst.metadata.resource_version, CATCH_UP_S)
+                if how == PATCH_DOUBLING:
+                    await trio.sleep(doubling_pause(attempt))
+                else:
+                    fresh = structure(drop_managed_fields(latest.obj), Instance)
+                    await trio.sleep(retry_pause(fresh, nodes[i]))
 
     async def one(i: int) -> None:
         t0 = time.perf_counter()
-        await api.apply(INSTANCES, claim(f"{NAME}-{i}", nodes[i]), field_manager=f"dp-{nodes[i]}")
+        if how in (PATCH_AT_ONCE, PATCH_DOUBLING):
+            await patch(i)
+        else:
+            body = claim(f"{NAME}-{i}", nodes[i])
+            await api.apply(INSTANCES, body, field_manager=f"dp-{nodes[i]}")
         latencies.append(time.perf_counter() - t0)
 
+    at_once = how != ONE_BY_ONE
     before, cpu0, t0 = await scrape(api), server_cpu(env)[0], time.perf_counter()
     if at_once:
         async with trio.open_nursery() as nursery:
@@ -100,12 +195,13 @@ async def one_round(api: Client, env: dict[str, str], n: int, at_once: bool) -> 
             field_manager=f"dp-{nodes[i]}",
         )
     return [
-        "at once" if at_once else "one by one",
+        how,
         f"{wall:.2f}",
         ms(percentile(latencies, 50)),
         ms(max(latencies)),
         f"{cpu:.2f}",
         f"{etcd:.0f}",
+        str(lost),
     ]
 
 
@@ -152,12 +248,18 @@ async def bench(args: argparse.Namespace) -> str:
             for i in range(n):
                 node = f"node-{i:03d}"
                 await api.apply(INSTANCES, member(node, n), field_manager=node, force=True)
-            size = len(str(await api.get(INSTANCES, NAME, namespace=STORM_NS)))
-            for _ in range(args.rounds):
-                for at_once in (True, False):
-                    rows.append(await one_round(api, env, n, at_once))
-                    print("  " + " | ".join(rows[-1]), flush=True)
-            for r in range(args.rounds):
+            obj = await api.get(INSTANCES, NAME, namespace=STORM_NS)
+            size = len(str(obj))
+            latest = Latest(obj)
+            async with trio.open_nursery() as watching:
+                watching.start_soon(latest.run, api)
+                for _ in range(args.rounds):
+                    for how in (APPLY_AT_ONCE, PATCH_AT_ONCE, PATCH_DOUBLING, ONE_BY_ONE):
+                        rows.append(await one_round(api, env, n, how, latest))
+                        print("  " + " | ".join(rows[-1]), flush=True)
+                        await trio.sleep(1)
+                watching.cancel_scope.cancel()
+            for r in range(args.rounds if args.joins else 0):
                 for per_node in (8, 1):
                     join_rows.append(
                         await joins_round(api, env, n, args.devices, f"{r}{per_node}", per_node)
@@ -165,7 +267,9 @@ async def bench(args: argparse.Namespace) -> str:
                     print("  " + " | ".join(join_rows[-1]), flush=True)
         finally:
             await purge_namespace(api, STORM_NS)
-    header = ["claims", "wall s", "p50 ms", "max ms", "apiserver CPU s", "etcd writes"]
+    header = [
+        "claims", "wall s", "p50 ms", "max ms", "apiserver CPU s", "etcd writes", "lost races"
+    ]  # fmt: skip
     join_header = ["each node writes", "wall s", "apiserver CPU s", "etcd writes", "writes"]
     return "\n".join(
         [
@@ -178,7 +282,7 @@ async def bench(args: argparse.Namespace) -> str:
             "",
             f"{n} nodes joining {args.devices} new shared Instances at once:",
             "",
-            table(join_header, join_rows),
+            table(join_header, join_rows) if join_rows else "(not run)",
             "",
         ]
     )
@@ -189,6 +293,9 @@ def main() -> None:
     p.add_argument("nodes", type=int, nargs="?", default=25)
     p.add_argument("--devices", type=int, default=10, help="shared Instances the nodes join")
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument(
+        "--no-joins", dest="joins", action="store_false", help="the claims only, not the joins"
+    )
     p.add_argument(
         "--no-write",
         "--no-record",

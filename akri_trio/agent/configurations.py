@@ -139,6 +139,10 @@ class ConfigurationReconciler:
         self.enqueue = enqueue
         self.metrics = metrics
         self.running: dict[ObjectKey, _Running] = {}
+        # The status entry this node last wrote per Configuration: (uid, resourceVersion of the
+        # answer, entry). The watched copy lags our own writes, most under a fleet's load; an
+        # entry already written is not written again because the watch has not caught up.
+        self.status_written: dict[ObjectKey, tuple[str, int, JSON]] = {}
 
     # --- discovery tasks -----------------------------------------------------------------------
 
@@ -232,6 +236,7 @@ class ConfigurationReconciler:
                 self.metrics.forget_configuration(key)
             self.events.forget(key)
             self.collisions.pop(key, None)
+            self.status_written.pop(key, None)
             if obj is None:
                 # Its name may now belong to a Configuration of another namespace.
                 self.name_refused.pop(key, None)
@@ -518,6 +523,13 @@ class ConfigurationReconciler:
         namespace, name = config.metadata.namespace, config.metadata.name
         entries = (config.status or {}).get("nodes") or []
         previous = next((e for e in entries if e.get("node") == self.node), None)
+        written = self.status_written.get(config.metadata.key)
+        if (
+            written is not None
+            and written[0] == config.metadata.uid
+            and _version(config.metadata.resource_version) < written[1]
+        ):
+            previous = written[2]  # the watch has not brought our last write yet
         served = sum(
             1
             for inst in self._instances_of(namespace, name).values()
@@ -556,7 +568,7 @@ class ConfigurationReconciler:
             "status": {"nodes": [entry]},
         }
         try:
-            await self.api.apply(
+            answer = await self.api.apply(
                 CONFIGURATIONS,
                 body,
                 field_manager=f"{self.node}-status",
@@ -564,6 +576,8 @@ class ConfigurationReconciler:
                 namespace=namespace,
                 subresource="status",
             )
+            version = _version((answer.get("metadata") or {}).get("resourceVersion"))
+            self.status_written[config.metadata.key] = (config.metadata.uid, version, entry)
         except NotFound:
             pass
         except (ApiError, httpx.HTTPError) as exc:
@@ -577,3 +591,10 @@ class ConfigurationReconciler:
 
 
 _NO_LIMIT = contextlib.nullcontext()
+
+
+def _version(resource_version: object) -> int:
+    try:
+        return int(str(resource_version))
+    except ValueError:
+        return 0

@@ -62,6 +62,7 @@ from tests.support.cancellation import (
     open_fds,
     socket_files,
     tasks_awaiting,
+    tasks_return_to,
 )
 from tests.support.kubelet_standin import KubeletStandin
 
@@ -117,8 +118,7 @@ class Baseline:
         return cls(len(all_tasks()), open_fds())
 
     async def check(self) -> None:
-        tasks = all_tasks()
-        assert len(tasks) == self.tasks, f"leaked tasks: {sorted(t.name for t in tasks)}"
+        await tasks_return_to(self.tasks)
         await fds_return_to(self.fds)
 
 

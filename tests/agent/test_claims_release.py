@@ -51,7 +51,12 @@ class DyingApi(Client):
         if method == "PATCH" and self.writes == 0:
             self.writes += 1
             name = path.rsplit("/", 1)[1]
-            return instance(name, 2, body["spec"]["deviceUsage"])
+            claimed = {
+                op["path"].rsplit("/", 1)[1]: op["value"]
+                for op in body  # the JSON patch: the keys it adds are the claims
+                if op["op"] == "add" and op["path"].startswith("/spec/deviceUsage/")
+            }
+            return instance(name, 2, claimed)
         await trio.sleep_forever()
         raise AssertionError("unreachable")
 

@@ -198,8 +198,9 @@ async def test_claim_storm_on_one_shared_instance_grants_every_node(
     api: Client, fleet: Any
 ) -> None:
     """As many nodes as the capacity each ask their kubelet for one slot of the same Instance
-    at the same moment: preferred allocation steers them to different slots, the per-slot
-    writes never conflict, and every claim is granted."""
+    at the same moment: preferred allocation steers them to different slots, the races they
+    lose on the one object are retried (not refused), and every claim is granted with one
+    write that holds per node."""
     requests = Requests(api)
     nodes = await fleet(FLEET)
     await api.create(CONFIGURATIONS, _config("storm", ["s0"], FLEET))
@@ -231,5 +232,6 @@ async def test_claim_storm_on_one_shared_instance_grants_every_node(
     ]
     assert usage == {slot: node for node, slot in granted.items()}
     storm_requests = requests.since(before)
-    assert storm_requests[("APPLY", "409")] == 0, storm_requests
+    assert storm_requests[("PATCH", "200")] == FLEET, storm_requests
+    assert set(storm_requests) <= {("PATCH", "200"), ("PATCH", "422")}, storm_requests
     assert not any(code.startswith("5") for _, code in storm_requests), storm_requests

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from akri_trio.agent.plugins.claims import release_ops
+from akri_trio.agent.plugins.claims import RETRY_CAP_S, RETRY_SLOT_S, retry_pause, usage_patch
 from akri_trio.agent.plugins.slots import (
     BadSlot,
     DeviceView,
@@ -23,6 +24,7 @@ from akri_trio.agent.plugins.slots import (
     preferred_slots,
 )
 from akri_trio.model.naming import FREE, NodeClaim, parse_usage, slot_id
+from akri_trio.model.resources import Instance, InstanceSpec, ObjectMeta
 
 INST = "akri-onvif-8120fe"
 S0, S1, S2 = f"{INST}-0", f"{INST}-1", f"{INST}-2"
@@ -255,16 +257,47 @@ def test_node_slots_lists_only_this_nodes_instance_claims_in_index_order() -> No
     assert node_slots(INST, usage, "node-a") == [S2, s10]
 
 
-def test_release_tests_each_key_still_holds_our_value_before_removing_it() -> None:
+def _instance(usage: dict[str, str], version: str = "41") -> Instance:
+    return Instance(
+        metadata=ObjectMeta(name=INST, resource_version=version),
+        spec=InstanceSpec(
+            configuration_name="onvif", cdi_name="akri.sh/onvif=x", capacity=3, device_usage=usage
+        ),
+    )
+
+
+def test_usage_patch_holds_only_on_the_version_decided_on_and_touches_only_changed_keys() -> None:
     old = {S0: "node-a", "a/b~c": "C:x-0:node-a", S1: "node-a"}
     new = {S1: "node-a", S2: "node-a"}
-    assert release_ops(old, new) == [
-        {"op": "test", "path": "/spec/deviceUsage/a~1b~0c", "value": "C:x-0:node-a"},
+    inst = _instance({**old, "other": "node-b"})
+    assert usage_patch(inst, old, new) == [
+        {"op": "test", "path": "/metadata/resourceVersion", "value": "41"},
         {"op": "remove", "path": "/spec/deviceUsage/a~1b~0c"},
-        {"op": "test", "path": f"/spec/deviceUsage/{S0}", "value": "node-a"},
         {"op": "remove", "path": f"/spec/deviceUsage/{S0}"},
+        {"op": "add", "path": f"/spec/deviceUsage/{S2}", "value": "node-a"},
     ]
-    assert release_ops(old, old) == []
+
+
+def test_usage_patch_creates_the_map_when_the_instance_has_none() -> None:
+    ops = usage_patch(_instance({}, version="7"), {}, {S0: "node-a"})
+    assert ops[1:] == [
+        {"op": "add", "path": "/spec/deviceUsage", "value": {}},
+        {"op": "add", "path": f"/spec/deviceUsage/{S0}", "value": "node-a"},
+    ]
+
+
+@given(st.integers(min_value=1, max_value=2000), st.integers(min_value=0, max_value=2000))
+def test_retry_pause_grows_with_the_nodes_that_may_still_be_claiming(
+    sharing: int, holding: int
+) -> None:
+    holding = min(holding, sharing)
+    nodes = [f"n{i}" for i in range(sharing)]
+    usage = {slot_id(INST, i): nodes[i] for i in range(holding)}
+    inst = attrs.evolve(
+        _instance(usage), spec=attrs.evolve(_instance(usage).spec, nodes=tuple(nodes))
+    )
+    others = max(1, sharing - holding - (0 if holding else 1))  # n0 asks; it holds one if any
+    assert 0 <= retry_pause(inst, "n0") <= min(RETRY_CAP_S, RETRY_SLOT_S * others)
 
 
 # --- properties: random multi-node histories on one shared usage map -----------------------------

@@ -31,7 +31,7 @@ from tests.controller.support import (
     pod_spec,
     until,
 )
-from tests.support.cancellation import Hold, all_tasks, fds_return_to, open_fds
+from tests.support.cancellation import Hold, all_tasks, fds_return_to, open_fds, tasks_return_to
 
 STOP_S = 5.0
 REPO = Path(__file__).resolve().parents[2]
@@ -123,7 +123,7 @@ async def test_cancelled_mid_create_converges_after_restart(
             scope.cancel()
             stopped = trio.current_time()
         assert trio.current_time() - stopped < STOP_S
-        assert len(all_tasks()) == tasks_before
+        await tasks_return_to(tasks_before)
         await fds_return_to(fds_before)
         made = {p["metadata"]["name"] for p in await brokers(api, ns)}
         assert made < want  # stopped in the middle

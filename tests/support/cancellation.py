@@ -47,6 +47,20 @@ def all_tasks() -> list[trio.lowlevel.Task]:
     return out
 
 
+async def tasks_return_to(before: int) -> None:
+    """Wait (at most EVENTUALLY_S) until this run has no more tasks than `before`: trio
+    finalizes a collected async generator in a short-lived system task of its own, which may
+    still be running at the moment a scenario ends. A leaked task stays, and fails here with
+    the names of every task."""
+    with trio.move_on_after(EVENTUALLY_S):
+        while True:
+            if len(all_tasks()) <= before:
+                break
+            await trio.sleep(POLL_S)
+    tasks = all_tasks()
+    assert len(tasks) == before, f"leaked tasks: {sorted(t.name for t in tasks)}"
+
+
 def tasks_awaiting(function_name: str) -> list[trio.lowlevel.Task]:
     """Tasks with a frame of a function named `function_name` on their await stack."""
     found = []
