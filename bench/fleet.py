@@ -326,8 +326,14 @@ async def bench(args: argparse.Namespace) -> str:
                     pass
 
                 async def all_nodes(k: int) -> bool:
+                    """Every Instance lists k nodes, and every node's status entry says how
+                    many it serves (the last status writes belong to the change too)."""
                     per = await fleet.nodes_per_instance()
-                    return len(per) == m and all(x == k for x in per)
+                    if len(per) != m or any(x != k for x in per):
+                        return False
+                    config = await api.get(CONFIGURATIONS, CONFIG, namespace=FLEET_NS)
+                    served = sorted(e.get("instances", 0) for e in config["status"]["nodes"])
+                    return served == [0] * (n - k) + [m] * k
 
                 created: JSON = {}
 

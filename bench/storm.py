@@ -7,8 +7,9 @@ Sent by this process, as the agents send them, with no agent in between, in the 
 - claims: one Instance that N nodes share (N membership applies), then N claims of one slot
   each, field manager `dp-<node>`, per round: a server-side apply of the key without force, all
   at once (the agents' claim before); the agents' claim now, all at once: a JSON patch that
-  tests the resourceVersion seen (`claims.usage_patch`), after a lost race the version that won
-  (a watch) and `claims.retry_pause`; the same with a pause doubling per try from 10 ms; the
+  tests the resourceVersion seen (`claims.usage_patch`), after a lost race `claims.retry_pause`
+  (sized from a watch of the Instance) and a read; the same with a pause doubling per try
+  from 10 ms; the
   apply one node after another (no contention: the floor). The slots are freed between rounds;
 - joins: N nodes join M new shared Instances (one apply per node and Instance, field manager
   `<node>`), every node at once: each node 8 writes at a time in name order (what the agents
@@ -33,7 +34,6 @@ import trio
 
 from akri_trio.agent.instances import Apply, Operation, in_node_order
 from akri_trio.agent.plugins.claims import (
-    CATCH_UP_S,
     RETRY_CAP_S,
     retry_pause,
     usage_patch,
@@ -98,13 +98,10 @@ class Latest:
 
     def __init__(self, obj: JSON) -> None:
         self.obj = obj
-        self.changed = trio.Event()
 
     def put(self, obj: JSON) -> None:
         if int(obj["metadata"]["resourceVersion"]) > int(self.obj["metadata"]["resourceVersion"]):
             self.obj = obj
-            self.changed.set()
-            self.changed = trio.Event()
 
     async def run(self, api: Client) -> None:
         while True:
@@ -118,11 +115,6 @@ class Latest:
                 async for event in events:
                     if event.get("type") in ("ADDED", "MODIFIED"):
                         self.put(event["object"])
-
-    async def newer_than(self, rv: str, limit_s: float) -> None:
-        with trio.move_on_after(limit_s):
-            while self.obj["metadata"]["resourceVersion"] == rv:
-                await self.changed.wait()
 
 
 APPLY_AT_ONCE = "apply, at once"
@@ -139,12 +131,12 @@ async def one_round(
     lost = 0
 
     async def patch(i: int) -> None:
-        """The agents' claim: a patch on the version seen; after a lost race, the version
-        that won and a pause."""
+        """The agents' claim: a patch on the version seen; after a lost race a pause, then
+        the Instance read as it is."""
         nonlocal lost
         slot = f"{NAME}-{i}"
+        inst = structure(drop_managed_fields(latest.obj), Instance)
         for attempt in itertools.count():
-            inst = structure(drop_managed_fields(latest.obj), Instance)
             try:
                 latest.put(
                     await api.json_patch(
@@ -158,12 +150,14 @@ async def one_round(
                 return
             except (Invalid, Conflict):
                 lost += 1
-                await latest.newer_than(inst.metadata.resource_version, CATCH_UP_S)
                 if how == PATCH_DOUBLING:
                     await trio.sleep(doubling_pause(attempt))
                 else:
-                    fresh = structure(drop_managed_fields(latest.obj), Instance)
-                    await trio.sleep(retry_pause(fresh, nodes[i]))
+                    seen = structure(drop_managed_fields(latest.obj), Instance)
+                    await trio.sleep(retry_pause(seen, nodes[i]))
+                obj = await api.get(INSTANCES, NAME, namespace=STORM_NS)
+                latest.put(obj)
+                inst = structure(drop_managed_fields(obj), Instance)
 
     async def one(i: int) -> None:
         t0 = time.perf_counter()

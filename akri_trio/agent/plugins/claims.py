@@ -8,15 +8,15 @@ the server's answer into the view.
 A write is one JSON patch (field manager `dp-<node>`, as upstream) that first `test`s the
 Instance's resourceVersion — the version the decision was made on — and then frees and claims
 this node's keys. So a write holds only on exactly what was decided on (0 double claims), and a
-lost race costs the API server almost nothing: the `test` fails before any other work, and the
-server does not retry the request itself. (A server-side apply per key needs no version, but
-the API server retries each apply that lost the race for the object inside the request, a full
-apply of an object that grows with the nodes sharing it: N nodes claiming one Instance at once
-cost it ~N²/2 applies.) A lost race (422 from the `test`) is retried by this node: after a
-pause with full jitter growing per try, so the nodes that lost to one winner spread out instead
-of meeting again, and on the version the watch brings (read directly only if it is late) — for
-up to CLAIM_BUDGET_S. A slot that is really taken ends in SlotTaken, which the plugin turns
-into a clear gRPC error.
+lost race costs the API server at most one attempt: once the `test` fails (on the version it
+holds, or on the one it re-reads when the object changed under the attempt) the request ends. (A
+server-side apply per key needs no version, but the API server retries each apply that lost the
+race for the object inside the request, a full apply of an object that grows with the nodes
+sharing it: N nodes claiming one Instance at once cost it ~N²/2 applies.) A lost race (422 from
+the `test`) is retried by this node, after a pause with full jitter over a window sized to the
+nodes that may still be claiming (so the nodes that lost to one winner take turns instead of
+meeting again), on the Instance read as it is then, for up to CLAIM_BUDGET_S. A slot that is
+really taken ends in SlotTaken, which the plugin turns into a clear gRPC error.
 Claims on one Instance are serialized inside the agent (a lock per Instance, with group commit),
 so two Allocates on this node never race each other; different Instances go in parallel.
 """
@@ -52,8 +52,6 @@ CLAIM_BUDGET_S = 20.0
 # at most CAP: about one write of a shared Instance per SLOT (what one takes the API server).
 RETRY_SLOT_S = 0.025
 RETRY_CAP_S = 2.0
-# How long a retry waits for the watch to bring the version that won before reading it itself.
-CATCH_UP_S = 1.0
 # How long a failed or cancelled configuration-level Allocate may spend giving back the claims
 # it made: shielded, so it survives the cancellation, but bounded, so an API server that is
 # down cannot hold up the agent's shutdown past a Pod's grace period (the reclaimer frees
@@ -194,27 +192,21 @@ class Claims:
     async def _after_lost_race(
         self, tried: Instance, refusal: ApiError, deadline: float
     ) -> Instance:
-        """The version to decide on next, after a write on `tried` was refused: the one that
-        won (from the watch, or read if the watch is late), after a pause sized to the nodes
-        that may still be claiming. Raises ClaimFailed when the budget is spent, or when
-        nothing changed (the refusal was no lost race)."""
-        key, tried_version = tried.metadata.key, tried.metadata.resource_version
-        changes = self.view.changes_of(key)
-        with trio.move_on_after(CATCH_UP_S):
-            seen = changes.version
-            while (held := self._cached(key)) and held.metadata.resource_version == tried_version:
-                seen = await changes.wait_past(seen)
-        held = self._cached(key)
-        if held is None or held.metadata.resource_version == tried_version:
-            held = await self._fresh(key)
-        if held.metadata.resource_version == tried_version:
-            raise ClaimFailed(f"writing deviceUsage of {key.name} refused: {refusal}")
-        pause = retry_pause(held, self.node)
+        """The version to decide on next, after a write on `tried` was refused: a pause sized
+        to the nodes that may still be claiming, then the Instance as it is now (read, since
+        under a fleet's load the watch may be several versions behind, and each of those
+        would lose again). Raises ClaimFailed when the budget is spent, or when nothing
+        changed (the refusal was no lost race)."""
+        key = tried.metadata.key
+        pause = retry_pause(self._cached(key) or tried, self.node)
         if trio.current_time() + pause > deadline:
             raise ClaimFailed(f"deviceUsage of {key} kept changing for {CLAIM_BUDGET_S:.0f} s")
         log.debug("deviceUsage of %s changed under us; again in %.0f ms", key, pause * 1000)
         await trio.sleep(pause)
-        return self._cached(key) or held
+        fresh = await self._fresh(key)
+        if fresh.metadata.resource_version == tried.metadata.resource_version:
+            raise ClaimFailed(f"writing deviceUsage of {key.name} refused: {refusal}")
+        return fresh
 
     async def update_instance(
         self, key: ObjectKey, decide: Callable[[Instance], Mapping[str, str]]
