@@ -13,9 +13,10 @@ holds, or on the one it re-reads when the object changed under the attempt) the 
 server-side apply per key needs no version, but the API server retries each apply that lost the
 race for the object inside the request, a full apply of an object that grows with the nodes
 sharing it: N nodes claiming one Instance at once cost it ~N²/2 applies.) A lost race (422 from
-the `test`) is retried by this node, after a pause with full jitter over a window sized to the
-nodes that may still be claiming (so the nodes that lost to one winner take turns instead of
-meeting again), on the Instance read as it is then, for up to CLAIM_BUDGET_S. A slot that is
+the `test`) is retried by this node for up to CLAIM_BUDGET_S: at once when the race was with a
+write of other fields; when other claims won it, after a pause with full jitter over a window
+sized to the nodes that may still be claiming (so the nodes that lost to one winner take turns
+instead of meeting again), on the Instance read as it is then. A slot that is
 really taken ends in SlotTaken, which the plugin turns into a clear gRPC error.
 Claims on one Instance are serialized inside the agent (a lock per Instance, with group commit),
 so two Allocates on this node never race each other; different Instances go in parallel.
@@ -192,21 +193,28 @@ class Claims:
     async def _after_lost_race(
         self, tried: Instance, refusal: ApiError, deadline: float
     ) -> Instance:
-        """The version to decide on next, after a write on `tried` was refused: a pause sized
-        to the nodes that may still be claiming, then the Instance as it is now (read, since
-        under a fleet's load the watch may be several versions behind, and each of those
-        would lose again). Raises ClaimFailed when the budget is spent, or when nothing
+        """The version to decide on next, after a write on `tried` was refused. When other
+        claims changed meanwhile (nodes contend for this Instance): a pause sized to the nodes
+        that may still be claiming, then the Instance read as it is (under a fleet's load the
+        watch may be versions behind, and each of those would lose again). When only other
+        fields changed: at once. Raises ClaimFailed when the budget is spent, or when nothing
         changed (the refusal was no lost race)."""
-        key = tried.metadata.key
-        pause = retry_pause(self._cached(key) or tried, self.node)
+        key, usage = tried.metadata.key, tried.spec.device_usage
+        if trio.current_time() > deadline:
+            raise ClaimFailed(f"deviceUsage of {key} kept changing for {CLAIM_BUDGET_S:.0f} s")
+        current = self._cached(key) or tried
+        if current.spec.device_usage == usage:
+            current = await self._fresh(key)
+            if current.metadata.resource_version == tried.metadata.resource_version:
+                raise ClaimFailed(f"writing deviceUsage of {key.name} refused: {refusal}")
+            if current.spec.device_usage == usage:
+                return current
+        pause = retry_pause(current, self.node)
         if trio.current_time() + pause > deadline:
             raise ClaimFailed(f"deviceUsage of {key} kept changing for {CLAIM_BUDGET_S:.0f} s")
         log.debug("deviceUsage of %s changed under us; again in %.0f ms", key, pause * 1000)
         await trio.sleep(pause)
-        fresh = await self._fresh(key)
-        if fresh.metadata.resource_version == tried.metadata.resource_version:
-            raise ClaimFailed(f"writing deviceUsage of {key.name} refused: {refusal}")
-        return fresh
+        return await self._fresh(key)
 
     async def update_instance(
         self, key: ObjectKey, decide: Callable[[Instance], Mapping[str, str]]
