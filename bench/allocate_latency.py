@@ -48,6 +48,7 @@ from typing import Any
 import grpc
 import trio
 
+from akri_trio.agent.plugins.claims import USAGE_FIELD_MANAGER
 from akri_trio.kube.client import JSON, Client
 from akri_trio.model.resources import CONFIGURATIONS as CONFIGS
 from akri_trio.model.resources import INSTANCES
@@ -137,14 +138,15 @@ class Floor:
             self.rv[self.mirror_name(name)] = made["metadata"]["resourceVersion"]
 
     async def merge(self, instance: str, key: str, value: str, *, precondition: bool) -> float:
-        """The agent's claim request, on the mirror: one merge patch of one key."""
+        """The agent's claim, on the mirror: one patch of one key (on the version known, with
+        `precondition`: the agent's JSON patch `test`s it, this merge patch states it)."""
         name = self.mirror_name(instance)
         body: JSON = {"spec": {"deviceUsage": {key: value}}}
         if precondition:
             body["metadata"] = {"resourceVersion": self.rv[name]}
         t0 = time.perf_counter()
         obj = await self.api.merge_patch(
-            INSTANCES, name, body, field_manager=f"dp-{NODE}", namespace=FLOOR_NS
+            INSTANCES, name, body, field_manager=USAGE_FIELD_MANAGER, namespace=FLOOR_NS
         )
         dt = time.perf_counter() - t0
         self.rv[name] = obj["metadata"]["resourceVersion"]

@@ -5,8 +5,8 @@
 Sent by this process, as the agents send them, with no agent in between, in the namespace
 `akri-storm`:
 - claims: one Instance that N nodes share (N membership applies), then N claims of one slot
-  each, field manager `dp-<node>`, per round: a server-side apply of the key without force, all
-  at once (the agents' claim before); the agents' claim now, all at once: a JSON patch that
+  each, per round: a server-side apply of the key without force (field manager `dp-<node>`),
+  all at once (the agents' claim before); the agents' claim now, all at once: a JSON patch that
   tests the resourceVersion seen (`claims.usage_patch`), after a lost race `claims.retry_pause`
   (sized from a watch of the Instance) and a read; the same with a pause doubling per try
   from 10 ms; the
@@ -35,6 +35,7 @@ import trio
 from akri_trio.agent.instances import Apply, Operation, in_node_order
 from akri_trio.agent.plugins.claims import (
     RETRY_CAP_S,
+    USAGE_FIELD_MANAGER,
     retry_pause,
     usage_patch,
 )
@@ -144,7 +145,7 @@ async def one_round(
                         NAME,
                         usage_patch(inst, {}, {slot: nodes[i]}),
                         namespace=STORM_NS,
-                        field_manager=f"dp-{nodes[i]}",
+                        field_manager=USAGE_FIELD_MANAGER,
                     )
                 )
                 return

@@ -25,6 +25,7 @@ import grpc
 import httpx
 import trio
 
+from akri_trio.agent.plugins.claims import USAGE_FIELD_MANAGER
 from akri_trio.kube.client import Client
 from akri_trio.model.resources import JSON
 from akri_trio.rpc.gen import deviceplugin_v1beta1_pb2 as dp
@@ -175,9 +176,8 @@ def socket_files(directory: Path) -> list[str]:
 
 
 def is_usage_write(method: str, params: Mapping[str, str] | None) -> bool:
-    """The agent's deviceUsage writes are the PATCHes of field manager `dp-<node>` (whatever
-    the patch type: server-side apply or a merge patch)."""
-    return method == "PATCH" and (params or {}).get("fieldManager", "").startswith("dp-")
+    """The agent's deviceUsage writes are the PATCHes of its claims' field manager."""
+    return method == "PATCH" and (params or {}).get("fieldManager") == USAGE_FIELD_MANAGER
 
 
 class Hold(enum.Enum):

@@ -5,19 +5,19 @@ that cannot leave a phantom claim: read the Instance (from the node's view, i.e.
 plus our own latest writes), compute the new map, write it, and only when the write holds fold
 the server's answer into the view.
 
-A write is one JSON patch (field manager `dp-<node>`, as upstream) that first `test`s the
-Instance's resourceVersion — the version the decision was made on — and then frees and claims
-this node's keys. So a write holds only on exactly what was decided on (0 double claims), and a
-lost race costs the API server at most one attempt: once the `test` fails (on the version it
-holds, or on the one it re-reads when the object changed under the attempt) the request ends. (A
-server-side apply per key needs no version, but the API server retries each apply that lost the
-race for the object inside the request, a full apply of an object that grows with the nodes
-sharing it: N nodes claiming one Instance at once cost it ~N²/2 applies.) A lost race (422 from
-the `test`) is retried by this node for up to CLAIM_BUDGET_S: at once when the race was with a
-write of other fields; when other claims won it, after a pause with full jitter over a window
-sized to the nodes that may still be claiming (so the nodes that lost to one winner take turns
-instead of meeting again), on the Instance read as it is then. A slot that is
-really taken ends in SlotTaken, which the plugin turns into a clear gRPC error.
+A write is one JSON patch (field manager USAGE_FIELD_MANAGER) that first `test`s the Instance's
+resourceVersion — the version the decision was made on — and then frees and claims this node's
+keys. So a write holds only on exactly what was decided on (0 double claims), and a lost race
+costs the API server at most one attempt: once the `test` fails (on the version it holds, or on
+the one it re-reads when the object changed under the attempt) the request ends. (A server-side
+apply per key needs no version, but the API server retries each apply that lost the race for the
+object inside the request, a full apply of an object that grows with the nodes sharing it: N
+nodes claiming one Instance at once cost it ~N²/2 applies.) A lost race (422 from the `test`) is
+retried by this node for up to CLAIM_BUDGET_S: at once when the race was with a write of other
+fields; when other claims won it, after a pause with full jitter over a window sized to the
+nodes that may still be claiming (so the nodes that lost to one winner take turns instead of
+meeting again), on the Instance read as it is then. A slot that is really taken ends in
+SlotTaken, which the plugin turns into a clear gRPC error.
 Claims on one Instance are serialized inside the agent (a lock per Instance, with group commit),
 so two Allocates on this node never race each other; different Instances go in parallel.
 """
@@ -68,8 +68,10 @@ class InstanceGone(Exception):
     """The Instance does not exist (any more)."""
 
 
-def usage_field_manager(node: str) -> str:
-    return f"dp-{node}"
+# One field manager for every node's claims: a claim's value names its node already, and a
+# manager per node would grow a shared Instance (and every write and watch event of it) by ~200 B
+# per claiming node.
+USAGE_FIELD_MANAGER = "akri-claims"
 
 
 def held_by(usage: Mapping[str, str], node: str, instance: str) -> dict[str, str]:
@@ -179,7 +181,7 @@ class Claims:
                 INSTANCES,
                 key.name,
                 usage_patch(inst, old, new),
-                field_manager=usage_field_manager(self.node),
+                field_manager=USAGE_FIELD_MANAGER,
                 namespace=key.namespace,
             )
         except NotFound:
