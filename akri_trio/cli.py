@@ -86,7 +86,7 @@ def _user_problem(exc: BaseException) -> str | None:
         return (
             f"{exc.message} (hint: RBAC forbids it: grant the verb to this user or "
             "ServiceAccount, as k8s/agent.yaml's ClusterRole does (in DRA mode with "
-            "k8s/agent-dra.yaml's); `kubectl auth can-i` checks)"
+            "k8s/dra.yaml's); `kubectl auth can-i` checks)"
         )
     if isinstance(exc, NotFound) and not exc.reason and not exc.details.get("name"):
         # An object that is missing comes with a reason and its name; a type that is not

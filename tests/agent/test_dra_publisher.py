@@ -1,5 +1,5 @@
 """The DRA node-pool publisher against the real API server, with exactly the RBAC of k8s/agent.yaml
-and k8s/agent-dra.yaml (DRA mode's opt-in; without it the agent may not touch ResourceSlices):
+and k8s/dra.yaml (DRA mode's opt-in; without it the agent may not touch ResourceSlices):
 it publishes the node's pool, writes nothing while nothing changes, bumps the generation on a
 change, publishes again at once what someone else deletes (as the kubelet wipes a node's slices
 when it starts), and deletes the pool when its last Instance goes. The node is made up, so no
@@ -33,7 +33,7 @@ from tests.support.polling import until_api
 from tests.support.rbac import apply_rbac, manifest_client
 
 MANIFEST = Path(__file__).parents[2] / "k8s" / "agent.yaml"
-DRA_MANIFEST = Path(__file__).parents[2] / "k8s" / "agent-dra.yaml"
+DRA_MANIFEST = Path(__file__).parents[2] / "k8s" / "dra.yaml"
 NS = "dra-publisher-tests"
 
 

@@ -1,6 +1,7 @@
 """k8s/controller.yaml's RBAC is exactly enough: the controller runs with its ServiceAccount's
 token and nothing more, wins the Lease in `akri`, and makes broker Pods and Services (and, in
-DRA mode, DeviceClasses, shared ResourceSlices and broker claim templates)."""
+DRA mode with k8s/dra.yaml's rights too, DeviceClasses, shared ResourceSlices and broker claim
+templates)."""
 
 from __future__ import annotations
 
@@ -27,9 +28,10 @@ from tests.controller.support import (
     set_pod_phase,
     until,
 )
-from tests.support.rbac import manifest_client
+from tests.support.rbac import apply_rbac, manifest_client
 
 MANIFEST = Path(__file__).parents[2] / "k8s" / "controller.yaml"
+DRA_MANIFEST = Path(__file__).parents[2] / "k8s" / "dra.yaml"  # DRA mode's opt-in rights
 
 
 @pytest.fixture
@@ -78,7 +80,9 @@ async def test_controller_works_with_exactly_the_manifest_rbac(
 async def test_dra_mode_works_with_exactly_the_manifest_rbac(
     admin: Client, controller_api: Client, node_cluster: dict[str, str]
 ) -> None:
-    """DeviceClass, shared pool, the consumable-capacity probe and broker claim templates."""
+    """DeviceClass, shared pool, the consumable-capacity probe and broker claim templates, with
+    k8s/dra.yaml's rights added."""
+    await apply_rbac(admin, DRA_MANIFEST)
     async with namespace(admin, "ctl-rbac-dra") as ns:
         config = await admin.create(
             CONFIGURATIONS, broker_config("cfg", ns, pod=pod_spec(nowhere=True))

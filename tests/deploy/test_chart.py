@@ -247,12 +247,12 @@ def test_agent_full_debug_echo_and_host_network() -> None:
 
 
 def test_agent_rbac_is_the_tested_manifests() -> None:
-    """The chart's agent and webhook roles are the ones their RBAC tests run with (DRA mode's
-    with `allocation: dra`)."""
+    """The chart's agent and webhook roles, and DRA mode's of the agent and the controller (with
+    `allocation: dra`), are the ones their RBAC tests run with."""
     objects = render({"webhookConfiguration": {"enabled": True}, "allocation": "dra"})
     for manifest, role in (
         ("agent.yaml", "akri-agent-role"),
-        ("agent-dra.yaml", "akri-agent-dra-role"),
+        ("dra.yaml", "akri-agent-dra-role"),
         ("webhook.yaml", "akri-webhook-role"),
     ):
         docs = list(yaml.safe_load_all((REPO / "k8s" / manifest).read_text()))
@@ -266,17 +266,20 @@ def test_agent_rbac_is_the_tested_manifests() -> None:
 
 
 def test_only_dra_mode_may_write_resource_slices() -> None:
-    """In device-plugin mode (the default) no agent role grants ResourceSlices or claims."""
+    """In device-plugin mode (the default) no role of the agent or the controller grants
+    anything of DRA's API group: ResourceSlices, claims, DeviceClasses, claim templates."""
     for values, granted in (({}, False), ({"allocation": "dra"}, True)):
-        resources = {
-            resource
-            for obj in render(values)
-            if obj["kind"] == "ClusterRole" and "agent" in obj["metadata"]["name"]
-            for rule in obj["rules"]
-            for resource in rule["resources"]
-        }
-        assert ("resourceslices" in resources) is granted
-        assert ("resourceclaims" in resources) is granted
+        for component in ("agent", "controller"):
+            resources = {
+                resource
+                for obj in render(values)
+                if obj["kind"] == "ClusterRole" and component in obj["metadata"]["name"]
+                for rule in obj["rules"]
+                if "resource.k8s.io" in rule["apiGroups"]
+                for resource in rule["resources"]
+            }
+            assert ("resourceslices" in resources) is granted, component
+            assert bool(resources) is granted, component
 
 
 def test_agent_secrets_are_readable_everywhere_or_per_namespace() -> None:
