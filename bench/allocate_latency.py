@@ -53,7 +53,7 @@ from akri_trio.kube.client import JSON, Client
 from akri_trio.model.resources import CONFIGURATIONS as CONFIGS
 from akri_trio.model.resources import INSTANCES
 from akri_trio.rpc.gen import deviceplugin_v1beta1_pb2 as dp
-from bench._agent_proc import agent_process
+from bench._agent_proc import agent_process, requests_of
 from bench._common import (
     BENCH_NS,
     bench_api,
@@ -284,7 +284,7 @@ async def bench(args: argparse.Namespace) -> str:
             kubelet = KubeletStandin(root / "dp").start()
             try:
                 async with agent_process(root, env["KUBECONFIG"], NODE, "--reclaim-period", "3600"):
-                    report = await _measure(args, api, kubelet)
+                    report = await _measure(args, api, kubelet, root)
             finally:
                 kubelet.stop()
         await purge_namespace(api)
@@ -292,7 +292,9 @@ async def bench(args: argparse.Namespace) -> str:
     return report
 
 
-async def _measure(args: argparse.Namespace, api: Client, kubelet: KubeletStandin) -> str:
+async def _measure(
+    args: argparse.Namespace, api: Client, kubelet: KubeletStandin, root: Path
+) -> str:
     started = time.monotonic()
     seq, callers, per = args.seq, args.callers, args.per_caller
     n_small = max(1, (WARMUP + seq) // SMALL_CAPACITY)
@@ -423,6 +425,7 @@ async def _measure(args: argparse.Namespace, api: Client, kubelet: KubeletStandi
             )
         return f"- {label}: " + "; ".join(parts)
 
+    requests = requests_of(root)
     out = [
         f"### allocate_latency run {now()}",
         "",
@@ -435,6 +438,11 @@ async def _measure(args: argparse.Namespace, api: Client, kubelet: KubeletStandi
         f"errors: {len(errors)} {sorted(set(errors))[:3]}",
         f"double claims: {doubles}; claim check problems: {problems or 'none'}; "
         f"purged by someone else: {purged}",
+        # a 422 is a claim that lost a race (its `test` of the resourceVersion failed)
+        "the agent's Instance requests: "
+        + ", ".join(
+            f"{k}: {v}" for k, v in sorted(requests_of(root).items()) if " instances " in k
+        ),
         "targets (p50 <= 1.5x floor, p99 <= 3x floor):",
         meets("sequential, one Instance", s_seq),
         meets(f"sequential, capacity {SMALL_CAPACITY}", s_small),
