@@ -440,9 +440,7 @@ async def _measure(
         f"purged by someone else: {purged}",
         # a 422 is a claim that lost a race (its `test` of the resourceVersion failed)
         "the agent's Instance requests: "
-        + ", ".join(
-            f"{k}: {v}" for k, v in sorted(requests_of(root).items()) if " instances " in k
-        ),
+        + ", ".join(f"{k}: {v}" for k, v in sorted(requests.items()) if " instances " in k),
         "targets (p50 <= 1.5x floor, p99 <= 3x floor):",
         meets("sequential, one Instance", s_seq),
         meets(f"sequential, capacity {SMALL_CAPACITY}", s_small),
