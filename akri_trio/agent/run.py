@@ -150,12 +150,38 @@ def _instance_changed(view: NodeView) -> Mapper:
         after = view.put_instance(change.new)
         if after is before:
             return ()
-        # deviceUsage changes (every Allocate) are the plugins' business, not the plan's.
-        if before is None or _plan_inputs(before) != _plan_inputs(after):
+        # Claims (every Allocate), brokerInfo and the other nodes' comings and goings are not
+        # the plan's business: on a shared Instance they are most of the traffic.
+        if before is None or _plan_inputs(before, view.node) != _plan_inputs(after, view.node):
             return (config_key(after),)
         return ()
 
     return mapper
+
+
+def _configuration_changed(node: str) -> Mapper:
+    """The Configuration watch's mapper: reconcile on every change but the other nodes' status
+    entries (N nodes each writing their own entry would make every agent reconcile N times)."""
+
+    def mapper(change: Change) -> Iterable[ObjectKey]:
+        old, new = change.old, change.new
+        if old is None or new is None or _but_status(old) != _but_status(new):
+            return (change.key,)
+        if _status_entry(old, node) != _status_entry(new, node):
+            return (change.key,)  # ours: e.g. removed by someone else
+        return ()
+
+    return mapper
+
+
+def _but_status(obj: Mapping[str, Any]) -> dict[str, Any]:
+    meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k != "resourceVersion"}
+    return {**{k: v for k, v in obj.items() if k != "status"}, "metadata": meta}
+
+
+def _status_entry(obj: Mapping[str, Any], node: str) -> Any:
+    entries = (obj.get("status") or {}).get("nodes") or []
+    return next((e for e in entries if isinstance(e, dict) and e.get("node") == node), None)
 
 
 def _instance_ref(view: NodeView, key: ObjectKey) -> ObjectRef | None:
@@ -172,12 +198,24 @@ def _field(obj: Mapping[str, Any] | None, *path: str) -> Any:
     return obj
 
 
-def _plan_inputs(inst: Instance) -> Instance:
-    """What `instances.plan` and the status depend on: everything but deviceUsage."""
+def _plan_inputs(inst: Instance, node: str) -> Instance:
+    """What `instances.plan` and the status depend on: everything but deviceUsage, brokerInfo
+    and which other nodes serve it (only whether this one does, and holds its finalizer)."""
+    meta, spec = inst.metadata, inst.spec
     return attrs.evolve(
         inst,
-        metadata=attrs.evolve(inst.metadata, resource_version="", generation=0),
-        spec=attrs.evolve(inst.spec, device_usage={}),
+        metadata=attrs.evolve(
+            meta,
+            resource_version="",
+            generation=0,
+            finalizers=tuple(f for f in meta.finalizers if f == node),
+        ),
+        spec=attrs.evolve(
+            spec,
+            device_usage={},
+            broker_info={},
+            nodes=tuple(n for n in spec.nodes if n == node),
+        ),
     )
 
 
@@ -305,9 +343,13 @@ async def run_agent(
         reconciler.events = events
         # No drain: the reconcile is cancel-safe (a restarted agent redoes every write), and
         # what it would go on doing needs the discovery nursery, which closes at shutdown.
-        controller = Controller(reconciler.reconcile, configs, workers=4, drain=0).watches(
-            instances, _instance_changed(view)
-        )
+        controller = Controller(
+            reconciler.reconcile,
+            configs,
+            workers=4,
+            drain=0,
+            mapper=_configuration_changed(settings.node),
+        ).watches(instances, _instance_changed(view))
         metrics.queue_depth.labels(controller="configurations").set_function(
             lambda: float(len(controller.queue))
         )

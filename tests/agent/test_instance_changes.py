@@ -1,12 +1,14 @@
-"""The agent's Instance watch mapper: every change lands in the node view, and only the changes
-that can alter a Configuration's plan (not deviceUsage, not our own writes' echo) reconcile it."""
+"""The agent's watch mappers. Instances: every change lands in the node view, and only the
+changes that can alter a Configuration's plan (not deviceUsage, not the other nodes'
+membership, not our own writes' echo) reconcile it. Configurations: every change but another
+node's status entry reconciles."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from akri_trio.address import ObjectKey
-from akri_trio.agent.run import _instance_changed
+from akri_trio.agent.run import _configuration_changed, _instance_changed
 from akri_trio.agent.view import NodeView
 from akri_trio.kube.store import Change
 
@@ -42,11 +44,45 @@ def test_a_claim_updates_the_view_but_reconciles_nothing() -> None:
     assert held is not None and held.spec.device_usage == {"cam-1-0": "n"}
 
 
-def test_a_nodes_change_reconciles_the_configuration() -> None:
+def test_another_node_joining_or_leaving_reconciles_nothing() -> None:
     view = NodeView("n")
     mapper = _instance_changed(view)
     mapper(Change(KEY, None, inst(1)))
-    assert list(mapper(Change(KEY, inst(1), inst(2, nodes=("n", "m"))))) == [CONFIG]
+    assert list(mapper(Change(KEY, inst(1), inst(2, nodes=("n", "m"))))) == []
+    assert list(mapper(Change(KEY, inst(2, nodes=("n", "m")), inst(3)))) == []
+    held = view.instance(KEY)
+    assert held is not None and held.spec.nodes == ("n",)  # the view has every change
+
+
+def test_this_nodes_own_membership_changing_reconciles_the_configuration() -> None:
+    view = NodeView("n")
+    mapper = _instance_changed(view)
+    mapper(Change(KEY, None, inst(1, nodes=("m",))))
+    assert list(mapper(Change(KEY, inst(1, nodes=("m",)), inst(2, nodes=("m", "n"))))) == [CONFIG]
+    assert list(mapper(Change(KEY, inst(2, nodes=("m", "n")), inst(3, nodes=("m",))))) == [CONFIG]
+
+
+def config(rv: int, *, capacity: int = 2, status: list[dict[str, Any]] | None = None) -> Any:
+    return {
+        "metadata": {"name": "cam", "namespace": "ns", "resourceVersion": str(rv)},
+        "spec": {"capacity": capacity},
+        "status": {"nodes": status or []},
+    }
+
+
+def test_another_nodes_status_entry_reconciles_nothing() -> None:
+    mapper = _configuration_changed("n")
+    other = [{"node": "m", "instances": 1}]
+    assert list(mapper(Change(CONFIG, config(1), config(2, status=other)))) == []
+
+
+def test_a_spec_change_or_our_own_entry_changing_reconciles() -> None:
+    mapper = _configuration_changed("n")
+    ours = [{"node": "n", "instances": 1}]
+    assert list(mapper(Change(CONFIG, config(1), config(2, capacity=3)))) == [CONFIG]
+    assert list(mapper(Change(CONFIG, config(1, status=ours), config(2)))) == [CONFIG]
+    assert list(mapper(Change(CONFIG, None, config(1)))) == [CONFIG]
+    assert list(mapper(Change(CONFIG, config(1), None))) == [CONFIG]
 
 
 def test_the_echo_of_our_own_write_reconciles_nothing() -> None:
