@@ -8,9 +8,9 @@ Sent by this process, as the agents send them, with no agent in between, in the 
   each, per round: a server-side apply of the key without force (field manager `dp-<node>`),
   all at once (the agents' claim before); the agents' claim now, all at once: a JSON patch that
   tests the resourceVersion seen (`claims.usage_patch`), after a lost race `claims.retry_pause`
-  (sized from a watch of the Instance) and a read; the same with a pause doubling per try
-  from 10 ms; the
-  apply one node after another (no contention: the floor). The slots are freed between rounds;
+  (sized from a watch of the Instance) and a read; the same with a pause doubling per try from
+  10 ms; the apply one node after another (no contention: the floor). The slots are freed
+  between rounds;
 - joins: N nodes join M new shared Instances (one apply per node and Instance, field manager
   `<node>`), every node at once: each node 8 writes at a time in name order (what the agents
   did before), then one at a time from the node's own starting place (`instances.in_node_order`,
@@ -39,6 +39,7 @@ from akri_trio.agent.plugins.claims import (
     retry_pause,
     usage_patch,
 )
+from akri_trio.agent.view import version_number
 from akri_trio.kube.client import JSON, Client
 from akri_trio.kube.errors import Conflict, Invalid
 from akri_trio.kube.store import drop_managed_fields
@@ -93,6 +94,14 @@ def doubling_pause(attempt: int) -> float:
     return random.uniform(0, min(RETRY_CAP_S, 0.01 * 2**attempt))
 
 
+def _instance(obj: JSON) -> Instance:
+    return structure(drop_managed_fields(obj), Instance)
+
+
+def _version(obj: JSON) -> int:
+    return version_number(obj["metadata"]["resourceVersion"])
+
+
 class Latest:
     """The newest version of the storm's Instance this process has seen (a watch on it, and
     every write's answer): what each node's own view would hold."""
@@ -101,7 +110,7 @@ class Latest:
         self.obj = obj
 
     def put(self, obj: JSON) -> None:
-        if int(obj["metadata"]["resourceVersion"]) > int(self.obj["metadata"]["resourceVersion"]):
+        if _version(obj) > _version(self.obj):
             self.obj = obj
 
     async def run(self, api: Client) -> None:
@@ -136,7 +145,7 @@ async def one_round(
         the Instance read as it is."""
         nonlocal lost
         slot = f"{NAME}-{i}"
-        inst = structure(drop_managed_fields(latest.obj), Instance)
+        inst = _instance(latest.obj)
         for attempt in itertools.count():
             try:
                 latest.put(
@@ -154,11 +163,10 @@ async def one_round(
                 if how == PATCH_DOUBLING:
                     await trio.sleep(doubling_pause(attempt))
                 else:
-                    seen = structure(drop_managed_fields(latest.obj), Instance)
-                    await trio.sleep(retry_pause(seen, nodes[i]))
+                    await trio.sleep(retry_pause(_instance(latest.obj), nodes[i]))
                 obj = await api.get(INSTANCES, NAME, namespace=STORM_NS)
                 latest.put(obj)
-                inst = structure(drop_managed_fields(obj), Instance)
+                inst = _instance(obj)
 
     async def one(i: int) -> None:
         t0 = time.perf_counter()

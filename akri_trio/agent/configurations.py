@@ -32,8 +32,8 @@ from akri_trio.agent import tenants
 from akri_trio.agent.discovery import DiscoveryRequest, DiscoveryResult, run_configuration_discovery
 from akri_trio.agent.events import AgentEvents
 from akri_trio.agent.metrics import AgentMetrics
-from akri_trio.agent.status import node_entry
-from akri_trio.agent.view import NodeView
+from akri_trio.agent.status import node_entry, node_entry_of
+from akri_trio.agent.view import NodeView, version_number
 from akri_trio.discovery.device_rules import DeviceRules
 from akri_trio.discovery.properties import (
     UnsolvableProperty,
@@ -521,13 +521,12 @@ class ConfigurationReconciler:
         refused: tuple[str, str] | None = None,
     ) -> None:
         namespace, name = config.metadata.namespace, config.metadata.name
-        entries = (config.status or {}).get("nodes") or []
-        previous = next((e for e in entries if e.get("node") == self.node), None)
+        previous = node_entry_of(config.status, self.node)
         written = self.status_written.get(config.metadata.key)
         if (
             written is not None
             and written[0] == config.metadata.uid
-            and _version(config.metadata.resource_version) < written[1]
+            and version_number(config.metadata.resource_version) < written[1]
         ):
             previous = written[2]  # the watch has not brought our last write yet
         served = sum(
@@ -576,7 +575,7 @@ class ConfigurationReconciler:
                 namespace=namespace,
                 subresource="status",
             )
-            version = _version((answer.get("metadata") or {}).get("resourceVersion"))
+            version = version_number((answer.get("metadata") or {}).get("resourceVersion"))
             self.status_written[config.metadata.key] = (config.metadata.uid, version, entry)
         except NotFound:
             pass
@@ -591,10 +590,3 @@ class ConfigurationReconciler:
 
 
 _NO_LIMIT = contextlib.nullcontext()
-
-
-def _version(resource_version: object) -> int:
-    try:
-        return int(str(resource_version))
-    except ValueError:
-        return 0

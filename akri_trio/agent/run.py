@@ -50,6 +50,7 @@ from akri_trio.agent.plugins.claims import Claims
 from akri_trio.agent.plugins.kubelet import KubeletWatch
 from akri_trio.agent.plugins.manager import PluginManager
 from akri_trio.agent.reclaimer import DEFAULT_PERIOD_S, Reclaimer
+from akri_trio.agent.status import node_entry_of
 from akri_trio.agent.view import NodeView, config_key
 from akri_trio.discovery.handlers import load_handler
 from akri_trio.discovery.handlers.debug_echo import DebugEcho
@@ -167,7 +168,7 @@ def _configuration_changed(node: str) -> Mapper:
         old, new = change.old, change.new
         if old is None or new is None or _but_status(old) != _but_status(new):
             return (change.key,)
-        if _status_entry(old, node) != _status_entry(new, node):
+        if node_entry_of(old.get("status"), node) != node_entry_of(new.get("status"), node):
             return (change.key,)  # ours: e.g. removed by someone else
         return ()
 
@@ -177,11 +178,6 @@ def _configuration_changed(node: str) -> Mapper:
 def _but_status(obj: Mapping[str, Any]) -> dict[str, Any]:
     meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k != "resourceVersion"}
     return {**{k: v for k, v in obj.items() if k != "status"}, "metadata": meta}
-
-
-def _status_entry(obj: Mapping[str, Any], node: str) -> Any:
-    entries = (obj.get("status") or {}).get("nodes") or []
-    return next((e for e in entries if isinstance(e, dict) and e.get("node") == node), None)
 
 
 def _instance_ref(view: NodeView, key: ObjectKey) -> ObjectRef | None:

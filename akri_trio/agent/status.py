@@ -22,6 +22,12 @@ MAX_LISTED: Final = 10
 MAX_LINE_CHARS: Final = 1000
 
 
+def node_entry_of(status: Mapping[str, Any] | None, node: str) -> JSON | None:
+    """`node`'s entry in a Configuration's `status.nodes` (None: it has none)."""
+    entries = (status or {}).get("nodes") or []
+    return next((e for e in entries if isinstance(e, dict) and e.get("node") == node), None)
+
+
 def _cut(line: str) -> str:
     return line if len(line) <= MAX_LINE_CHARS else line[:MAX_LINE_CHARS] + "..."
 

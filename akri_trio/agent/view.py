@@ -54,11 +54,16 @@ def config_key(inst: Instance) -> ObjectKey:
     return ObjectKey(inst.metadata.namespace, inst.spec.configuration_name)
 
 
-def _resource_version(obj: Mapping[str, Any]) -> int:
+def version_number(resource_version: object) -> int:
+    """A resourceVersion as a number to compare (0 when missing or not a number)."""
     try:
-        return int((obj.get("metadata") or {}).get("resourceVersion") or 0)
+        return int(str(resource_version or 0))
     except ValueError:
         return 0
+
+
+def _resource_version(obj: Mapping[str, Any]) -> int:
+    return version_number((obj.get("metadata") or {}).get("resourceVersion"))
 
 
 def _membership(inst: Instance) -> tuple[object, ...]:
@@ -124,7 +129,7 @@ class NodeView:
         version = _resource_version(obj)
         held = self._instances.get(key)
         if held is not None:
-            held_version = int(held.metadata.resource_version or 0)
+            held_version = version_number(held.metadata.resource_version)
             # Older, or the watch's echo of a write we already folded in: nothing new.
             if version < held_version or (version == held_version and version):
                 return held

@@ -202,18 +202,17 @@ class Claims:
         fields changed: at once. Raises ClaimFailed when the budget is spent, or when nothing
         changed (the refusal was no lost race)."""
         key, usage = tried.metadata.key, tried.spec.device_usage
-        if trio.current_time() > deadline:
-            raise ClaimFailed(f"deviceUsage of {key} kept changing for {CLAIM_BUDGET_S:.0f} s")
         current = self._cached(key) or tried
         if current.spec.device_usage == usage:
             current = await self._fresh(key)
             if current.metadata.resource_version == tried.metadata.resource_version:
                 raise ClaimFailed(f"writing deviceUsage of {key.name} refused: {refusal}")
-            if current.spec.device_usage == usage:
-                return current
-        pause = retry_pause(current, self.node)
+        contended = current.spec.device_usage != usage
+        pause = retry_pause(current, self.node) if contended else 0.0
         if trio.current_time() + pause > deadline:
             raise ClaimFailed(f"deviceUsage of {key} kept changing for {CLAIM_BUDGET_S:.0f} s")
+        if not contended:
+            return current
         log.debug("deviceUsage of %s changed under us; again in %.0f ms", key, pause * 1000)
         await trio.sleep(pause)
         return await self._fresh(key)
