@@ -12,7 +12,7 @@ import pytest
 import akri_trio
 
 PACKAGES = ("controller", "webhook", "dra")
-FORBIDDEN = ("trio", "httpx", "purerpc", "akri_trio.kube", "akri_trio.agent", "akri_trio.cluster")
+FORBIDDEN = ("trio", "httpx", "purerpc", "akri_trio.kube", "akri_trio.agent", "akri_trio_dev")
 
 
 def _imports(path: Path) -> set[str]:
