@@ -1,11 +1,14 @@
 """Shared fixtures: the real local cluster, started once per test session.
 
 Tests that need Kubernetes take `cluster` (control plane) or `node_cluster` (plus kubelet and
-containerd). Both run `python -m akri_trio_dev cluster up` (which builds the binaries on a new
+containerd), and are marked `k8s` (and `node`) for it at collection (tests/support/tiers.py), so
+`pytest -m "not k8s"` runs the pure and local tests without starting Kubernetes.
+
+Both fixtures run `python -m akri_trio_dev cluster up` (which builds the binaries on a new
 machine) and never skip: a cluster that cannot start fails the tests that need it. A cluster that
-was already running (a developer's) is left running; one this session started is stopped at its end,
-so a CI run leaves no processes, mounts or bridges behind — unless AKRI_TRIO_KEEP_CLUSTER is set,
-for machines where several test sessions share one cluster.
+was already running (a developer's) is left running; one this session started is stopped at its
+end, so a CI run leaves no processes, mounts or bridges behind — unless AKRI_TRIO_KEEP_CLUSTER is
+set, for machines where several test sessions share one cluster.
 """
 
 from __future__ import annotations
@@ -18,11 +21,17 @@ from hypothesis import settings
 
 from akri_trio_dev import run_cluster_command
 from akri_trio_dev.cluster.exports import parse_exports
+from tests.support.tiers import mark_tiers
 
 # Property tests assert behaviour, not speed (bench/ measures that): on two cores shared with the
 # cluster, one slow example must not fail a test on hypothesis's default 200 ms deadline.
 settings.register_profile("akri-trio", deadline=None)
 settings.load_profile("akri-trio")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own hook deselects by `-m`
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    mark_tiers(items)
 
 
 def _cli(*args: str) -> str:
