@@ -59,7 +59,7 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         default=Path("/var/lib/akri"),
         help="where discovery handlers register and serve their sockets",
     )
-    add_kubeconfig_argument(p)
+    add_kubeconfig_argument(p, env)
     add_env_argument(
         p,
         "--namespace",
@@ -317,7 +317,8 @@ async def _main(settings: AgentSettings, config: KubeConfig) -> None:
 
 def main(argv: list[str]) -> int:
     settings, args = _parse(argv, os.environ)
-    config = load_config(settings.kubeconfig)  # a bad kubeconfig is one error line, first
+    # A bad kubeconfig is one error line, first.
+    config = load_config(settings.kubeconfig, context=args.context)
     # Every line of an agent is about its node: the field lets one query span a DaemonSet.
     setup_logging(args.log_level, args.log_format, defaults={"node": settings.node})
     logs = {"log_level": args.log_level, "log_format": args.log_format}

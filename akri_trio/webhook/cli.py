@@ -66,7 +66,7 @@ def serve(argv: list[str]) -> int:
     args = parse_serve_args(argv)
     try:
         context = server_ssl_context(args.tls_cert_file, args.tls_key_file)
-        kube = load_config(args.kubeconfig)
+        kube = load_config(args.kubeconfig, context=args.context)
     except (OSError, ConfigError) as exc:  # ssl.SSLError is an OSError
         print(f"akri-trio webhook: {exc}", file=sys.stderr)
         return 1
