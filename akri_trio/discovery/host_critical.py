@@ -18,10 +18,11 @@ A cluster admin allows classes per namespace (`--allow-host-devices NAMESPACE:CL
 every namespace, `all` for every class). Paths are compared as the handler names them
 (`/dev/vda`, `/dev/mapper/<name>` for a device-mapper device) and, where the agent can stat
 the path, by device number, so an alias such as /dev/disk/by-uuid/... is caught too when the
-agent sees the node's /dev. The facts are read when a handler's list arrives.
+agent sees the node's /dev. The facts are read when a handler's list with device nodes or
+mounts arrives.
 
-Layout: parsing and the decision are pure functions of text and plain data; `read_node_facts`
-and `device_number` at the bottom are the I/O edge.
+Layout: parsing and the decision are pure functions of text and plain data; `read_node_facts`,
+`device_number` and `host_check` at the bottom are the I/O edge.
 """
 
 from __future__ import annotations
@@ -251,7 +252,14 @@ def read_node_facts(sys: Path = Path("/sys"), proc: Path = Path("/proc")) -> Nod
 
 
 def host_check(allowances: Allowances, namespace: str) -> Callable[[str], str | None]:
-    """The check for one Configuration's namespace, with the node's facts read now."""
-    facts = read_node_facts()
+    """The check for one Configuration's namespace. The node's facts are read at its first
+    call (a list of devices without device nodes or mounts, debugEcho's, costs no reads)."""
     allowed = allowed_classes(allowances, namespace)
-    return lambda path: refusal(path, facts, allowed, device_number(path))
+    facts: list[NodeFacts] = []
+
+    def check(path: str) -> str | None:
+        if not facts:
+            facts.append(read_node_facts())
+        return refusal(path, facts[0], allowed, device_number(path))
+
+    return check
