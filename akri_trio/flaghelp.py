@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -119,11 +120,22 @@ def add_env_argument(
     return action
 
 
-def add_kubeconfig_argument(parser: argparse.ArgumentParser) -> argparse.Action:
-    """--kubeconfig, for every command that talks to the API server. KUBECONFIG itself is read
-    by `load_config` when the flag is not given (it may list several files)."""
+def add_kubeconfig_argument(
+    parser: argparse.ArgumentParser, env: Mapping[str, str] | None = None
+) -> argparse.Action:
+    """--kubeconfig and --context, for every command that talks to the API server. KUBECONFIG
+    itself is read by `load_config` when the flag is not given (it may list several files);
+    the context's variable is named as helm names its own (HELM_KUBECONTEXT)."""
     action = parser.add_argument("--kubeconfig", type=Path, default=None, help=KUBECONFIG_HELP)
     setattr(action, ENV_VAR, "KUBECONFIG")
+    add_env_argument(
+        parser,
+        "--context",
+        env=os.environ if env is None else env,
+        var="AKRI_KUBECONTEXT",
+        metavar="NAME",
+        help="the kubeconfig context to use (default: its current-context)",
+    )
     return action
 
 

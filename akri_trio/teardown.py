@@ -17,12 +17,11 @@ import functools
 import logging
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 import trio
 
 from akri_trio.flaghelp import Parser, add_kubeconfig_argument
-from akri_trio.kube import JSON, Client, NotFound, Resource, load_config
+from akri_trio.kube import JSON, Client, KubeConfig, NotFound, Resource, load_config
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
 from akri_trio.shutdown import run_until_signalled
 
@@ -70,8 +69,8 @@ async def teardown(client: Client, namespaces: Sequence[str | None] = ALL_NAMESP
         await trio.sleep(POLL_S)
 
 
-async def _main(kubeconfig: Path | None, bound_s: float, namespaces: Sequence[str | None]) -> int:
-    async with Client.open(load_config(kubeconfig)) as client:
+async def _main(config: KubeConfig, bound_s: float, namespaces: Sequence[str | None]) -> int:
+    async with Client.open(config) as client:
         with trio.move_on_after(bound_s):
             await teardown(client, namespaces)
             log.info("no Configuration and no Instance left")
@@ -102,9 +101,10 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     result: list[int] = [1]
+    config = load_config(args.kubeconfig, context=args.context)
 
     async def run() -> None:
-        result[0] = await _main(args.kubeconfig, args.timeout, namespaces)
+        result[0] = await _main(config, args.timeout, namespaces)
 
     trio.run(functools.partial(run_until_signalled, run, log))
     return result[0]

@@ -21,6 +21,7 @@ from akri_trio.agent.configurations import ConfigurationLimits
 from akri_trio.agent.run import AgentSettings, run_agent
 from akri_trio.discovery.device_rules import DeviceRules, host_path_problem
 from akri_trio.discovery.handlers import BUILTIN
+from akri_trio.discovery.host_critical import parse_allowances
 from akri_trio.flaghelp import (
     Parser,
     add_env_argument,
@@ -59,7 +60,7 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         default=Path("/var/lib/akri"),
         help="where discovery handlers register and serve their sockets",
     )
-    add_kubeconfig_argument(p)
+    add_kubeconfig_argument(p, env)
     add_env_argument(
         p,
         "--namespace",
@@ -152,6 +153,20 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         metavar="DIR",
         help="a node directory whose contents discovery handlers may mount into brokers "
         "(repeatable; the env var takes a list; default: none, handlers' mounts are refused)",
+    )
+    add_env_argument(
+        p,
+        "--allow-host-devices",
+        env=env,
+        var="AKRI_ALLOW_HOST_DEVICES",
+        from_env=comma_list,
+        action="append",
+        default=[],
+        metavar="NAMESPACE:CLASS",
+        help="let Configurations in NAMESPACE (* for all) be handed the node's own devices of "
+        "CLASS: block (mounted disks, swap, LVM/RAID members), kernel (/dev/mem, kmem, port, "
+        "kmsg), console (consoles and ttys) or all (repeatable; the env var takes a list; "
+        "default: none, such devices are dropped with their reason)",
     )
     add_env_argument(
         p,
@@ -272,6 +287,10 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         problem = host_path_problem(directory, "--handler-mount-dir", refused)
         if problem is not None:
             p.error(problem)
+    try:
+        host_allowances = parse_allowances(args.allow_host_devices)
+    except ValueError as exc:
+        p.error(f"--allow-host-devices: {exc}")
     if args.broker_info_dir is not None and args.allocation == "dra":
         p.error("--broker-info-dir works with --allocation device-plugin only (no Allocate)")
     settings = AgentSettings(
@@ -296,6 +315,7 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
                 max_configuration_devices=args.max_devices_per_configuration,
                 refused_host_dirs=refused,
                 mount_dirs=tuple(dict.fromkeys(args.handler_mount_dirs)),
+                host_allowances=host_allowances,
             ),
         ),
         reclaim_period=args.reclaim_period,
@@ -317,7 +337,8 @@ async def _main(settings: AgentSettings, config: KubeConfig) -> None:
 
 def main(argv: list[str]) -> int:
     settings, args = _parse(argv, os.environ)
-    config = load_config(settings.kubeconfig)  # a bad kubeconfig is one error line, first
+    # A bad kubeconfig is one error line, first.
+    config = load_config(settings.kubeconfig, context=args.context)
     # Every line of an agent is about its node: the field lets one query span a DaemonSet.
     setup_logging(args.log_level, args.log_format, defaults={"node": settings.node})
     logs = {"log_level": args.log_level, "log_format": args.log_format}

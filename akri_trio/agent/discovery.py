@@ -31,6 +31,7 @@ import purerpc
 import trio
 
 from akri_trio.discovery.device_rules import DeviceRules, check_devices
+from akri_trio.discovery.host_critical import host_check
 from akri_trio.discovery.interface import InvalidDetails, discover_changes
 from akri_trio.discovery.registry import (
     EndpointType,
@@ -254,7 +255,8 @@ class _Discovery:
         def accept(devices: list[Device]) -> None:
             nonlocal got_messages
             got_messages = True
-            kept, refused = check_devices(devices, self.rules)
+            host = host_check(self.rules.host_allowances, user.partition("/")[0])
+            kept, refused = check_devices(devices, self.rules, host)
             if refused and refused != self.refused.get(endpoint):
                 log.warning(
                     "discovery handler %s at %s (%s): %s",

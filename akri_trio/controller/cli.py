@@ -39,7 +39,7 @@ def _parse(
     argv: list[str], env: Mapping[str, str]
 ) -> tuple[ControllerSettings, argparse.Namespace]:
     p = Parser(prog="akri-trio controller", description=__doc__)
-    add_kubeconfig_argument(p)
+    add_kubeconfig_argument(p, env)
     add_env_argument(
         p,
         "--metrics-port",
@@ -124,7 +124,8 @@ async def _main(settings: ControllerSettings, config: KubeConfig) -> None:
 
 def main(argv: list[str]) -> int:
     settings, args = _parse(argv, os.environ)
-    config = load_config(settings.kubeconfig)  # a bad kubeconfig is one error line, first
+    # A bad kubeconfig is one error line, first.
+    config = load_config(settings.kubeconfig, context=args.context)
     setup_logging(args.log_level, args.log_format)
     logs = {"log_level": args.log_level, "log_format": args.log_format}
     log_startup(log, "controller", {**attrs.asdict(settings, recurse=False), **logs})

@@ -18,7 +18,10 @@ kubelet as host paths. So before a device reaches an Instance or an Allocate ans
   directories the agent allows handlers to mount (`mount_dirs`, none by default: upstream's
   handlers send no mounts);
 - no more than `max_devices` devices per list (the lowest ids are kept); the agent applies
-  `max_configuration_devices` the same way to a Configuration's merged lists.
+  `max_configuration_devices` the same way to a Configuration's merged lists;
+- with a `host` check (the agent always passes one: discovery.host_critical), no device node
+  or mount is one the node itself uses (its mounted disks, swap, /dev/kmsg, consoles...)
+  unless the Configuration's namespace is allowed that class (`host_allowances`).
 
 A device that fails is dropped with a reason (at most SHOWN_PROBLEMS of its problems, each cut);
 the others go on. Pure functions: paths are checked as text, so a symbolic link on the node
@@ -30,11 +33,12 @@ from __future__ import annotations
 
 import posixpath
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Final
 
 import attrs
 
+from akri_trio.discovery.host_critical import Allowances
 from akri_trio.model.device import Device
 from akri_trio.model.limits import MAX_DEVICES_PER_CONFIGURATION, MAX_DEVICES_PER_HANDLER
 
@@ -72,6 +76,12 @@ class DeviceRules:
     refused_host_dirs: tuple[str, ...] = ()
     # The only directories a mount's host path may be in.
     mount_dirs: tuple[str, ...] = ()
+    # Namespace (or "*") -> host-critical device classes it may use (--allow-host-devices).
+    host_allowances: Allowances = attrs.field(factory=dict)
+
+
+# A host path's refusal as a host-critical device, or None (discovery.host_critical.host_check).
+HostCheck = Callable[[str], str | None]
 
 
 def shown(device_id: str) -> str:
@@ -125,7 +135,7 @@ def _mount_problem(path: str, rules: DeviceRules) -> str | None:
     return problem
 
 
-def device_problems(device: Device, rules: DeviceRules) -> list[str]:
+def device_problems(device: Device, rules: DeviceRules, host: HostCheck | None = None) -> list[str]:
     """Why `device` may not be used (empty: it may)."""
     problems: list[str] = []
     if not device.id:
@@ -141,11 +151,13 @@ def device_problems(device: Device, rules: DeviceRules) -> list[str]:
                 f"device permissions {spec.permissions[:20]!r} are not a subset of 'rwm'"
             )
         problems += filter(None, [_path_problem(spec.container_path, "device container path")])
-        host = spec.host_path or spec.container_path
-        problems += filter(None, [_device_node_problem(host, rules)])
+        host_path = spec.host_path or spec.container_path
+        problems += filter(None, [_device_node_problem(host_path, rules)])
+        problems += filter(None, [host(host_path) if host is not None else None])
     for mount in device.mounts:
         problems += filter(None, [_path_problem(mount.container_path, "mount container path")])
         problems += filter(None, [_mount_problem(mount.host_path, rules)])
+        problems += filter(None, [host(mount.host_path) if host is not None else None])
     return problems
 
 
@@ -161,9 +173,11 @@ def dropped(device_id: str, problems: Sequence[str]) -> str:
     return f"device {shown(device_id)} dropped: {'; '.join(shown_problems)}"
 
 
-def check_devices(devices: Iterable[Device], rules: DeviceRules) -> tuple[list[Device], list[str]]:
+def check_devices(
+    devices: Iterable[Device], rules: DeviceRules, host: HostCheck | None = None
+) -> tuple[list[Device], list[str]]:
     """The devices of one handler's list that may be used (in the list's order), and a line
-    per device dropped or list cut."""
+    per device dropped or list cut. `host` refuses host-critical paths."""
     kept: dict[str, Device] = {}
     seen: set[str] = set()
     repeats: dict[str, int] = {}
@@ -173,7 +187,7 @@ def check_devices(devices: Iterable[Device], rules: DeviceRules) -> tuple[list[D
             repeats[device.id] = repeats.get(device.id, 1) + 1
             continue
         seen.add(device.id)
-        why = device_problems(device, rules)
+        why = device_problems(device, rules, host)
         if why:
             problems.append(dropped(device.id, why))
             continue

@@ -22,7 +22,7 @@ The shape of a controller built from them:
 from akri_trio.address import ObjectKey
 from akri_trio.kube.backoff import Backoff
 from akri_trio.kube.client import JSON, Client, ListPage, ObjectList, Resource
-from akri_trio.kube.config import ConfigError, KubeConfig, http_client, load_config
+from akri_trio.kube.config import KubeConfig, http_client, load_config
 from akri_trio.kube.controller import (
     Controller,
     Mapper,
@@ -36,6 +36,7 @@ from akri_trio.kube.errors import (
     AlreadyExists,
     ApiError,
     BadRequest,
+    ConfigError,
     Conflict,
     Forbidden,
     Gone,

@@ -9,8 +9,11 @@ files it names), so it is tested with files in a temp dir; the only live piece i
 Load order follows kubectl: an explicit path, then $KUBECONFIG (a path list, merged with the
 first file winning), then the in-cluster service account, then ~/.kube/config.
 
-Not supported (rejected with `ConfigError`, never silently ignored): exec and auth-provider
-plugins, proxies named in the kubeconfig.
+A user's `exec` credential plugin (managed clusters: EKS, GKE, AKS) is parsed here into an
+`ExecPlugin` and run by `exec_auth.ExecAuth`, the client's auth, when requests need it.
+
+Not supported (rejected with `ConfigError`, never silently ignored): the legacy auth-provider
+plugins (the error names `exec` as their replacement), proxies named in the kubeconfig.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import ssl
 import tempfile
 import time
 from collections.abc import Callable, Generator, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,16 +32,21 @@ import attrs
 import httpx
 import yaml
 
+from akri_trio.kube.errors import ConfigError as ConfigError  # re-exported: its old home
+from akri_trio.kube.exec_auth import ExecAuth
+from akri_trio.kube.exec_credential import (
+    ExecPlugin,
+    auth_provider_refused,
+    exec_info,
+    parse_exec_section,
+)
+
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 # The API server closes a watch after the timeoutSeconds we ask for (~290 s); the watch driver
 # sets its own read timeout per request. These are for ordinary verbs (a write waits longer for
 # its answer: kube.client.write_timeout).
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=10.0)
-
-
-class ConfigError(Exception):
-    """No usable configuration, or one that asks for something we do not support."""
 
 
 @attrs.frozen
@@ -54,6 +63,7 @@ class KubeConfig:
     token_file: Path | None = None
     username: str | None = None
     password: str | None = attrs.field(default=None, repr=False)
+    exec_plugin: ExecPlugin | None = None
 
 
 # --- kubeconfig ------------------------------------------------------------------------------
@@ -124,9 +134,9 @@ def parse_kubeconfig(
         raise ConfigError(f"kubeconfig: cluster {cluster_name!r} has no server")
     if cluster.get("proxy-url"):
         raise ConfigError("kubeconfig: proxy-url is not supported")
-    for plugin in ("exec", "auth-provider"):
-        if user.get(plugin):
-            raise ConfigError(f"kubeconfig: user {user_name!r}: {plugin} is not supported")
+    if user.get("auth-provider"):
+        raise auth_provider_refused(user_name, user["auth-provider"])
+    plugin = parse_exec_section(user["exec"], str(user_name)) if user.get("exec") else None
 
     skip_verify = _skip_verify(cluster, cluster_name)
     if skip_verify and (
@@ -149,6 +159,7 @@ def parse_kubeconfig(
         token_file=base_dir / os.path.expanduser(str(token_file)) if token_file else None,
         username=str(user["username"]) if user.get("username") else None,
         password=str(user["password"]) if user.get("password") else None,
+        exec_plugin=plugin,
     )
 
 
@@ -211,10 +222,23 @@ def _absolutize(doc: Mapping[str, Any], base_dir: Path) -> dict[str, Any]:
                 for key in _PATH_KEYS[inner]:
                     if isinstance(body.get(key), str):
                         body[key] = str(base_dir / os.path.expanduser(body[key]))
+                body = _absolutize_exec_command(body, base_dir)
                 entry = {**entry, inner: body}
             entries.append(entry)
         out[section] = entries
     return out
+
+
+def _absolutize_exec_command(user: dict[str, Any], base_dir: Path) -> dict[str, Any]:
+    """An exec command with a slash in it is a path relative to its kubeconfig (client-go's
+    rule); a bare name is looked up on PATH when it runs."""
+    section = user.get("exec")
+    if not isinstance(section, Mapping):
+        return user
+    command = section.get("command")
+    if isinstance(command, str) and "/" in command and not os.path.isabs(command):
+        return {**user, "exec": {**section, "command": str(base_dir / command)}}
+    return user
 
 
 def load_kubeconfig(paths: Sequence[Path], *, context: str | None = None) -> KubeConfig:
@@ -233,7 +257,9 @@ def load_kubeconfig(paths: Sequence[Path], *, context: str | None = None) -> Kub
         docs.append(_absolutize(doc, path.resolve().parent))
     if not docs:
         raise ConfigError(f"no kubeconfig found in {[str(p) for p in paths]}")
-    return parse_kubeconfig(merge_kubeconfigs(docs), base_dir=Path("/"), context=context)
+    cfg = parse_kubeconfig(merge_kubeconfigs(docs), base_dir=Path("/"), context=context)
+    ssl_context(cfg)  # unreadable CA data or client identity fails here, before any startup
+    return cfg
 
 
 # --- in-cluster ------------------------------------------------------------------------------
@@ -324,9 +350,17 @@ class TokenFileAuth(httpx.Auth):
 
 
 def ssl_context(cfg: KubeConfig) -> ssl.SSLContext:
-    """The TLS context: cluster CA (or system roots), optional client cert, optional no-verify."""
+    """The TLS context: cluster CA (or system roots), optional client cert, optional no-verify.
+
+    CA data or a client identity that OpenSSL cannot read is a `ConfigError` naming the field,
+    not the raw `SSLError` (whose text is OpenSSL's, e.g. "[X509: NO_CERTIFICATE_OR_CRL_FOUND]")."""
     if cfg.ca_pem:
-        ctx = ssl.create_default_context(cadata=cfg.ca_pem.decode())
+        try:
+            ctx = ssl.create_default_context(cadata=cfg.ca_pem.decode(errors="replace"))
+        except ssl.SSLError as exc:
+            raise ConfigError(
+                f"kubeconfig: certificate-authority data is not a PEM certificate{_why(exc)}"
+            ) from None
     else:
         ctx = ssl.create_default_context()
     if cfg.insecure_skip_tls_verify:
@@ -335,18 +369,45 @@ def ssl_context(cfg: KubeConfig) -> ssl.SSLContext:
     if cfg.client_cert_pem or cfg.client_key_pem:
         if not (cfg.client_cert_pem and cfg.client_key_pem):
             raise ConfigError("client certificate and key must be given together")
-        # load_cert_chain only takes file names; the files live just long enough to be read.
-        with tempfile.TemporaryDirectory(prefix="akri-trio-tls-") as tmp:
-            cert, key = Path(tmp) / "tls.crt", Path(tmp) / "tls.key"
-            cert.write_bytes(cfg.client_cert_pem)
-            key.touch(mode=0o600)
-            key.write_bytes(cfg.client_key_pem)
-            ctx.load_cert_chain(cert, key)
+        load_client_identity(ctx, cfg.client_cert_pem, cfg.client_key_pem)
     return ctx
 
 
-def http_auth(cfg: KubeConfig) -> httpx.Auth | None:
-    """A static token wins over a token file (as in kubectl), which wins over basic auth."""
+def load_client_identity(ctx: ssl.SSLContext, cert_pem: bytes, key_pem: bytes) -> None:
+    """Make `ctx` present this certificate and key (replacing any it had)."""
+    # load_cert_chain only takes file names; the files live just long enough to be read.
+    with tempfile.TemporaryDirectory(prefix="akri-trio-tls-") as tmp:
+        cert, key = Path(tmp) / "tls.crt", Path(tmp) / "tls.key"
+        cert.write_bytes(cert_pem)
+        key.touch(mode=0o600)
+        key.write_bytes(key_pem)
+        try:
+            ctx.load_cert_chain(cert, key)
+        except ssl.SSLError as exc:
+            raise ConfigError(
+                f"kubeconfig: the client certificate and key are not a PEM pair{_why(exc)}"
+            ) from None
+
+
+def _why(exc: ssl.SSLError) -> str:
+    return f" ({exc.reason})" if exc.reason else ""
+
+
+def http_auth(cfg: KubeConfig, tls: ssl.SSLContext | None = None) -> httpx.Auth | None:
+    """An exec plugin, when the user names one; else a static token wins over a token file
+    (as in kubectl), which wins over basic auth. `tls` is the context an exec plugin's client
+    certificate is loaded into (the client's own, so new connections present it)."""
+    if cfg.exec_plugin is not None:
+        info = exec_info(
+            cfg.exec_plugin,
+            server=cfg.server,
+            ca_pem=cfg.ca_pem,
+            insecure=cfg.insecure_skip_tls_verify,
+        )
+        ctx = tls if tls is not None else ssl_context(cfg)
+        return ExecAuth(
+            cfg.exec_plugin, exec_info=info, load_identity=partial(load_client_identity, ctx)
+        )
     if cfg.token:
         return _StaticBearer(cfg.token)
     if cfg.token_file:
@@ -367,10 +428,11 @@ class _StaticBearer(httpx.Auth):
 
 def http_client(cfg: KubeConfig, *, timeout: httpx.Timeout = DEFAULT_TIMEOUT) -> httpx.AsyncClient:
     """An `httpx.AsyncClient` bound to the server; the caller owns it (`async with`)."""
+    tls = ssl_context(cfg)
     return httpx.AsyncClient(
         base_url=cfg.server,
-        verify=ssl_context(cfg),
-        auth=http_auth(cfg),
+        verify=tls,
+        auth=http_auth(cfg, tls),
         headers={"Accept": "application/json", "User-Agent": "akri-trio"},
         timeout=timeout,
         # Environment proxies would capture loopback and in-cluster traffic by surprise.

@@ -20,6 +20,11 @@ from collections.abc import Mapping
 from typing import Any
 
 
+class ConfigError(Exception):
+    """No usable configuration, or one that asks for something we do not support. Its text is
+    one line the user acts on (the CLI prints it as the command's error)."""
+
+
 class ApiError(Exception):
     """An error answer from the API server (or an ERROR event in a watch stream)."""
 

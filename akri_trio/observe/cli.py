@@ -28,7 +28,7 @@ CLEAR = "\x1b[H\x1b[2J"
 
 def add_picture_arguments(p: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
     """--kubeconfig and -n: where the picture comes from (status and dashboard)."""
-    add_kubeconfig_argument(p)
+    add_kubeconfig_argument(p, env)
     p.add_argument(
         "-n",
         "--namespace",
@@ -59,7 +59,7 @@ def _emit(pic: Mapping[str, Any], output: str, out: TextIO, *, clear: bool) -> N
 
 
 async def status(args: argparse.Namespace, out: TextIO) -> None:
-    async with Client.open(load_config(args.kubeconfig)) as api:
+    async with Client.open(load_config(args.kubeconfig, context=args.context)) as api:
         if not args.watch:
             pic, notes = await fetch(api, args.namespace)
             _emit(pic, args.output, out, clear=False)

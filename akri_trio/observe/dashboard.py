@@ -276,7 +276,7 @@ def dashboard_main(argv: list[str]) -> int:
     args = parse_dashboard_args(argv, os.environ)
     setup_logging(args.log_level, args.log_format)
     try:
-        config = load_config(args.kubeconfig)
+        config = load_config(args.kubeconfig, context=args.context)
     except ConfigError as exc:
         hint = "hint: --kubeconfig FILE or KUBECONFIG"
         print(f"akri-trio dashboard: {exc} ({hint})", file=sys.stderr)

@@ -22,12 +22,13 @@ from pathlib import Path
 import trio
 import yaml
 
-from akri_trio.flaghelp import Parser, add_kubeconfig_argument
+from akri_trio.flaghelp import Parser, add_env_argument, add_kubeconfig_argument, comma_list
 from akri_trio.kube import ConfigError, load_config
 from akri_trio.observe.logs import add_log_arguments, log_startup, setup_logging
 from akri_trio.shutdown import run_until_signalled
 from akri_trio.webhook.certs import serving_certs, webhook_configuration
 from akri_trio.webhook.server import REQUEST_TIMEOUT, run_webhook, server_ssl_context
+from akri_trio.webhook.validate import parse_handler_namespaces
 
 log = logging.getLogger("akri_trio.webhook")
 
@@ -58,22 +59,47 @@ def parse_serve_args(argv: list[str]) -> argparse.Namespace:
         default=REQUEST_TIMEOUT,
         help="seconds a review may take, reading the request included",
     )
+    add_env_argument(
+        p,
+        "--handler-namespace",
+        env=os.environ,
+        var="AKRI_HANDLER_NAMESPACES",
+        from_env=comma_list,
+        action="append",
+        dest="handler_namespaces",
+        default=[],
+        metavar="HANDLER:NAMESPACE",
+        help="restrict a discovery handler to the namespaces named for it: a Configuration "
+        "using HANDLER in another namespace is refused (repeatable; the env var takes a list; "
+        "default: none, every handler in every namespace)",
+    )
     add_log_arguments(p, os.environ)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    try:
+        args.handler_namespaces = parse_handler_namespaces(args.handler_namespaces)
+    except ValueError as exc:
+        p.error(f"--handler-namespace: {exc}")
+    return args
 
 
 def serve(argv: list[str]) -> int:
     args = parse_serve_args(argv)
     try:
         context = server_ssl_context(args.tls_cert_file, args.tls_key_file)
-        kube = load_config(args.kubeconfig)
+        kube = load_config(args.kubeconfig, context=args.context)
     except (OSError, ConfigError) as exc:  # ssl.SSLError is an OSError
         print(f"akri-trio webhook: {exc}", file=sys.stderr)
         return 1
     setup_logging(args.log_level, args.log_format)
     log_startup(log, "webhook", vars(args))
     main_task = functools.partial(
-        run_webhook, kube, context, args.host, args.port, request_timeout=args.request_timeout
+        run_webhook,
+        kube,
+        context,
+        args.host,
+        args.port,
+        request_timeout=args.request_timeout,
+        handler_namespaces=args.handler_namespaces,
     )
     trio.run(run_until_signalled, main_task, log)
     log.info("webhook stopped")

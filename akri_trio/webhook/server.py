@@ -44,6 +44,7 @@ from akri_trio.webhook.openapi import Schemas
 from akri_trio.webhook.parsers import builtin_parser
 from akri_trio.webhook.validate import (
     BadReview,
+    HandlerNamespaces,
     NamespacesUsing,
     ParserFor,
     no_namespaces,
@@ -90,6 +91,7 @@ def route(
     schemas: Schemas | None,
     parser_for: ParserFor = builtin_parser,
     namespaces_using: NamespacesUsing = no_namespaces,
+    handler_namespaces: HandlerNamespaces | None = None,
 ) -> Reply:
     """The response to one request, given the schemas loaded so far (None: not ready) and
     the namespaces that use a Configuration name."""
@@ -114,7 +116,7 @@ def route(
     if not isinstance(decoded, dict):
         return Reply(400, b"the body is not a JSON object\n")
     try:
-        answer = review(decoded, schemas, parser_for, namespaces_using)
+        answer = review(decoded, schemas, parser_for, namespaces_using, handler_namespaces)
     except BadReview as exc:
         return Reply(400, f"{exc}\n".encode())
     _log_answer(decoded, answer)
@@ -171,6 +173,7 @@ async def serve_webhook(
     watch_configurations: WatchConfigurations | None = None,
     request_timeout: float = REQUEST_TIMEOUT,
     backoff: Backoff = OPENAPI_BACKOFF,
+    handler_namespaces: HandlerNamespaces | None = None,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until cancelled; `task_status.started(bound_port)` once accepting (before the
@@ -188,9 +191,16 @@ async def serve_webhook(
 
     def respond(method: str, target: str, body: bytes) -> Reply:
         if watch_configurations is None:
-            return route(method, target, body, cache.schemas)
+            return route(method, target, body, cache.schemas, handler_namespaces=handler_namespaces)
         ready = cache.schemas if names.synced else None
-        return route(method, target, body, ready, namespaces_using=namespaces_using)
+        return route(
+            method,
+            target,
+            body,
+            ready,
+            namespaces_using=namespaces_using,
+            handler_namespaces=handler_namespaces,
+        )
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(load_schemas, fetch, cache, backoff)
@@ -219,6 +229,7 @@ async def run_webhook(
     port: int,
     *,
     request_timeout: float = REQUEST_TIMEOUT,
+    handler_namespaces: HandlerNamespaces | None = None,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """The webhook process: `serve_webhook` with the OpenAPI document fetched through our
@@ -232,5 +243,6 @@ async def run_webhook(
             lambda: api.request("GET", OPENAPI_PATH),
             watch_configurations=functools.partial(reflect, api, CONFIGURATIONS),
             request_timeout=request_timeout,
+            handler_namespaces=handler_namespaces,
             task_status=task_status,
         )

@@ -17,7 +17,10 @@ namespace as a silently missing credential. Here each becomes a refusal naming t
   this project does not ship is external, and its details are its own business);
 - a discoveryHandler.name changed by an UPDATE (agents key their discovery on it);
 - on CREATE, a name another namespace already uses: kubelet resources (`akri.sh/<name>`) are
-  per node, not per namespace, so agents would refuse the newer one on every node.
+  per node, not per namespace, so agents would refuse the newer one on every node;
+- a handler the cluster admin restricted to some namespaces (`--handler-namespace
+  HANDLER:NAMESPACE`), used from another one: the tenant may not reach that kind of device at
+  all (udev: the node's own devices). A handler no entry names may be used anywhere.
 
 `review` answers admission.k8s.io/v1 and v1beta1 alike, in the version it was asked in.
 """
@@ -50,8 +53,33 @@ ParserFor = Callable[[str], Parser | None]
 NamespacesUsing = Callable[[str], Sequence[str]]
 
 
+# Handler name -> the only namespaces whose Configurations may use it (--handler-namespace).
+HandlerNamespaces = Mapping[str, frozenset[str]]
+
+
 def no_namespaces(name: str) -> Sequence[str]:
     return ()
+
+
+def parse_handler_namespaces(entries: Sequence[str]) -> HandlerNamespaces:
+    """`HANDLER:NAMESPACE` entries as a mapping; ValueError naming the entry that is wrong."""
+    allowed: dict[str, set[str]] = {}
+    for entry in entries:
+        handler, sep, namespace = entry.partition(":")
+        if not (sep and handler and namespace):
+            raise ValueError(f"{entry!r} is not HANDLER:NAMESPACE")
+        allowed.setdefault(handler, set()).add(namespace)
+    return {handler: frozenset(namespaces) for handler, namespaces in allowed.items()}
+
+
+def handler_refused(handler: object, namespace: str, policy: HandlerNamespaces) -> list[str]:
+    """The refusal of a Configuration in `namespace` using `handler`, if the admin restricted it."""
+    if not isinstance(handler, str) or handler not in policy or namespace in policy[handler]:
+        return []
+    return [
+        f"{_HANDLER}.name: namespace {namespace} may not use the {handler} discovery handler "
+        f"(the cluster admin allows it in: {', '.join(sorted(policy[handler]))})"
+    ]
 
 
 class BadReview(ValueError):
@@ -63,6 +91,7 @@ def review(
     schemas: Schemas,
     parser_for: ParserFor = builtin_parser,
     namespaces_using: NamespacesUsing = no_namespaces,
+    handler_namespaces: HandlerNamespaces | None = None,
 ) -> dict[str, Any]:
     """The AdmissionReview response to `body`, allowing or denying its request."""
     version = body.get("apiVersion")
@@ -87,6 +116,9 @@ def review(
         name = _dig(obj, "metadata", "name") or request.get("name") or ""
         if operation == "CREATE" and isinstance(name, str) and name:
             problems += name_taken(name, request.get("namespace"), namespaces_using(name))
+        handler = _dig(obj, "spec", "discoveryHandler", "name")
+        namespace = request.get("namespace") or _dig(obj, "metadata", "namespace") or "default"
+        problems += handler_refused(handler, namespace, handler_namespaces or {})
         if problems:
             response["allowed"] = False
             response["status"] = {

@@ -9,11 +9,18 @@ from hypothesis import strategies as st
 
 from akri_trio.discovery.handlers.udev import UdevDetails, UdevHandler, devices_for, parse_details
 from akri_trio.discovery.handlers.udev_devices import (
+    VFIO_CONTAINER,
     Match,
+    Passthrough,
     build_devices,
     group,
     is_below,
+    missing_iommu_groups,
+    passthrough_of,
+    pci_address,
     resolve,
+    resource_variable,
+    usb_address,
 )
 from akri_trio.discovery.handlers.udev_rules import DeviceSnapshot, parse_rule
 from akri_trio.discovery.interface import InvalidDetails
@@ -245,3 +252,114 @@ def test_devices_for_unions_rules() -> None:
     )
     ids = [d.id for d in devices_for(details, [USB, IFACE, VIDEO0, VIDEO1, ORPHAN])]
     assert ids == [VIDEO0.devpath, VIDEO1.devpath]  # video0 matched twice, reported once
+
+
+# ---- passthrough: devicePluginResourceName and vfioPassthrough (upstream's semantics) ----------
+
+GPU = DeviceSnapshot(
+    "/devices/pci0000:00/0000:00:01.0/0000:01:00.0", "0000:01:00.0", subsystem="pci",
+    iommu_group="7",
+)  # fmt: skip
+NIC = DeviceSnapshot("/devices/pci0000:00/0000:00:03.0", "0000:00:03.0", subsystem="pci")
+GPU_VFIO = (
+    DeviceSpec("/dev/vfio/7", "/dev/vfio/7", "rwm"),
+    DeviceSpec(VFIO_CONTAINER, VFIO_CONTAINER, "rwm"),
+)
+
+
+def with_passthrough(
+    *matched: DeviceSnapshot, grouped: bool = False, **props: bytes
+) -> list[Device]:
+    return build_devices(
+        matched, group_recursive=grouped, permissions="rw", passthrough=passthrough_of(props)
+    )
+
+
+def test_passthrough_properties_read_as_upstream() -> None:
+    assert passthrough_of({}) == Passthrough()
+    assert passthrough_of(
+        {"devicePluginResourceName": b" akri.sh/gpu \n", "vfioPassthrough": b" TRUE "}
+    ) == Passthrough("akri.sh/gpu", vfio=True)
+    assert passthrough_of({"devicePluginResourceName": None, "vfioPassthrough": b"yes"}) == (
+        Passthrough()
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "variable"),
+    [
+        ("akri.sh/udev-usb-keyboard", "USB_RESOURCE_AKRI_SH_UDEV-USB-KEYBOARD"),
+        ("example.com/my-device", "USB_RESOURCE_EXAMPLE_COM_MY-DEVICE"),
+        ("vendor.io/dévice", "USB_RESOURCE_VENDOR_IO_DéVICE"),  # ASCII only, as Rust's
+    ],
+)
+def test_resource_variable_names(name: str, variable: str) -> None:
+    assert resource_variable("USB_RESOURCE_", name) == variable
+
+
+@pytest.mark.parametrize(
+    ("node", "address"),
+    [
+        ("/dev/bus/usb/001/010", "1:10"),
+        ("/dev/bus/usb/3/127", "3:127"),
+        ("/dev/bus/usb/abc/def", None),
+        ("/dev/bus/usb/", None),
+        ("/dev/ttyUSB0", None),
+        ("/dev/video0", None),
+    ],
+)
+def test_usb_address_of_a_devnode(node: str, address: str | None) -> None:
+    assert usb_address(node) == address
+
+
+@pytest.mark.parametrize(
+    ("devpath", "address"),
+    [
+        ("/devices/pci0000:00/0000:00:01.0/0000:01:00.0", "0000:01:00.0"),
+        ("/devices/pci0000:00/0000:00:04.0/virtio1/block/vda", "0000:00:04.0"),
+        ("/devices/pci0000:00/0000:00:14.0/usb1/1-1", None),  # below a USB bus
+        ("/devices/virtual/mem/null", None),
+        ("/devices/platform/serial8250/tty/ttyS0", None),
+    ],
+)
+def test_pci_address_of_a_devpath(devpath: str, address: str | None) -> None:
+    assert pci_address(devpath) == address
+
+
+def test_usb_device_nodes_get_bus_and_device() -> None:
+    (dev,) = with_passthrough(USB, devicePluginResourceName=b"akri.sh/udev-usb")
+    assert dev.properties == {
+        "UDEV_DEVPATH": USB.devpath,
+        "UDEV_DEVNODE": "/dev/bus/usb/001/002",
+        "USB_RESOURCE_AKRI_SH_UDEV-USB": "1:2",
+    }
+    (grouped,) = with_passthrough(
+        USB, IFACE, VIDEO0, grouped=True, devicePluginResourceName=b"akri.sh/udev-usb"
+    )
+    assert grouped.properties["UDEV_DEVNODE_0"] == "/dev/bus/usb/001/002"
+    assert grouped.properties["USB_RESOURCE_AKRI_SH_UDEV-USB_0"] == "1:2"
+    assert "USB_RESOURCE_AKRI_SH_UDEV-USB_1" not in grouped.properties  # /dev/video0 is no USB node
+    assert not any(k.startswith("PCI_RESOURCE") for k in grouped.properties)
+
+
+def test_pci_devices_get_their_address_and_vfio_group() -> None:
+    gpu, nic = with_passthrough(
+        GPU, NIC, devicePluginResourceName=b"example.com/my-gpu", vfioPassthrough=b"true"
+    )
+    assert gpu.properties["PCI_RESOURCE_EXAMPLE_COM_MY-GPU"] == "0000:01:00.0"
+    assert gpu.device_specs == GPU_VFIO
+    # No IOMMU group: still reported, with its address, without /dev/vfio ...
+    assert nic.properties["PCI_RESOURCE_EXAMPLE_COM_MY-GPU"] == "0000:00:03.0"
+    assert nic.device_specs == ()
+    # ... and named as such for the handler's log line.
+    assert missing_iommu_groups([gpu, nic], Passthrough("example.com/my-gpu", vfio=True)) == [
+        NIC.devpath
+    ]
+
+
+def test_no_vfio_without_passthrough_and_nothing_without_a_resource_name() -> None:
+    (gpu,) = with_passthrough(GPU, devicePluginResourceName=b"x/gpu")
+    assert gpu.device_specs == () and gpu.properties["PCI_RESOURCE_X_GPU"] == "0000:01:00.0"
+    (plain,) = with_passthrough(GPU, vfioPassthrough=b"true")
+    assert plain == Device(id=GPU.devpath, properties={"UDEV_DEVPATH": GPU.devpath})
+    assert missing_iommu_groups([plain], Passthrough(None, vfio=True)) == []

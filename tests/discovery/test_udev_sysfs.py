@@ -28,6 +28,7 @@ from akri_trio.agent.discovery import (
 )
 from akri_trio.discovery.handlers import BUILTIN, load_handler
 from akri_trio.discovery.handlers.udev import UdevHandler, parse_details, scan, snapshots
+from akri_trio.discovery.handlers.udev_devices import passthrough_of
 from akri_trio.discovery.interface import discover_changes
 from akri_trio.discovery.registration import serve_registration
 from akri_trio.discovery.registry import Registry
@@ -276,6 +277,68 @@ async def test_periodic_rescan_without_a_monitor() -> None:
     assert took >= 0.4  # scans at t = 0, 0.2, 0.4: never faster than the interval
     assert handler.stats.monitor is None
     assert len(sent) == 1  # nothing changed: one list
+
+
+# ---- passthrough: this machine's own PCI devices (virtio disks and NICs) ------------------------
+
+
+def pci_devices() -> dict[str, str | None]:
+    """What /sys/bus/pci says, independently of libudev: devpath -> IOMMU group (None: none)."""
+    found: dict[str, str | None] = {}
+    for entry in (SYS / "bus" / "pci" / "devices").iterdir():
+        path = Path(os.path.realpath(entry))
+        group = path / "iommu_group"
+        found["/" + os.path.relpath(path, SYS)] = group.resolve().name if group.exists() else None
+    return found
+
+
+async def test_pci_passthrough_on_the_real_pci_bus(caplog: pytest.LogCaptureFixture) -> None:
+    expected = pci_devices()
+    if not expected:
+        pytest.skip("no PCI bus on this machine")
+    props = {"devicePluginResourceName": b"example.com/vm-nic", "vfioPassthrough": b"true"}
+    handler = UdevHandler(source="none", rescan_interval=3600)
+    sent: list[list[Device]] = []
+
+    async def send(devices: list[Device]) -> None:
+        sent.append(devices)
+
+    async with trio.open_nursery() as nursery:
+        rules = parse_details(details('SUBSYSTEM=="pci"'))
+        nursery.start_soon(handler.discover, rules, props, send)
+        await until(lambda: len(sent) == 1)
+        nursery.cancel_scope.cancel()
+    (devices,) = sent
+    assert sorted(d.id for d in devices) == sorted(expected)
+    for device in devices:
+        assert device.properties["PCI_RESOURCE_EXAMPLE_COM_VM-NIC"] == device.id.rsplit("/")[-1]
+        group = expected[device.id]
+        vfio = [
+            DeviceSpec(f"/dev/vfio/{group}", f"/dev/vfio/{group}", "rwm"),
+            DeviceSpec("/dev/vfio/vfio", "/dev/vfio/vfio", "rwm"),
+        ]
+        assert [s for s in device.device_specs if s.host_path.startswith("/dev/vfio/")] == (
+            vfio if group is not None else []
+        )
+    # A device without an IOMMU group (every one on a VM without a virtual IOMMU) is reported,
+    # and said so once, not failed.
+    ungrouped = sorted(path for path, group in expected.items() if group is None)
+    warned = sorted(
+        r.getMessage().split()[3] for r in caplog.records if "has no IOMMU group" in r.getMessage()
+    )
+    assert warned == ungrouped
+
+
+def test_a_pci_child_device_reports_its_pci_address_without_vfio() -> None:
+    """The root disk (a block device below a virtio PCI function): upstream reads the IOMMU
+    group of the matched device itself, which a block device never has."""
+    disk, _, _ = real_parent_child()
+    props = {"devicePluginResourceName": b"akri.sh/disk", "vfioPassthrough": b"true"}
+    name = disk.rsplit("/", 1)[1]
+    (device,) = scan(parse_details(details(f'KERNEL=="{name}"')), passthrough_of(props))
+    pci = next(p for p in reversed(disk.split("/")) if p.count(":") == 2 and "." in p)
+    assert device.properties["PCI_RESOURCE_AKRI_SH_DISK"] == pci
+    assert [s.host_path for s in device.device_specs] == [f"/dev/{name}"]
 
 
 # ---- served standalone --------------------------------------------------------------------------

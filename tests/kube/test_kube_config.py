@@ -94,12 +94,12 @@ def two_contexts(ca_path: str = "ca.crt") -> dict[str, Any]:
     )
 
 
-def test_current_context_token_and_relative_ca(tmp_path: Path) -> None:
-    (tmp_path / "ca.crt").write_bytes(b"CA PEM")
+def test_current_context_token_and_relative_ca(tmp_path: Path, pki: dict[str, Path]) -> None:
+    (tmp_path / "ca.crt").write_bytes(pki["cert"].read_bytes())
     cfg = load_kubeconfig([write(tmp_path / "kc", two_contexts())])
     assert cfg.server == "https://a.example:6443"
     assert cfg.namespace == "akri"
-    assert cfg.ca_pem == b"CA PEM"
+    assert cfg.ca_pem == pki["cert"].read_bytes()
     assert cfg.token == "t0k" and cfg.token_file is None
     assert not cfg.insecure_skip_tls_verify
 
@@ -142,7 +142,7 @@ def test_data_fields_win_over_files() -> None:
         (lambda d: d["contexts"][0]["context"].__setitem__("cluster", "zz"), "cluster 'zz'"),
         (lambda d: d["contexts"][0]["context"].__setitem__("user", "zz"), "user 'zz'"),
         (lambda d: d["clusters"][0]["cluster"].pop("server"), "has no server"),
-        (lambda d: d["users"][0]["user"].__setitem__("exec", {"command": "x"}), "exec"),
+        (lambda d: d["users"][0]["user"].__setitem__("exec", {"command": "x"}), "apiVersion"),
         (lambda d: d["users"][0]["user"].__setitem__("auth-provider", {"name": "gcp"}), "auth-pr"),
         (lambda d: d["clusters"][0]["cluster"].__setitem__("proxy-url", "http://p"), "proxy-url"),
         (lambda d: d["users"][0]["user"].__setitem__("client-key-data", "!!"), "base64"),
@@ -155,7 +155,9 @@ def test_bad_kubeconfigs_are_rejected(mutate: Any, message: str) -> None:
         parse_kubeconfig(doc, base_dir=Path("/"))
 
 
-def test_kubeconfig_list_merges_first_wins_with_per_file_paths(tmp_path: Path) -> None:
+def test_kubeconfig_list_merges_first_wins_with_per_file_paths(
+    tmp_path: Path, pki: dict[str, Path]
+) -> None:
     first = kubeconfig(
         clusters={"a": {"server": "https://first", "certificate-authority": "ca"}},
         users={"u": {"token": "first-token"}},
@@ -169,14 +171,15 @@ def test_kubeconfig_list_merges_first_wins_with_per_file_paths(tmp_path: Path) -
         current="d",
     )
     (tmp_path / "one").mkdir()
-    (tmp_path / "one" / "ca").write_bytes(b"ONE CA")
+    (tmp_path / "one" / "ca").write_bytes(pki["cert"].read_bytes())
     paths = [
         write(tmp_path / "one" / "kc", first),
         tmp_path / "missing",  # skipped, as kubectl does
         write(tmp_path / "two" / "kc", second),
     ]
     cfg = load_kubeconfig(paths)
-    assert (cfg.server, cfg.token, cfg.ca_pem) == ("https://first", "first-token", b"ONE CA")
+    assert (cfg.server, cfg.token) == ("https://first", "first-token")
+    assert cfg.ca_pem == pki["cert"].read_bytes()
     # A context only the second file has; its relative tokenFile resolves against *its* dir.
     cfg = load_kubeconfig(paths, context="d")
     assert cfg.token_file == tmp_path / "two" / "tok"
@@ -262,6 +265,20 @@ def test_ssl_context_with_client_cert_from_data(pki: dict[str, Path]) -> None:
 def test_ssl_context_rejects_half_a_client_identity(pki: dict[str, Path]) -> None:
     with pytest.raises(ConfigError, match="together"):
         ssl_context(KubeConfig(server="https://x", client_cert_pem=pki["cert"].read_bytes()))
+
+
+@pytest.mark.parametrize("ca", [b"not a certificate", b"-----BEGIN CERTIFICATE-----\nAAAA\n"])
+def test_ca_data_that_is_no_certificate_is_a_config_error(ca: bytes) -> None:
+    with pytest.raises(ConfigError, match="certificate-authority data is not a PEM certificate"):
+        ssl_context(KubeConfig(server="https://x", ca_pem=ca))
+
+
+def test_a_client_identity_that_is_no_pem_pair_is_a_config_error(pki: dict[str, Path]) -> None:
+    cfg = KubeConfig(
+        server="https://x", client_cert_pem=pki["cert"].read_bytes(), client_key_pem=b"garbage"
+    )
+    with pytest.raises(ConfigError, match="client certificate and key are not a PEM pair"):
+        ssl_context(cfg)
 
 
 def test_ssl_context_insecure() -> None:
@@ -391,6 +408,10 @@ def test_a_missing_ca_file_is_a_config_error(tmp_path: Path) -> None:
         (
             {"insecure-skip-tls-verify": True, "certificate-authority-data": "Q0E="},
             "must not both be set",
+        ),
+        (
+            {"certificate-authority-data": base64.b64encode(b"not a certificate").decode()},
+            "kubeconfig: certificate-authority data is not a PEM certificate",
         ),
     ],
 )

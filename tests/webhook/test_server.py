@@ -23,6 +23,7 @@ from akri_trio.kube import Backoff
 from akri_trio.kube.store import Store
 from akri_trio.kube.watch import Init, InitApply, InitDone
 from akri_trio.webhook import Schemas, ServingCerts, serving_certs
+from akri_trio.webhook.cli import parse_serve_args
 from akri_trio.webhook.server import (
     MAX_BODY_BYTES,
     SchemaCache,
@@ -181,7 +182,9 @@ class Served:
 
 
 @asynccontextmanager
-async def running(context: ssl.SSLContext, request_timeout: float = 10.0) -> AsyncIterator[Served]:
+async def running(
+    context: ssl.SSLContext, request_timeout: float = 10.0, **options: Any
+) -> AsyncIterator[Served]:
     loaded = trio.Event()
 
     async def fetch() -> Mapping[str, Any]:
@@ -191,7 +194,7 @@ async def running(context: ssl.SSLContext, request_timeout: float = 10.0) -> Asy
     async with trio.open_nursery() as nursery:
         port: int = await nursery.start(
             functools.partial(
-                serve_webhook, HOST, 0, context, fetch, request_timeout=request_timeout
+                serve_webhook, HOST, 0, context, fetch, request_timeout=request_timeout, **options
             )
         )
         yield Served(port, loaded)
@@ -294,3 +297,22 @@ async def test_cancellation_closes_the_listener(server_context: ssl.SSLContext) 
         port = served.port
     with pytest.raises(OSError):
         await trio.open_tcp_stream(HOST, port)
+
+
+async def test_https_refuses_a_handler_outside_its_namespaces(
+    certs: ServingCerts, server_context: ssl.SSLContext
+) -> None:
+    udev = copy.deepcopy(VALID)
+    udev["spec"]["discoveryHandler"] = {"name": "udev", "discoveryDetails": "udevRules: []\n"}
+    flags = ["--tls-cert-file", "c", "--tls-key-file", "k", "--handler-namespace", "udev:ops"]
+    policy = parse_serve_args(flags).handler_namespaces
+    async with (
+        running(server_context, handler_namespaces=policy) as served,
+        client(served.port, certs) as http,
+    ):
+        await load(served)
+        answer = (await http.post("/validate", json=admission_review(udev))).json()["response"]
+        assert answer["allowed"] is False
+        assert "may not use the udev discovery handler" in answer["status"]["message"]
+        allowed = await http.post("/validate", json=admission_review(VALID))
+        assert allowed.json()["response"]["allowed"]

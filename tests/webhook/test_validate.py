@@ -18,6 +18,7 @@ from akri_trio.webhook import (
     review,
     validate_configuration,
 )
+from akri_trio.webhook.validate import parse_handler_namespaces
 from tests.webhook.schema import DOCUMENT
 
 SCHEMAS = Schemas(DOCUMENT)
@@ -375,3 +376,36 @@ def test_review_allows_the_name_in_its_own_namespace_and_on_update() -> None:
     # one a node serves): only new collisions are refused.
     update = admission(VALID, operation="UPDATE", old=VALID)
     assert review(update, SCHEMAS, namespaces_using=lambda n: ["team-b"])["response"]["allowed"]
+
+
+# --- handlers restricted to namespaces (--handler-namespace) ------------------------------------
+
+
+def test_handler_namespaces_parse_from_flag_entries() -> None:
+    assert parse_handler_namespaces(["udev:device-ops", "udev:kube-system", "onvif:cams"]) == {
+        "udev": frozenset({"device-ops", "kube-system"}),
+        "onvif": frozenset({"cams"}),
+    }
+    for bad in ["udev", "udev:", ":ops"]:
+        with pytest.raises(ValueError, match="is not HANDLER:NAMESPACE"):
+            parse_handler_namespaces([bad])
+
+
+def test_review_refuses_a_handler_the_namespace_may_not_use() -> None:
+    udev = with_spec(discoveryHandler=handler(name="udev", discoveryDetails="udevRules: []\n"))
+    policy = {"udev": frozenset({"device-ops"})}
+    response = review(admission(udev), SCHEMAS, handler_namespaces=policy)["response"]
+    assert response["allowed"] is False
+    assert response["status"]["message"] == (
+        "Configuration akri-debug-echo-foo is invalid: spec.discoveryHandler.name: namespace "
+        "cams may not use the udev discovery handler (the cluster admin allows it in: "
+        "device-ops)"
+    )
+    # Updates too (a Configuration admitted before the policy cannot be edited into use) ...
+    update = admission(udev, operation="UPDATE", old=udev)
+    assert review(update, SCHEMAS, handler_namespaces=policy)["response"]["allowed"] is False
+    # ... while a handler no entry names, and the allowed namespace, pass.
+    assert review(admission(VALID), SCHEMAS, handler_namespaces=policy)["response"]["allowed"]
+    allowed = {"udev": frozenset({"cams"})}
+    assert review(admission(udev), SCHEMAS, handler_namespaces=allowed)["response"]["allowed"]
+    assert review(admission(udev), SCHEMAS)["response"]["allowed"]  # no policy: as before

@@ -34,7 +34,14 @@ import attrs
 import pyudev
 import trio
 
-from akri_trio.discovery.handlers.udev_devices import PERMISSIONS, build_devices
+from akri_trio.discovery.handlers.udev_devices import (
+    NO_PASSTHROUGH,
+    PERMISSIONS,
+    Passthrough,
+    build_devices,
+    missing_iommu_groups,
+    passthrough_of,
+)
 from akri_trio.discovery.handlers.udev_rules import (
     MAX_RULE_LENGTH,
     DeviceSnapshot,
@@ -117,12 +124,19 @@ def _shown(value: Any) -> str:
     return repr(value) if isinstance(value, str) else f"{value!r} ({type(value).__name__})"
 
 
-def devices_for(details: UdevDetails, snapshots: Iterable[DeviceSnapshot]) -> list[Device]:
+def devices_for(
+    details: UdevDetails,
+    snapshots: Iterable[DeviceSnapshot],
+    passthrough: Passthrough = NO_PASSTHROUGH,
+) -> list[Device]:
     """The Devices to report, given every enumerated device: a device is selected when any
     rule matches it."""
     matched = [s for s in snapshots if any(rule_matches(r, s) for r in details.rules)]
     return build_devices(
-        matched, group_recursive=details.group_recursive, permissions=details.permissions
+        matched,
+        group_recursive=details.group_recursive,
+        permissions=details.permissions,
+        passthrough=passthrough,
     )
 
 
@@ -136,15 +150,23 @@ def monitor_source(choice: MonitorSource, udevd_running: bool) -> Literal["kerne
 # ---- sysfs (I/O edge, blocking: run in a thread) -------------------------------------------------
 
 
+def _iommu_group(sys_path: str) -> str | None:
+    """The device's IOMMU group number (its `iommu_group` link's name), None if it has none."""
+    try:
+        return os.path.basename(os.readlink(os.path.join(sys_path, "iommu_group")))
+    except OSError:
+        return None
+
+
 def _snapshot(
-    device: Any, keys: frozenset[str], cache: dict[str, DeviceSnapshot]
+    device: Any, keys: frozenset[str], cache: dict[str, DeviceSnapshot], iommu: bool = False
 ) -> DeviceSnapshot:
     devpath: str = device.device_path
     known = cache.get(devpath)
     if known is not None:
         return known
     parent_device = device.parent
-    parent = None if parent_device is None else _snapshot(parent_device, keys, cache)
+    parent = None if parent_device is None else _snapshot(parent_device, keys, cache, iommu)
     attributes = {}
     for key in keys:
         raw = device.attributes.get(key)
@@ -160,14 +182,16 @@ def _snapshot(
         properties=dict(device.properties),
         tags=frozenset(device.tags),
         parent=parent,
+        iommu_group=_iommu_group(device.sys_path) if iommu else None,
     )
     cache[devpath] = snapshot
     return snapshot
 
 
-def snapshots(keys: frozenset[str] = frozenset()) -> list[DeviceSnapshot]:
+def snapshots(keys: frozenset[str] = frozenset(), *, iommu: bool = False) -> list[DeviceSnapshot]:
     """Every device the libudev enumerator lists (the same set upstream's enumerator scans),
-    with the sysfs attributes in `keys` read for each device and its ancestors. A device
+    with the sysfs attributes in `keys` read for each device and its ancestors (and, with
+    `iommu`, its IOMMU group). A device
     whose path, name or udev properties are not UTF-8 (a netdev or HID name is any bytes) is
     skipped with a warning: it must not cost every other device its scan."""
     context = pyudev.Context()
@@ -175,7 +199,7 @@ def snapshots(keys: frozenset[str] = frozenset()) -> list[DeviceSnapshot]:
     found = []
     for device in context.list_devices():
         try:
-            found.append(_snapshot(device, keys, cache))
+            found.append(_snapshot(device, keys, cache, iommu))
         except (pyudev.DeviceNotFoundError, OSError) as exc:
             # Removed while we walked the tree: the next uevent or scan settles it.
             log.debug("skipping a device that vanished mid-scan: %r", exc)
@@ -188,9 +212,10 @@ def snapshots(keys: frozenset[str] = frozenset()) -> list[DeviceSnapshot]:
     return found
 
 
-def scan(details: UdevDetails) -> list[Device]:
-    """One full enumeration: the Devices for `details` right now."""
-    return devices_for(details, snapshots(attribute_keys(details.rules)))
+def scan(details: UdevDetails, passthrough: Passthrough = NO_PASSTHROUGH) -> list[Device]:
+    """One full enumeration: the Devices for `details` (and `passthrough`) right now."""
+    found = snapshots(attribute_keys(details.rules), iommu=passthrough.vfio)
+    return devices_for(details, found, passthrough)
 
 
 # ---- uevents -------------------------------------------------------------------------------------
@@ -321,6 +346,7 @@ class UdevHandler:
         """Scan, send the list if it changed, then sleep until a uevent (plus the debounce
         window) or the rescan interval; repeat until cancelled."""
         dirty = Dirty()
+        passthrough = passthrough_of(properties)
         source = monitor_source(self.source, UDEVD_CONTROL.exists())
         async with trio.open_nursery() as nursery:
             if source is not None:
@@ -328,11 +354,17 @@ class UdevHandler:
             last: list[Device] | None = None
             while True:
                 dirty.reset()  # events from here on (even mid-scan) trigger the next scan
-                devices = await trio.to_thread.run_sync(scan, details)
+                devices = await trio.to_thread.run_sync(scan, details, passthrough)
                 self.stats.scans += 1
                 if devices != last:
                     last = devices
                     log.info("udev: %d device(s) match", len(devices))
+                    for devpath in missing_iommu_groups(devices, passthrough):
+                        log.warning(
+                            "udev: PCI device %s has no IOMMU group (no IOMMU, or not bound "
+                            "to vfio-pci): reported without /dev/vfio",
+                            devpath,
+                        )
                     await send(list(devices))
                 with trio.move_on_after(self.rescan_interval):
                     await dirty.wait()

@@ -106,6 +106,7 @@ class DeviceSnapshot:
     properties: Mapping[str, str] = attrs.field(factory=dict)
     tags: frozenset[str] = frozenset()
     parent: DeviceSnapshot | None = None
+    iommu_group: str | None = None  # read only when VFIO passthrough asks for it
 
     def lineage(self) -> Iterator[DeviceSnapshot]:
         """This device, then each ancestor, nearest first."""
