@@ -46,6 +46,7 @@ from akri_trio.model.device import Device
 from akri_trio.observe.logs import fields
 from akri_trio.rpc.gen.discovery_grpc import DiscoveryHandlerStub
 from akri_trio.rpc.uds import open_channel
+from akri_trio.runtime import Changed
 
 log = logging.getLogger(__name__)
 
@@ -132,8 +133,9 @@ class _Discovery:
         self.refused: dict[str, list[str]] = {}  # endpoint -> devices dropped from its list
         self.invalid: dict[str, str] = {}  # endpoint -> the handler's InvalidArgument message
         self.tasks: dict[str, trio.CancelScope] = {}
-        self.retry_now: dict[str, trio.Event] = {}
-        self.wake = trio.Event()
+        # Bumped by a re-registration of the endpoint: it is alive, skip the backoff.
+        self.retry_now: dict[str, Changed] = {}
+        self.wake = Changed()
 
     # ---- the registry's news ------------------------------------------------------------------
 
@@ -141,8 +143,8 @@ class _Discovery:
         if event.name != self.request.handler:
             return
         if event.kind == "registered" and event.endpoint in self.retry_now:
-            self.retry_now[event.endpoint].set()
-        self.wake.set()
+            self.retry_now[event.endpoint].bump()
+        self.wake.bump()
 
     def sync_endpoints(self, nursery: trio.Nursery) -> None:
         """Start a stream task for each newly registered endpoint; stop removed ones."""
@@ -159,7 +161,7 @@ class _Discovery:
             if endpoint not in self.tasks:
                 scope = trio.CancelScope()
                 self.tasks[endpoint] = scope
-                self.retry_now[endpoint] = trio.Event()
+                self.retry_now[endpoint] = Changed()
                 nursery.start_soon(self.run_endpoint, endpoint, scope)
 
     def result(self) -> DiscoveryResult:
@@ -226,22 +228,23 @@ class _Discovery:
             # Gone from the registry: forget this task so a re-registration starts a new one.
             if self.tasks.get(endpoint) is scope:
                 del self.tasks[endpoint]
-                self.wake.set()
+                self.wake.bump()
 
     async def _keep_streaming(self, endpoint: str) -> None:
         attempt = 0
+        # (missing only if the endpoint left before this task ran: it is cancelled already)
+        retry_now = self.retry_now.get(endpoint, Changed())
         while (registration := self._current(endpoint)) is not None:
-            # Set by a re-registration of this endpoint: it is alive, skip the backoff.
-            retry_now = self.retry_now[endpoint] = trio.Event()
+            registered = retry_now.version
             outcome, got_messages = await self.stream_once(registration)
             if got_messages:
                 attempt = 0  # it worked for a while: start backing off afresh
             if outcome == "invalid":
                 # Asking again would get the same answer: wait for a new handler.
-                await retry_now.wait()
+                await retry_now.wait_past(registered)
                 continue
             with trio.move_on_after(self.backoff.delay(attempt)):
-                await retry_now.wait()
+                await retry_now.wait_past(registered)
             attempt += 1
 
     async def stream_once(self, registration: Registration) -> tuple[Outcome, bool]:
@@ -268,7 +271,7 @@ class _Discovery:
             self.lists[endpoint] = kept
             self.refused[endpoint] = refused
             self.invalid.pop(endpoint, None)
-            self.wake.set()
+            self.wake.bump()
 
         cancelled = False
         try:
@@ -305,7 +308,7 @@ class _Discovery:
         finally:
             self.lists.pop(endpoint, None)
             self.refused.pop(endpoint, None)
-            self.wake.set()
+            self.wake.bump()
             if outcome == "lost" and not cancelled:
                 self.registry.stream_lost(name, endpoint, user)
             else:  # cancelled (Configuration gone or changed) or refused: the handler is fine
@@ -359,7 +362,7 @@ async def run_configuration_discovery(
             last: DiscoveryResult | None = None
             started = False
             while True:
-                state.wake = trio.Event()
+                seen = state.wake.version
                 state.sync_endpoints(nursery)
                 result = state.result()
                 if result != last:
@@ -370,6 +373,6 @@ async def run_configuration_discovery(
                         started = True
                         task_status.started()
                     await send(result)
-                await state.wake.wait()
+                await state.wake.wait_past(seen)
     finally:
         unsubscribe()

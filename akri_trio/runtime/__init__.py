@@ -1,0 +1,10 @@
+"""The bottom layer: small concurrency mechanisms every other package shares, once.
+
+Nothing here imports anything of akri_trio, nor any library but trio and the standard library, so
+any process (the agent, the controller, a discovery handler) can use it without loading the rest:
+`Changed` (a version-counter wake-up).
+"""
+
+from akri_trio.runtime._changed import Changed
+
+__all__ = ["Changed"]
