@@ -2,9 +2,10 @@
 
 Nothing here imports anything of akri_trio, nor any library but trio and the standard library, so
 any process (the agent, the controller, a discovery handler) can use it without loading the rest:
-`Changed` (a version-counter wake-up).
+`Changed` (a version-counter wake-up) and `TaskSet` (keyed child tasks with replace and drop).
 """
 
 from akri_trio.runtime._changed import Changed
+from akri_trio.runtime._tasks import TaskSet
 
-__all__ = ["Changed"]
+__all__ = ["Changed", "TaskSet"]
