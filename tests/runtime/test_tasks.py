@@ -25,6 +25,14 @@ async def service(name: str, log: Log, cleanup: float = 0.0) -> None:
         log.append(("end", name))
 
 
+async def with_old_task(nursery: trio.Nursery, log: Log, cleanup: float) -> TaskSet[str]:
+    """A set whose key "a" runs `service("old")`, blocked, taking `cleanup` s to stop."""
+    tasks = TaskSet[str](nursery)
+    await tasks.start_soon("a", service, "old", log, cleanup)
+    await trio.testing.wait_all_tasks_blocked()
+    return tasks
+
+
 async def test_start_soon_runs_one_task_per_key(autojump_clock: trio.abc.Clock) -> None:
     log: Log = []
     async with trio.open_nursery() as nursery:
@@ -40,9 +48,7 @@ async def test_start_soon_runs_one_task_per_key(autojump_clock: trio.abc.Clock) 
 async def test_replacing_waits_for_the_old_task_to_finish(autojump_clock: trio.abc.Clock) -> None:
     log: Log = []
     async with trio.open_nursery() as nursery:
-        tasks = TaskSet[str](nursery)
-        await tasks.start_soon("a", service, "old", log, 3.0)
-        await trio.testing.wait_all_tasks_blocked()
+        tasks = await with_old_task(nursery, log, 3.0)
         await tasks.start_soon("a", service, "new", log)
         assert trio.current_time() == pytest.approx(3.0)  # the old cleanup ran to its end
         await trio.testing.wait_all_tasks_blocked()
@@ -100,9 +106,7 @@ async def test_a_drop_cancelled_while_waiting_still_delays_the_next_start(
 ) -> None:
     log: Log = []
     async with trio.open_nursery() as nursery:
-        tasks = TaskSet[str](nursery)
-        await tasks.start_soon("a", service, "old", log, 5.0)
-        await trio.testing.wait_all_tasks_blocked()
+        tasks = await with_old_task(nursery, log, 5.0)
         with trio.move_on_after(1):
             await tasks.drop("a")
         assert "a" not in tasks and log == [("start", "old")]
@@ -130,9 +134,7 @@ async def test_a_start_cancelled_before_started_leaves_no_entry() -> None:
 async def test_two_concurrent_replacements_leave_one_task(autojump_clock: trio.abc.Clock) -> None:
     log: Log = []
     async with trio.open_nursery() as nursery:
-        tasks = TaskSet[str](nursery)
-        await tasks.start_soon("a", service, "old", log, 1.0)
-        await trio.testing.wait_all_tasks_blocked()
+        tasks = await with_old_task(nursery, log, 1.0)
         async with trio.open_nursery() as callers:
             callers.start_soon(tasks.start_soon, "a", service, "x", log)
             callers.start_soon(tasks.start_soon, "a", service, "y", log)
