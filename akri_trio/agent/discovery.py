@@ -46,7 +46,7 @@ from akri_trio.model.device import Device
 from akri_trio.observe.logs import fields
 from akri_trio.rpc.gen.discovery_grpc import DiscoveryHandlerStub
 from akri_trio.rpc.uds import open_channel
-from akri_trio.runtime import Changed
+from akri_trio.runtime import Changed, TaskSet
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +132,6 @@ class _Discovery:
         self.lists: dict[str, list[Device]] = {}
         self.refused: dict[str, list[str]] = {}  # endpoint -> devices dropped from its list
         self.invalid: dict[str, str] = {}  # endpoint -> the handler's InvalidArgument message
-        self.tasks: dict[str, trio.CancelScope] = {}
         # Bumped by a re-registration of the endpoint: it is alive, skip the backoff.
         self.retry_now: dict[str, Changed] = {}
         self.wake = Changed()
@@ -146,23 +145,20 @@ class _Discovery:
             self.retry_now[event.endpoint].bump()
         self.wake.bump()
 
-    def sync_endpoints(self, nursery: trio.Nursery) -> None:
+    async def sync_endpoints(self, tasks: TaskSet[str]) -> None:
         """Start a stream task for each newly registered endpoint; stop removed ones."""
         current = {r.endpoint: r for r in self.registry.registrations(self.request.handler)}
-        for endpoint, scope in list(self.tasks.items()):
-            if endpoint not in current:
-                scope.cancel()
-                del self.tasks[endpoint]
-                self.lists.pop(endpoint, None)
-                self.refused.pop(endpoint, None)
-                self.invalid.pop(endpoint, None)
-                self.retry_now.pop(endpoint, None)
+        gone = [endpoint for endpoint in tasks if endpoint not in current]
+        await tasks.drop(*gone)
+        for endpoint in gone:
+            self.lists.pop(endpoint, None)
+            self.refused.pop(endpoint, None)
+            self.invalid.pop(endpoint, None)
+            self.retry_now.pop(endpoint, None)
         for endpoint in current:
-            if endpoint not in self.tasks:
-                scope = trio.CancelScope()
-                self.tasks[endpoint] = scope
+            if endpoint not in tasks:
                 self.retry_now[endpoint] = Changed()
-                nursery.start_soon(self.run_endpoint, endpoint, scope)
+                await tasks.start_soon(endpoint, self.run_endpoint, endpoint)
 
     def result(self) -> DiscoveryResult:
         registrations = {r.endpoint: r for r in self.registry.registrations(self.request.handler)}
@@ -220,20 +216,17 @@ class _Discovery:
                 return registration
         return None
 
-    async def run_endpoint(self, endpoint: str, scope: trio.CancelScope) -> None:
+    async def run_endpoint(self, endpoint: str) -> None:
         try:
-            with scope:
-                await self._keep_streaming(endpoint)
+            await self._keep_streaming(endpoint)
         finally:
-            # Gone from the registry: forget this task so a re-registration starts a new one.
-            if self.tasks.get(endpoint) is scope:
-                del self.tasks[endpoint]
-                self.wake.bump()
+            # Gone from the registry (or stopped): the loop looks again, and a re-registration
+            # starts a new task (the TaskSet forgets this one before that loop runs).
+            self.wake.bump()
 
     async def _keep_streaming(self, endpoint: str) -> None:
         attempt = 0
-        # (missing only if the endpoint left before this task ran: it is cancelled already)
-        retry_now = self.retry_now.get(endpoint, Changed())
+        retry_now = self.retry_now[endpoint]
         while (registration := self._current(endpoint)) is not None:
             registered = retry_now.version
             outcome, got_messages = await self.stream_once(registration)
@@ -359,11 +352,12 @@ async def run_configuration_discovery(
     unsubscribe = registry.subscribe(state.on_registry_event)
     try:
         async with trio.open_nursery() as nursery:
+            streams = TaskSet[str](nursery)
             last: DiscoveryResult | None = None
             started = False
             while True:
                 seen = state.wake.version
-                state.sync_endpoints(nursery)
+                await state.sync_endpoints(streams)
                 result = state.result()
                 if result != last:
                     last = result
