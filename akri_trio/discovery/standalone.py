@@ -29,12 +29,11 @@ import trio
 
 from akri_trio.discovery.interface import AnyHandler, InvalidDetails, discover_changes
 from akri_trio.discovery.wire import properties_from_proto, response_to_proto
-from akri_trio.kube.backoff import Backoff
 from akri_trio.model.device import Device
 from akri_trio.rpc.gen import discovery_pb2 as pb
 from akri_trio.rpc.gen.discovery_grpc import DiscoveryHandlerServicer, RegistrationStub
 from akri_trio.rpc.uds import UnixChannel, serve_tcp, serve_unix
-from akri_trio.runtime import Changed
+from akri_trio.runtime import Backoff, Changed
 
 log = logging.getLogger(__name__)
 

@@ -29,8 +29,7 @@ from typing import Generic, TypeVar
 import attrs
 import trio
 
-from akri_trio.kube.backoff import Backoff
-from akri_trio.runtime import Changed
+from akri_trio.runtime import Backoff, Changed
 
 log = logging.getLogger(__name__)
 

@@ -25,12 +25,11 @@ from pathlib import Path
 import purerpc
 import trio
 
-from akri_trio.kube.backoff import Backoff
 from akri_trio.model import naming
 from akri_trio.rpc.gen import deviceplugin_v1beta1_grpc as dp_grpc
 from akri_trio.rpc.gen import deviceplugin_v1beta1_pb2 as dp
 from akri_trio.rpc.uds import UnixChannel, serve_unix
-from akri_trio.runtime import Changed
+from akri_trio.runtime import Backoff, Changed
 
 log = logging.getLogger(__name__)
 
