@@ -42,7 +42,6 @@ from akri_trio.discovery.properties import (
     resolve,
 )
 from akri_trio.discovery.registry import OFFLINE_GRACE_S, Registry
-from akri_trio.kube.batch import run_all
 from akri_trio.kube.client import Client, Resource
 from akri_trio.kube.errors import ApiError, Conflict, Forbidden, Invalid, NotFound
 from akri_trio.kube.queue import Requeue
@@ -51,7 +50,7 @@ from akri_trio.model.convert import error_messages, structure
 from akri_trio.model.limits import MAX_CAPACITY
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES, JSON, Configuration, Instance
 from akri_trio.observe.logs import fields
-from akri_trio.runtime import TaskSet
+from akri_trio.runtime import TaskSet, run_all
 
 log = logging.getLogger(__name__)
 
