@@ -54,12 +54,22 @@ class TaskSet(Generic[K]):
         """Replace `key`'s task (if any) with `fn(*args, task_status=...)`, as `nursery.start`:
         returns what it reports as started."""
         child = await self._replace(key)
-        return await self._nursery.start(self._run, key, child, fn, args, True)
+        try:
+            return await self._nursery.start(self._run, key, child, fn, args, True)
+        except RuntimeError:
+            # The nursery is closed (no task ran) or `fn` returned without reporting started
+            # (its task has finished): either way nothing of `child` is left running.
+            self._forget(key, child)
+            raise
 
     async def start_soon(self, key: K, fn: Callable[..., Awaitable[object]], *args: object) -> None:
         """Replace `key`'s task (if any) with `fn(*args)`, as `nursery.start_soon`."""
         child = await self._replace(key)
-        self._nursery.start_soon(self._run, key, child, fn, args, False)
+        try:
+            self._nursery.start_soon(self._run, key, child, fn, args, False)
+        except RuntimeError:  # the nursery is closed: no task will run
+            self._forget(key, child)
+            raise
 
     async def drop(self, *keys: K) -> None:
         """Cancel the tasks of `keys` (all at once) and return when every one has finished.
@@ -101,11 +111,15 @@ class TaskSet(Generic[K]):
                 else:
                     await fn(*args)
         finally:
-            if self._live.get(key) is child:
-                del self._live[key]
-            others = self._unfinished.get(key)
-            if others is not None:
-                others.discard(child)
-                if not others:
-                    del self._unfinished[key]
-            child.done.set()
+            self._forget(key, child)
+
+    def _forget(self, key: K, child: _Child) -> None:
+        """`child` has finished (or never ran): drop its entries, not a successor's."""
+        if self._live.get(key) is child:
+            del self._live[key]
+        others = self._unfinished.get(key)
+        if others is not None:
+            others.discard(child)
+            if not others:
+                del self._unfinished[key]
+        child.done.set()

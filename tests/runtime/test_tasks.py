@@ -181,3 +181,28 @@ def test_never_two_tasks_of_one_key_at_once(ops: list[tuple[str, int, float]]) -
             nursery.cancel_scope.cancel()
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+async def test_starting_in_a_closed_nursery_leaves_no_entry() -> None:
+    async with trio.open_nursery() as nursery:
+        tasks = TaskSet[str](nursery)
+    with pytest.raises(RuntimeError):
+        await tasks.start_soon("k", trio.sleep_forever)
+    with pytest.raises(RuntimeError):
+        await tasks.start("k", trio.sleep_forever)
+    assert "k" not in tasks
+    await tasks.drop("k")  # nothing to wait for
+
+
+async def test_a_task_that_never_reports_started_leaves_no_entry() -> None:
+    async def quits(*, task_status: trio.TaskStatus[None]) -> None:
+        return
+
+    async with trio.open_nursery() as nursery:
+        tasks = TaskSet[str](nursery)
+        with pytest.raises(RuntimeError):
+            await tasks.start("k", quits)
+        assert "k" not in tasks
+        await tasks.start_soon("k", trio.sleep_forever)
+        assert list(tasks) == ["k"]
+        nursery.cancel_scope.cancel()
