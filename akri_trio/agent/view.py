@@ -65,7 +65,9 @@ class NodeView:
         self.membership = Changed()
         self._keyed: dict[ObjectKey, Changed] = {}
         self._instances: dict[ObjectKey, Instance] = {}
-        self._gone: dict[ObjectKey, int] = {}  # key -> resourceVersion at which it was deleted
+        # key -> uid of the incarnation seen deleted: any later news of that uid is stale (a
+        # uid is never reused; an Instance made again under the key has a new one).
+        self._gone: dict[ObjectKey, str] = {}
         self._devices: dict[ObjectKey, Device] = {}  # instance key -> device this node discovered
         self._devices_by_config: dict[ObjectKey, dict[ObjectKey, Device]] = {}
         self._reported: set[tuple[ObjectKey, str]] = set()
@@ -114,13 +116,14 @@ class NodeView:
             # Older, or the watch's echo of a write we already folded in: nothing new.
             if version < held_version or (version == held_version and version):
                 return held
-        if version and version <= self._gone.get(key, 0):
+        uid = str(meta.get("uid") or "")
+        if uid and self._gone.get(key) == uid:
             return structure(obj, Instance)  # news from before its deletion: stays deleted
         if meta.get("deletionTimestamp") and not meta.get("finalizers"):
             # The API server removes such an object at once: e.g. the answer to our own write
             # that released the last finalizer, which may arrive after the watch's DELETE.
             # Folding it in would resurrect a deleted Instance in the view for good.
-            self._gone[key] = version
+            self._gone[key] = uid
             self.drop_instance(key)
             return structure(obj, Instance)
         self._gone.pop(key, None)
