@@ -1,7 +1,8 @@
 """The per-Configuration reconcile: discovery in, Instances and status out.
 
-For each Configuration in the cluster this node runs one discovery task (a child of the
-discovery nursery, restarted when the handler, details or resolved properties change) and
+For each Configuration in the cluster this node runs one discovery task (keyed in a `TaskSet`
+in the discovery nursery; when the handler, details or resolved properties change it is replaced,
+the new one starting after the old one has closed its streams) and
 reconciles on every discovery result and every change to the Configuration or its Instances:
 the devices go into the node's view (the plugins need them), `instances.plan` says which writes
 to make, and this node's entry in the Configuration's status is rewritten when it changed. A
@@ -41,7 +42,6 @@ from akri_trio.discovery.properties import (
     resolve,
 )
 from akri_trio.discovery.registry import OFFLINE_GRACE_S, Registry
-from akri_trio.kube.batch import run_all
 from akri_trio.kube.client import Client, Resource
 from akri_trio.kube.errors import ApiError, Conflict, Forbidden, Invalid, NotFound
 from akri_trio.kube.queue import Requeue
@@ -50,6 +50,7 @@ from akri_trio.model.convert import error_messages, structure
 from akri_trio.model.limits import MAX_CAPACITY
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES, JSON, Configuration, Instance
 from akri_trio.observe.logs import fields
+from akri_trio.runtime import TaskSet, run_all
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +105,6 @@ class OtherNamespace(UnsolvableProperty):
 @attrs.define
 class _Running:
     request: DiscoveryRequest
-    scope: trio.CancelScope
     result: DiscoveryResult | None = None
     started_at: float = attrs.field(factory=trio.current_time)
 
@@ -135,7 +135,7 @@ class ConfigurationReconciler:
         self.node = view.node
         self.registry = registry
         self.configs = configs
-        self.nursery = discovery_nursery
+        self.discoveries = TaskSet[ObjectKey](discovery_nursery)
         self.enqueue = enqueue
         self.metrics = metrics
         self.running: dict[ObjectKey, _Running] = {}
@@ -146,10 +146,9 @@ class ConfigurationReconciler:
 
     # --- discovery tasks -----------------------------------------------------------------------
 
-    def _stop(self, key: ObjectKey) -> None:
-        running = self.running.pop(key, None)
-        if running is not None:
-            running.scope.cancel()
+    async def _stop(self, key: ObjectKey) -> None:
+        self.running.pop(key, None)
+        await self.discoveries.drop(key)
 
     async def _discover(self, key: ObjectKey, running: _Running) -> None:
         async def send(result: DiscoveryResult) -> None:
@@ -159,10 +158,9 @@ class ConfigurationReconciler:
                 running.result = result
                 self.enqueue(key)
 
-        with running.scope:
-            await run_configuration_discovery(
-                self.registry, running.request, send, rules=self.limits.devices
-            )
+        await run_configuration_discovery(
+            self.registry, running.request, send, rules=self.limits.devices
+        )
 
     def _observe(self, key: ObjectKey, running: _Running, result: DiscoveryResult) -> None:
         assert self.metrics is not None
@@ -170,14 +168,16 @@ class ConfigurationReconciler:
             self.metrics.first_response(key, trio.current_time() - running.started_at)
         self.metrics.discovery_result(running.request.handler, not result.problems)
 
-    def _ensure(self, key: ObjectKey, request: DiscoveryRequest) -> _Running:
+    async def _ensure(self, key: ObjectKey, request: DiscoveryRequest) -> _Running:
         running = self.running.get(key)
         if running is not None and running.request == request:
             return running
-        self._stop(key)
-        running = _Running(request, trio.CancelScope())
+        self.running.pop(key, None)  # its results are stale from here on
+        running = _Running(request)
+        # Once the old discovery has closed its streams (and only if this is not cancelled
+        # meanwhile) the new one is started and recorded.
+        await self.discoveries.start_soon(key, self._discover, key, running)
         self.running[key] = running
-        self.nursery.start_soon(self._discover, key, running)
         return running
 
     async def _properties(self, config: Configuration) -> dict[str, bytes | None]:
@@ -229,7 +229,7 @@ class ConfigurationReconciler:
         namespace, name = key.namespace, key.name
         obj = self.configs.get(key)
         if obj is None or (obj.get("metadata") or {}).get("deletionTimestamp"):
-            self._stop(key)
+            await self._stop(key)
             self.view.set_devices(key, {})
             await self._leave_all(namespace, name)
             if self.metrics is not None:
@@ -261,7 +261,7 @@ class ConfigurationReconciler:
                 refused[1],
                 extra=fields(configuration=key),
             )
-            self._stop(key)
+            await self._stop(key)
             self.view.set_devices(key, {})
             await self._leave_all(namespace, name)
             await self._write_status(config, None, None, refused=refused)
@@ -276,13 +276,13 @@ class ConfigurationReconciler:
                 log.warning(
                     "Configuration %s: %s", key, unsolvable, extra=fields(configuration=key)
                 )
-            self._stop(key)
+            await self._stop(key)
             self.view.set_devices(key, {})
             await self._write_status(config, None, unsolvable, unsolvable_reason=reason)
             return None if isinstance(exc, OtherNamespace) else Requeue(RETRY_UNSOLVABLE_S)
         handler = config.spec.discovery_handler
         request = DiscoveryRequest(str(key), handler.name, handler.discovery_details, properties)
-        running = self._ensure(key, request)
+        running = await self._ensure(key, request)
         result = running.result
         if result is None:
             return None  # the discovery task enqueues us with its first result

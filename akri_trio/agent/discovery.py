@@ -42,11 +42,11 @@ from akri_trio.discovery.registry import (
     RegistryEvent,
 )
 from akri_trio.discovery.wire import request_to_proto, response_from_proto
-from akri_trio.kube.backoff import Backoff
 from akri_trio.model.device import Device
 from akri_trio.observe.logs import fields
 from akri_trio.rpc.gen.discovery_grpc import DiscoveryHandlerStub
 from akri_trio.rpc.uds import open_channel
+from akri_trio.runtime import Backoff, Changed, TaskSet
 
 log = logging.getLogger(__name__)
 
@@ -132,9 +132,9 @@ class _Discovery:
         self.lists: dict[str, list[Device]] = {}
         self.refused: dict[str, list[str]] = {}  # endpoint -> devices dropped from its list
         self.invalid: dict[str, str] = {}  # endpoint -> the handler's InvalidArgument message
-        self.tasks: dict[str, trio.CancelScope] = {}
-        self.retry_now: dict[str, trio.Event] = {}
-        self.wake = trio.Event()
+        # Bumped by a re-registration of the endpoint: it is alive, skip the backoff.
+        self.retry_now: dict[str, Changed] = {}
+        self.wake = Changed()
 
     # ---- the registry's news ------------------------------------------------------------------
 
@@ -142,26 +142,23 @@ class _Discovery:
         if event.name != self.request.handler:
             return
         if event.kind == "registered" and event.endpoint in self.retry_now:
-            self.retry_now[event.endpoint].set()
-        self.wake.set()
+            self.retry_now[event.endpoint].bump()
+        self.wake.bump()
 
-    def sync_endpoints(self, nursery: trio.Nursery) -> None:
+    async def sync_endpoints(self, tasks: TaskSet[str]) -> None:
         """Start a stream task for each newly registered endpoint; stop removed ones."""
         current = {r.endpoint: r for r in self.registry.registrations(self.request.handler)}
-        for endpoint, scope in list(self.tasks.items()):
-            if endpoint not in current:
-                scope.cancel()
-                del self.tasks[endpoint]
-                self.lists.pop(endpoint, None)
-                self.refused.pop(endpoint, None)
-                self.invalid.pop(endpoint, None)
-                self.retry_now.pop(endpoint, None)
+        gone = [endpoint for endpoint in tasks if endpoint not in current]
+        await tasks.drop(*gone)
+        for endpoint in gone:
+            self.lists.pop(endpoint, None)
+            self.refused.pop(endpoint, None)
+            self.invalid.pop(endpoint, None)
+            self.retry_now.pop(endpoint, None)
         for endpoint in current:
-            if endpoint not in self.tasks:
-                scope = trio.CancelScope()
-                self.tasks[endpoint] = scope
-                self.retry_now[endpoint] = trio.Event()
-                nursery.start_soon(self.run_endpoint, endpoint, scope)
+            if endpoint not in tasks:
+                self.retry_now[endpoint] = Changed()
+                await tasks.start_soon(endpoint, self.run_endpoint, endpoint)
 
     def result(self) -> DiscoveryResult:
         registrations = {r.endpoint: r for r in self.registry.registrations(self.request.handler)}
@@ -219,30 +216,28 @@ class _Discovery:
                 return registration
         return None
 
-    async def run_endpoint(self, endpoint: str, scope: trio.CancelScope) -> None:
+    async def run_endpoint(self, endpoint: str) -> None:
         try:
-            with scope:
-                await self._keep_streaming(endpoint)
+            await self._keep_streaming(endpoint)
         finally:
-            # Gone from the registry: forget this task so a re-registration starts a new one.
-            if self.tasks.get(endpoint) is scope:
-                del self.tasks[endpoint]
-                self.wake.set()
+            # Gone from the registry (or stopped): the loop looks again, and a re-registration
+            # starts a new task (the TaskSet forgets this one before that loop runs).
+            self.wake.bump()
 
     async def _keep_streaming(self, endpoint: str) -> None:
         attempt = 0
+        retry_now = self.retry_now[endpoint]
         while (registration := self._current(endpoint)) is not None:
-            # Set by a re-registration of this endpoint: it is alive, skip the backoff.
-            retry_now = self.retry_now[endpoint] = trio.Event()
+            registered = retry_now.version
             outcome, got_messages = await self.stream_once(registration)
             if got_messages:
                 attempt = 0  # it worked for a while: start backing off afresh
             if outcome == "invalid":
                 # Asking again would get the same answer: wait for a new handler.
-                await retry_now.wait()
+                await retry_now.wait_past(registered)
                 continue
             with trio.move_on_after(self.backoff.delay(attempt)):
-                await retry_now.wait()
+                await retry_now.wait_past(registered)
             attempt += 1
 
     async def stream_once(self, registration: Registration) -> tuple[Outcome, bool]:
@@ -270,7 +265,7 @@ class _Discovery:
             self.lists[endpoint] = kept
             self.refused[endpoint] = refused
             self.invalid.pop(endpoint, None)
-            self.wake.set()
+            self.wake.bump()
 
         cancelled = False
         try:
@@ -307,7 +302,7 @@ class _Discovery:
         finally:
             self.lists.pop(endpoint, None)
             self.refused.pop(endpoint, None)
-            self.wake.set()
+            self.wake.bump()
             if outcome == "lost" and not cancelled:
                 self.registry.stream_lost(name, endpoint, user)
             else:  # cancelled (Configuration gone or changed) or refused: the handler is fine
@@ -358,11 +353,12 @@ async def run_configuration_discovery(
     unsubscribe = registry.subscribe(state.on_registry_event)
     try:
         async with trio.open_nursery() as nursery:
+            streams = TaskSet[str](nursery)
             last: DiscoveryResult | None = None
             started = False
             while True:
-                state.wake = trio.Event()
-                state.sync_endpoints(nursery)
+                seen = state.wake.version
+                await state.sync_endpoints(streams)
                 result = state.result()
                 if result != last:
                     last = result
@@ -372,6 +368,6 @@ async def run_configuration_discovery(
                         started = True
                         task_status.started()
                     await send(result)
-                await state.wake.wait()
+                await state.wake.wait_past(seen)
     finally:
         unsubscribe()

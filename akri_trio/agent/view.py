@@ -15,38 +15,19 @@ import logging
 from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
-import trio
-
 from akri_trio.address import ObjectKey
 from akri_trio.agent.plugins.slots import poisoned_keys
 from akri_trio.kube.store import drop_managed_fields
 from akri_trio.model.convert import structure
 from akri_trio.model.device import Device
 from akri_trio.model.resources import JSON, Instance
+from akri_trio.runtime import Changed
 
 log = logging.getLogger(__name__)
 
 # deviceUsage keys reported as "not a slot" (instance, key) remembered so each is logged once;
 # forgotten wholesale past this many, so a flood of junk keys cannot grow the agent's memory.
 MAX_REPORTED_KEYS: Final = 10_000
-
-
-class Changes:
-    """A version counter that tasks can wait on: `v = await changes.wait_past(v)`."""
-
-    def __init__(self) -> None:
-        self.version = 0
-        self._event = trio.Event()
-
-    def notify(self) -> None:
-        self.version += 1
-        self._event.set()
-        self._event = trio.Event()
-
-    async def wait_past(self, version: int) -> int:
-        while self.version <= version:
-            await self._event.wait()
-        return self.version
 
 
 def config_key(inst: Instance) -> ObjectKey:
@@ -81,18 +62,20 @@ class NodeView:
 
     def __init__(self, node: str) -> None:
         self.node = node
-        self.membership = Changes()
-        self._keyed: dict[ObjectKey, Changes] = {}
+        self.membership = Changed()
+        self._keyed: dict[ObjectKey, Changed] = {}
         self._instances: dict[ObjectKey, Instance] = {}
-        self._gone: dict[ObjectKey, int] = {}  # key -> resourceVersion at which it was deleted
+        # key -> uid of the incarnation seen deleted: any later news of that uid is stale (a
+        # uid is never reused; an Instance made again under the key has a new one).
+        self._gone: dict[ObjectKey, str] = {}
         self._devices: dict[ObjectKey, Device] = {}  # instance key -> device this node discovered
         self._devices_by_config: dict[ObjectKey, dict[ObjectKey, Device]] = {}
         self._reported: set[tuple[ObjectKey, str]] = set()
 
-    def changes_of(self, key: ObjectKey) -> Changes:
+    def changes_of(self, key: ObjectKey) -> Changed:
         changes = self._keyed.get(key)
         if changes is None:
-            changes = self._keyed[key] = Changes()
+            changes = self._keyed[key] = Changed()
         return changes
 
     def forget(self, key: ObjectKey) -> None:
@@ -106,11 +89,11 @@ class NodeView:
 
     def _notify(self, *keys: ObjectKey, membership: bool = True) -> None:
         if membership:
-            self.membership.notify()
+            self.membership.bump()
         for key in keys:
             changes = self._keyed.get(key)
             if changes is not None:
-                changes.notify()
+                changes.bump()
 
     # --- Instances (from the watch, and from our own writes) ---------------------------------
 
@@ -133,13 +116,14 @@ class NodeView:
             # Older, or the watch's echo of a write we already folded in: nothing new.
             if version < held_version or (version == held_version and version):
                 return held
-        if version and version <= self._gone.get(key, 0):
+        uid = str(meta.get("uid") or "")
+        if uid and self._gone.get(key) == uid:
             return structure(obj, Instance)  # news from before its deletion: stays deleted
         if meta.get("deletionTimestamp") and not meta.get("finalizers"):
             # The API server removes such an object at once: e.g. the answer to our own write
             # that released the last finalizer, which may arrive after the watch's DELETE.
             # Folding it in would resurrect a deleted Instance in the view for good.
-            self._gone[key] = version
+            self._gone[key] = uid
             self.drop_instance(key)
             return structure(obj, Instance)
         self._gone.pop(key, None)

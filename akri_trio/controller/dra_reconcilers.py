@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any, Final
 
 import attrs
@@ -46,6 +47,7 @@ from akri_trio.kube import (
     each,
 )
 from akri_trio.model.resources import Instance
+from akri_trio.runtime import run_all
 
 log = logging.getLogger(__name__)
 
@@ -205,9 +207,7 @@ class DraReconcilers:
         if plan.unchanged:
             return None
         # Apply first, delete after: at every moment the highest generation is a whole pool.
-        async with trio.open_nursery() as nursery:
-            for body in plan.apply:
-                nursery.start_soon(self._apply_slice, body)
+        await run_all([partial(self._apply_slice, body) for body in plan.apply])
         if plan.apply:
             self.written[pool] = max(self.written.get(pool, 0), plan.generation)
             if instance is not None:
@@ -226,9 +226,7 @@ class DraReconcilers:
                 plan.generation,
                 len(plan.apply),
             )
-        async with trio.open_nursery() as nursery:
-            for name in plan.delete:
-                nursery.start_soon(self._delete_slice, name)
+        await run_all([partial(self._delete_slice, name) for name in plan.delete])
         return None
 
     async def _apply_slice(self, body: JSON) -> None:

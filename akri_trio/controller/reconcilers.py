@@ -24,7 +24,9 @@ template before the Pods that use it, and the brokers claim their device instead
 Reads come only from the caches (no GET on the steady path), so a reconcile with nothing to
 change makes no request. Writes are idempotent: AlreadyExists on a create and NotFound or a
 failed uid precondition on a delete mean someone (a previous run of ours, the garbage
-collector) got there first. A reconcile that raises is retried by the queue with backoff.
+collector) got there first. The writes of one reconcile run as one batch (runtime.run_all):
+every write runs to its end, so a failure never abandons its siblings half-applied; then the
+reconcile raises what failed and the queue retries it with backoff.
 """
 
 from __future__ import annotations
@@ -33,11 +35,11 @@ import logging
 import math
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from functools import partial
 from typing import Any, Final, Protocol, TypeVar
 
 import attrs
-import trio
 
 from akri_trio.controller import (
     Delete,
@@ -86,6 +88,7 @@ from akri_trio.model import naming
 from akri_trio.model.convert import error_messages, structure
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES, Configuration, Instance
 from akri_trio.observe.logs import fields
+from akri_trio.runtime import run_all
 
 log = logging.getLogger(__name__)
 
@@ -173,19 +176,6 @@ def _model(obj: Mapping[str, Any] | None, cls: type[T]) -> T | None:
         key = ObjectKey.of(obj)
         log.error("%s %s is malformed: %s", cls.__name__, key, "; ".join(error_messages(exc)))
         return None
-
-
-async def _each(items: Iterable[T], fn: Callable[[T], Awaitable[None]]) -> None:
-    """`fn` on every item, a few at a time; the first failure cancels the rest and raises."""
-    limit = trio.Semaphore(WRITE_CONCURRENCY)
-
-    async def one(item: T) -> None:
-        async with limit:
-            await fn(item)
-
-    async with trio.open_nursery() as nursery:
-        for item in items:
-            nursery.start_soon(one, item)
 
 
 class Reconcilers:
@@ -343,15 +333,14 @@ class Reconcilers:
             if await self._create(res, body):
                 self.record(ev.created(body, plan.retries.get(body["metadata"]["name"])))
 
-        async with trio.open_nursery() as nursery:
-            for d in plan.delete:
-                nursery.start_soon(self._delete, PODS, d, None, on)
-            for d in job_plan.delete:
-                nursery.start_soon(self._delete, JOBS, d, None, on)
-            for body in plan.create:
-                nursery.start_soon(create, PODS, body)
-            if job_plan.create is not None:
-                nursery.start_soon(create, JOBS, job_plan.create)
+        await run_all(
+            [
+                *(partial(self._delete, PODS, d, None, on) for d in plan.delete),
+                *(partial(self._delete, JOBS, d, None, on) for d in job_plan.delete),
+                *(partial(create, PODS, body) for body in plan.create),
+                *([] if job_plan.create is None else [partial(create, JOBS, job_plan.create)]),
+            ]
+        )
         if job_plan.launched is not None and wanted:
             self.launched[key] = job_plan.launched
         else:
@@ -401,13 +390,12 @@ class Reconcilers:
             if existing is None:
                 self.record(ev.created(body))
 
-        async with trio.open_nursery() as nursery:
-            for body in plan.apply:
-                nursery.start_soon(apply, body)
-            for d in plan.delete:
-                cached = self.c.services.get(ObjectKey(d.namespace, d.name))
-                owner = None if cached is None else ev.owner(cached)
-                nursery.start_soon(self._delete, SERVICES, d, None, owner)
+        def delete(d: Delete) -> Callable[[], Awaitable[object]]:
+            cached = self.c.services.get(ObjectKey(d.namespace, d.name))
+            owner = None if cached is None else ev.owner(cached)
+            return partial(self._delete, SERVICES, d, None, owner)
+
+        await run_all([*(partial(apply, body) for body in plan.apply), *map(delete, plan.delete)])
         return None
 
     # --- lost nodes --------------------------------------------------------------------------
@@ -501,8 +489,8 @@ class Reconcilers:
         async def status(release: StatusRelease) -> None:
             await self._release_status(release, why)
 
-        await _each(plan.instances, instance)
-        await _each(plan.statuses, status)
+        await run_all((partial(instance, r) for r in plan.instances), limit=WRITE_CONCURRENCY)
+        await run_all((partial(status, r) for r in plan.statuses), limit=WRITE_CONCURRENCY)
 
     def _configuration_of(self, namespace: str, instance: str) -> JSON | None:
         inst = self._read(self.c.instances, ObjectKey(namespace, instance), Instance)

@@ -26,6 +26,7 @@ from akri_trio.discovery.registry import EndpointType, Registration, Registry, R
 from akri_trio.rpc.gen import discovery_pb2 as pb
 from akri_trio.rpc.gen.discovery_grpc import RegistrationServicer
 from akri_trio.rpc.uds import TcpEndpoint, UnixEndpoint, parse_endpoint, serve_unix
+from akri_trio.runtime import Changed
 
 log = logging.getLogger(__name__)
 
@@ -120,18 +121,18 @@ class RegistrationService(RegistrationServicer):
 async def expire_offline(registry: Registry) -> None:
     """Call `registry.expire()` whenever an Offline endpoint's grace period runs out, so its
     removal is announced on time. Runs until cancelled; sleeps when nothing is due."""
-    changed = trio.Event()
+    changed = Changed()
 
     def on_event(event: RegistryEvent) -> None:
-        changed.set()
+        changed.bump()
 
     unsubscribe = registry.subscribe(on_event)
     try:
         while True:
-            changed = trio.Event()
+            seen = changed.version
             due = registry.next_expiry()
             with trio.move_on_at(due if due is not None else float("inf")):
-                await changed.wait()
+                await changed.wait_past(seen)
             registry.expire()
     finally:
         unsubscribe()

@@ -29,11 +29,11 @@ import trio
 
 from akri_trio.discovery.interface import AnyHandler, InvalidDetails, discover_changes
 from akri_trio.discovery.wire import properties_from_proto, response_to_proto
-from akri_trio.kube.backoff import Backoff
 from akri_trio.model.device import Device
 from akri_trio.rpc.gen import discovery_pb2 as pb
 from akri_trio.rpc.gen.discovery_grpc import DiscoveryHandlerServicer, RegistrationStub
 from akri_trio.rpc.uds import UnixChannel, serve_tcp, serve_unix
+from akri_trio.runtime import Backoff, Changed
 
 log = logging.getLogger(__name__)
 
@@ -116,20 +116,6 @@ def _inode(path: Path) -> int | None:
         return None
 
 
-class Nudge:
-    """A level-triggered wake-up (set from sync code, waited on by one task)."""
-
-    def __init__(self) -> None:
-        self._event = trio.Event()
-
-    def set(self) -> None:
-        self._event.set()
-
-    async def wait(self) -> None:
-        await self._event.wait()
-        self._event = trio.Event()
-
-
 async def register_once(socket_path: Path, request: pb.RegisterDiscoveryHandlerRequest) -> None:
     """One RegisterDiscoveryHandler call; raises on any failure."""
     async with UnixChannel(socket_path) as channel:
@@ -139,22 +125,23 @@ async def register_once(socket_path: Path, request: pb.RegisterDiscoveryHandlerR
 async def keep_registered(
     socket_path: Path,
     request: pb.RegisterDiscoveryHandlerRequest,
-    nudge: Nudge | None = None,
+    nudge: Changed | None = None,
     *,
     backoff: Backoff = REGISTER_BACKOFF,
     watch_interval: float = WATCH_INTERVAL_S,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Register with the agent at `socket_path`, retrying with backoff; then re-register
-    whenever that socket is replaced or removed (a new agent), or when `nudge` is set.
+    whenever that socket is replaced or removed (a new agent), or when `nudge` is bumped.
     Reports started after the first successful registration. Runs until cancelled."""
     started = False
     attempt = 0
-    nudge = nudge or Nudge()
+    nudge = nudge or Changed()
     while True:
         # The inode before the call: if the agent is replaced between here and the call, we
         # see a change afterwards and register once more, never once too few.
         inode = _inode(socket_path)
+        nudged = nudge.version  # a nudge from here on asks for one more registration
         try:
             # An agent that accepted but never answers must not stall us forever.
             with trio.fail_after(REGISTER_TIMEOUT_S):
@@ -170,21 +157,21 @@ async def keep_registered(
         if not started:
             started = True
             task_status.started()
-        await _until_agent_changes(socket_path, inode, nudge, watch_interval)
+        await _until_agent_changes(socket_path, inode, nudge, nudged, watch_interval)
 
 
 async def _until_agent_changes(
-    socket_path: Path, inode: int | None, nudge: Nudge, watch_interval: float
+    socket_path: Path, inode: int | None, nudge: Changed, nudged: int, watch_interval: float
 ) -> None:
     # One stat per interval is all the watching costs (and it works across the hostPath
     # mount that the agent and a handler pod share, where inotify may not).
     async with trio.open_nursery() as nursery:
 
-        async def nudged() -> None:
-            await nudge.wait()
+        async def until_nudged() -> None:
+            await nudge.wait_past(nudged)
             nursery.cancel_scope.cancel()
 
-        nursery.start_soon(nudged)
+        nursery.start_soon(until_nudged)
         # A file has no Event to wait on: poll it.
         while True:
             await trio.sleep(watch_interval)
@@ -209,9 +196,9 @@ async def run_standalone(
     (registration keeps retrying in the background). Removes its socket when cancelled."""
     if (socket_path is None) == (network is None):
         raise ValueError("exactly one of socket_path and network")
-    nudge = Nudge()
+    nudge = Changed()
     async with trio.open_nursery() as nursery:
-        service = DiscoveryHandlerService(handler, nursery, on_client_gone=nudge.set)
+        service = DiscoveryHandlerService(handler, nursery, on_client_gone=nudge.bump)
         if socket_path is not None:
             await nursery.start(
                 functools.partial(serve_unix, mode=SOCKET_MODE), socket_path, service

@@ -5,7 +5,8 @@ The agent and the controller import from here; the submodules hold the pieces:
 `ObjectKey` come from akri_trio.address), `errors` (`ApiError` and subclasses), `watch` (state
 machine + driver), `store` (reflector cache with a transform and indexes), `queue` (per-key
 reconcile queue), `controller` (stores + mappers + queue: the one controller loop), `events`
-(core/v1 Events, deduplicated and rate-limited, never blocking), `backoff` (retry delays).
+(core/v1 Events, deduplicated and rate-limited, never blocking). `Backoff` (retry delays) is
+akri_trio.runtime's, re-exported here.
 
 The shape of a controller built from them:
 
@@ -20,7 +21,6 @@ The shape of a controller built from them:
 """
 
 from akri_trio.address import ObjectKey
-from akri_trio.kube.backoff import Backoff
 from akri_trio.kube.client import JSON, Client, ListPage, ObjectList, Resource
 from akri_trio.kube.config import KubeConfig, http_client, load_config
 from akri_trio.kube.controller import (
@@ -69,6 +69,7 @@ from akri_trio.kube.watch import (
     open_watch,
     run_watch,
 )
+from akri_trio.runtime import Backoff
 
 __all__ = [
     "JSON",

@@ -35,10 +35,10 @@ import attrs
 import trio
 
 from akri_trio.address import ObjectKey
-from akri_trio.kube.backoff import Backoff
 from akri_trio.kube.client import JSON
 from akri_trio.kube.queue import DRAIN_S, QUEUE_BACKOFF, Reconcile, ReconcileQueue
 from akri_trio.kube.store import Change, Store
+from akri_trio.runtime import Backoff
 
 Mapper = Callable[[Change], Iterable[ObjectKey]]
 

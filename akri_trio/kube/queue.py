@@ -29,7 +29,7 @@ from typing import Generic, TypeVar
 import attrs
 import trio
 
-from akri_trio.kube.backoff import Backoff
+from akri_trio.runtime import Backoff, Changed
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +76,8 @@ class ReconcileQueue(Generic[K]):
         self._dirty: set[K] = set()  # enqueued while running: run again when done
         self._delayed: dict[K, float] = {}  # key -> trio deadline
         self._failures: dict[K, int] = {}
-        self._ready = trio.Event()
-        self._timer_changed = trio.Event()
+        self._ready = Changed()
+        self._timer_changed = Changed()
 
     # --- feeding -----------------------------------------------------------------------------
 
@@ -88,7 +88,7 @@ class ReconcileQueue(Generic[K]):
             self._dirty.add(key)
         elif key not in self._pending:
             self._pending[key] = None
-            self._ready.set()
+            self._ready.bump()
 
     def enqueue_after(self, key: K, delay: float) -> None:
         """Reconcile `key` in `delay` seconds; an earlier schedule or a pending run wins."""
@@ -97,7 +97,7 @@ class ReconcileQueue(Generic[K]):
         deadline = trio.current_time() + max(0.0, delay)
         if deadline < self._delayed.get(key, math.inf):
             self._delayed[key] = deadline
-            self._timer_changed.set()
+            self._timer_changed.bump()
 
     # --- introspection (metrics, tests) -------------------------------------------------------
 
@@ -143,8 +143,7 @@ class ReconcileQueue(Generic[K]):
         slots = trio.Semaphore(self._workers)
         while True:
             while not self._pending:
-                await self._ready.wait()
-                self._ready = trio.Event()
+                await self._ready.wait_past(self._ready.version)
             await slots.acquire()
             key = next(iter(self._pending))
             del self._pending[key]
@@ -189,12 +188,11 @@ class ReconcileQueue(Generic[K]):
 
     async def _timer(self) -> None:
         """Moves delayed keys to ready when due; sleeps until the earliest deadline."""
+        seen = self._timer_changed.version
         while True:
             deadline = min(self._delayed.values(), default=math.inf)
             with trio.move_on_at(deadline):
-                await self._timer_changed.wait()
-            if self._timer_changed.is_set():
-                self._timer_changed = trio.Event()
+                seen = await self._timer_changed.wait_past(seen)
             now = trio.current_time()
             for key, due in list(self._delayed.items()):
                 if due <= now:

@@ -41,6 +41,7 @@ from akri_trio.kube.watch import (
     WatchProtocolError,
     open_watch,
 )
+from akri_trio.runtime import Changed
 
 Transform = Callable[[JSON], JSON]
 # The values an object is filed under in one index (none, one, or several).
@@ -105,11 +106,11 @@ class KeyChanges:
     def __init__(self, current: Callable[[ObjectKey], JSON | None]) -> None:
         self._current = current
         self._pending: dict[ObjectKey, JSON | None] = {}  # insertion-ordered: key -> old
-        self._wakeup = trio.Event()
+        self._pushed = Changed()
 
     def _push(self, key: ObjectKey, old: JSON | None) -> None:
         self._pending.setdefault(key, old)
-        self._wakeup.set()
+        self._pushed.bump()
 
     def __aiter__(self) -> KeyChanges:
         return self
@@ -119,8 +120,7 @@ class KeyChanges:
 
     async def next_change(self) -> Change:
         while not self._pending:
-            await self._wakeup.wait()
-            self._wakeup = trio.Event()
+            await self._pushed.wait_past(self._pushed.version)
         key = next(iter(self._pending))
         old = self._pending.pop(key)
         return Change(key, old, self._current(key))
@@ -167,7 +167,7 @@ class Store:
         self._buffer: dict[ObjectKey, JSON] | None = None
         self._indexes = {name: _Index(values) for name, values in (indexes or {}).items()}
         self._synced = trio.Event()
-        self._changed = trio.Event()
+        self._changed = Changed()
         self._subscribers: list[KeyChanges] = []
 
     # --- writing -----------------------------------------------------------------------------
@@ -220,8 +220,7 @@ class Store:
         for key in sorted(changed):
             for sub in self._subscribers:
                 sub._push(key, changed[key])
-        self._changed.set()
-        self._changed = trio.Event()
+        self._changed.bump()
 
     # --- reading -----------------------------------------------------------------------------
 
@@ -259,10 +258,11 @@ class Store:
         """Wait until `predicate(store.get(key))` holds (default: the key exists); returns it.
         Put a deadline around it (`trio.fail_after`)."""
         while True:
+            seen = self._changed.version
             obj = self._objects.get(key)
             if predicate(obj):
                 return obj
-            await self._changed.wait()
+            await self._changed.wait_past(seen)
 
     @contextmanager
     def subscribe(self) -> Iterator[KeyChanges]:

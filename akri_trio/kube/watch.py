@@ -31,9 +31,9 @@ import attrs
 import httpx
 import trio
 
-from akri_trio.kube.backoff import Backoff
 from akri_trio.kube.client import DEFAULT_PAGE_SIZE, JSON, Client, Resource
 from akri_trio.kube.errors import ApiError, Gone, TooManyRequests, error_from_status
+from akri_trio.runtime import Backoff
 
 log = logging.getLogger(__name__)
 

@@ -37,6 +37,7 @@ from akri_trio.observe import feed
 from akri_trio.observe.cli import add_picture_arguments
 from akri_trio.observe.logs import add_log_arguments, log_startup, setup_logging
 from akri_trio.observe.watcher import ClusterWatch
+from akri_trio.runtime import Changed
 from akri_trio.shutdown import run_until_signalled
 
 __all__ = ["Hub", "Route", "parse_dashboard_args", "route", "run_dashboard", "serve_client"]
@@ -133,16 +134,15 @@ class Hub:
 
     def __init__(self, picture: Mapping[str, Any]) -> None:
         self.picture: Mapping[str, Any] = picture
-        self._newer = trio.Event()
+        self._newer = Changed()
 
     def publish(self, picture: Mapping[str, Any]) -> None:
         self.picture = picture
-        self._newer.set()
-        self._newer = trio.Event()
+        self._newer.bump()
 
     async def wait_newer(self, than: Mapping[str, Any]) -> None:
         while self.picture is than:
-            await self._newer.wait()
+            await self._newer.wait_past(self._newer.version)
 
 
 async def serve_client(ws: trio_websocket.WebSocketConnection, hub: Hub) -> None:

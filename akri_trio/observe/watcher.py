@@ -18,6 +18,7 @@ import trio
 from akri_trio.kube import Client, Forbidden, Resource, Store, drop_managed_fields, reflect
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
 from akri_trio.observe.picture import LABEL_CONFIGURATION, picture
+from akri_trio.runtime import Changed
 
 PODS = Resource.core("pods", "Pod")
 NODES = Resource.core("nodes", "Node", namespaced=False)
@@ -76,7 +77,7 @@ class ClusterWatch:
         self.api = api
         self.namespace = namespace
         self.stores = {name: Store(transform=drop_managed_fields) for name in SOURCES}
-        self._changed = trio.Event()
+        self._changed = Changed()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Watch until cancelled; started once every store has its first list."""
@@ -102,7 +103,7 @@ class ClusterWatch:
     async def _notice(self, store: Store) -> None:
         with store.subscribe() as changes:
             async for _ in changes:
-                self._changed.set()
+                self._changed.bump()
 
     def picture(self) -> dict[str, Any]:
         return picture(**{name: store.snapshot().values() for name, store in self.stores.items()})
@@ -110,12 +111,13 @@ class ClusterWatch:
     async def changes(self) -> AsyncIterator[dict[str, Any]]:
         """The current picture, then a new one after each burst of changes (never two equal
         pictures in a row: a Pod's status heartbeat that changes nothing shown is skipped)."""
+        seen = self._changed.version
         last = self.picture()
         yield last
         while True:
-            await self._changed.wait()
+            await self._changed.wait_past(seen)
             await trio.sleep(SETTLE_S)
-            self._changed = trio.Event()
+            seen = self._changed.version
             now = self.picture()
             if now != last:
                 last = now

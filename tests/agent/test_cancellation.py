@@ -40,11 +40,11 @@ from akri_trio.agent.run import REGISTRATION_SOCKET, Agent, AgentSettings, run_a
 from akri_trio.discovery.handlers.debug_echo import DebugEcho
 from akri_trio.discovery.registry import ACTIVE, WAITING
 from akri_trio.discovery.standalone import DiscoveryHandlerService, run_standalone
-from akri_trio.kube.backoff import Backoff
 from akri_trio.kube.client import Client
 from akri_trio.kube.config import load_config
 from akri_trio.kube.errors import NotFound
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
+from akri_trio.runtime import Backoff
 from tests.support.akri_cluster import (
     debug_echo_config,
     ensure_namespace,
@@ -648,7 +648,7 @@ async def test_configuration_deleted_mid_discover_stream(
         await eventually(lambda: discover_streams() == 0, "the handler's Discover generator ends")
         assert streams_open_in_agent() == 0
         assert tasks_awaiting("run_configuration_discovery") == []
-        await eventually(lambda: running.agent.plugins.running == {}, "plugins stopped")
+        await eventually(lambda: not running.agent.plugins.running, "plugins stopped")
         assert node.plugin_sockets() == []
         assert list_and_watch_streams() == 0
         await eventually(

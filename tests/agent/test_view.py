@@ -46,3 +46,18 @@ def test_an_older_version_never_replaces_a_newer_one() -> None:
     view.put_instance(_obj(19, finalizers=["x"]))
     inst = view.instance(ObjectKey("ns", "i"))
     assert inst is not None and inst.metadata.resource_version == "20"
+
+
+def test_late_news_of_a_deleted_incarnation_never_resurrects_it() -> None:
+    """Which incarnation a piece of news is about is its uid, not how its resourceVersion
+    orders: after the answer that released the last finalizer, the watch's late echo of an
+    earlier version of the same uid stays deleted; a new uid under the key is seen."""
+    view = NodeView("n")
+    key = ObjectKey("ns", "i")
+    view.put_instance(_obj(10, uid="u1", finalizers=["n"], deletionTimestamp="t"))
+    view.put_instance(_obj(11, uid="u1", deletionTimestamp="t"))  # our write's answer
+    view.put_instance(_obj(10, uid="u1", finalizers=["n"], deletionTimestamp="t"))  # late echo
+    assert view.instance(key) is None
+    view.put_instance(_obj(12, uid="u2", finalizers=["n"]))
+    inst = view.instance(key)
+    assert inst is not None and inst.metadata.resource_version == "12"

@@ -1,18 +1,22 @@
-"""The controller, webhook and DRA cores import no I/O library and nothing of kube/ or agent/; the
-controller's edges (the modules that watch, write, elect and parse flags) may use kube/ and trio
-but never the agent, and the agent never imports the controller."""
+"""The controller, webhook, DRA and model cores import no I/O library and nothing of kube/ or
+agent/; the controller's edges (the modules that watch, write, elect and parse flags) may use
+kube/ and trio but never the agent, and the agent never imports the controller. The agent's pure
+cores import no I/O library either. runtime/, the bottom layer, imports only trio and the
+standard library, and the rest of the code uses it through its package (`akri_trio.runtime`)."""
 
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
 
 import akri_trio
 
-PACKAGES = ("controller", "webhook", "dra")
-FORBIDDEN = ("trio", "httpx", "purerpc", "akri_trio.kube", "akri_trio.agent", "akri_trio_dev")
+PACKAGES = ("controller", "webhook", "dra", "model")
+IO = ("trio", "httpx", "purerpc", "akri_trio.runtime", "akri_trio.kube", "akri_trio.rpc")
+FORBIDDEN = (*IO, "akri_trio.agent", "akri_trio_dev")
 
 
 def _imports(path: Path) -> set[str]:
@@ -31,6 +35,7 @@ EDGES = {
     "controller": {"run.py", "reconcilers.py", "dra_reconcilers.py", "leader.py", "cli.py"},
     "webhook": {"server.py", "cli.py"},
     "dra": set(),
+    "model": set(),
 }
 MODULES = sorted(
     path
@@ -48,6 +53,35 @@ def test_pure_core_imports_no_io(path: Path) -> None:
         if any(name == f or name.startswith(f + ".") for f in FORBIDDEN)
     }
     assert not bad, f"{path.name} imports {sorted(bad)}"
+
+
+AGENT_CORES = ("instances.py", "reclaim.py", "tenants.py", "plugins/slots.py", "plugins/vdevs.py")
+
+
+@pytest.mark.parametrize("name", AGENT_CORES)
+def test_agent_pure_core_imports_no_io(name: str) -> None:
+    path = ROOT / "agent" / name
+    bad = {n for n in _imports(path) if any(n == f or n.startswith(f + ".") for f in IO)}
+    assert not bad, f"agent/{name} imports {sorted(bad)}"
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "runtime").glob("*.py")), ids=lambda p: p.name)
+def test_runtime_imports_only_trio_and_the_standard_library(path: Path) -> None:
+    bad = {
+        name
+        for name in _imports(path)
+        if not name.startswith("akri_trio.runtime")
+        and name.split(".")[0] not in {"trio", *sys.stdlib_module_names}
+    }
+    assert not bad, f"runtime/{path.name} imports {sorted(bad)}"
+
+
+def test_runtime_is_used_through_its_package() -> None:
+    for path in ROOT.rglob("*.py"):
+        if path.parent.name == "runtime":
+            continue
+        private = {n for n in _imports(path) if n.startswith("akri_trio.runtime.")}
+        assert not private, f"{path.relative_to(ROOT)} imports {sorted(private)}"
 
 
 @pytest.mark.parametrize(

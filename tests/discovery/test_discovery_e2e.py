@@ -35,8 +35,8 @@ from akri_trio.discovery.registry import (
     embedded,
 )
 from akri_trio.discovery.standalone import run_standalone
-from akri_trio.kube.backoff import Backoff
 from akri_trio.model.device import Device
+from akri_trio.runtime import Backoff
 
 FAST = Backoff(base=0.02, cap=0.1)
 DETAILS = "descriptions: [foo0, foo1]"

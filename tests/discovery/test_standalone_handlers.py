@@ -18,7 +18,7 @@ from akri_trio.discovery.handlers import BUILTIN, load_handler
 from akri_trio.discovery.registration import serve_registration
 from akri_trio.discovery.registry import Registry
 from akri_trio.discovery.standalone import run_standalone
-from akri_trio.kube.backoff import Backoff
+from akri_trio.runtime import Backoff
 
 # name -> (discoveryDetails it must refuse, the field its message names)
 REFUSED = {

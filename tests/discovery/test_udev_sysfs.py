@@ -33,8 +33,8 @@ from akri_trio.discovery.interface import discover_changes
 from akri_trio.discovery.registration import serve_registration
 from akri_trio.discovery.registry import Registry
 from akri_trio.discovery.standalone import run_standalone
-from akri_trio.kube.backoff import Backoff
 from akri_trio.model.device import Device, DeviceSpec
+from akri_trio.runtime import Backoff
 
 SYS = Path("/sys")
 NULL = "/devices/virtual/mem/null"

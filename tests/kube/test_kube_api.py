@@ -685,7 +685,7 @@ async def test_watcher_retries_errors_with_backoff(
     cluster: dict[str, str], namespace: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A watcher without RBAC keeps retrying (Forbidden), emits nothing, and stops when
-    cancelled. Backoff is tiny here; its timing is tested in test_kube_backoff."""
+    cancelled. Backoff is tiny here; its timing is tested in tests/runtime/test_backoff."""
     restricted = load_config(cluster["AKRI_TRIO_RESTRICTED_KUBECONFIG"])
     send, receive = trio.open_memory_channel[WatchEvent](10)
     async with Client.open(restricted) as client:

@@ -12,8 +12,8 @@ import pytest
 import trio
 from trio.testing import MockClock
 
-from akri_trio.kube.backoff import Backoff
 from akri_trio.kube.queue import ReconcileQueue, Requeue
+from akri_trio.runtime import Backoff
 
 
 class Recorder:

@@ -42,6 +42,7 @@ from akri_trio.kube import JSON, ApiError, Backoff, Client, NotFound, Store, dro
 from akri_trio.kube.store import reflect
 from akri_trio.model.convert import structure
 from akri_trio.model.resources import Instance
+from akri_trio.runtime import Changed
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +74,8 @@ class NodePoolPublisher:
         self._omitted: dict[str, tuple[Omitted, ...]] = {}
         # key -> (resourceVersion, the Instance decoded from it): each version decoded once
         self._decoded: dict[ObjectKey, tuple[str, Instance | None]] = {}
-        self._dirty = trio.Event()
-        self._published = trio.Event()
+        self._dirty = Changed()
+        self._published = Changed()
 
     def _instances(self) -> list[Instance]:
         decoded = {}
@@ -166,15 +167,14 @@ class NodePoolPublisher:
         for pool, plan in self.plans():
             await self._write(pool, plan)
         self.rounds += 1
-        self._published.set()
-        self._published = trio.Event()
+        self._published.bump()
 
     async def wait_published(self) -> None:
         """Until the next publishing round completes (tests)."""
-        await self._published.wait()
+        await self._published.wait_past(self._published.version)
 
     def wake(self) -> None:
-        self._dirty.set()
+        self._dirty.bump()
 
     async def _wake_on(self, store: Store) -> None:
         with store.subscribe() as changes:
@@ -206,9 +206,9 @@ class NodePoolPublisher:
             backoff, attempt = Backoff(), 0
             self.wake()
             task_status.started()
+            seen = 0
             while True:
-                await self._dirty.wait()
-                self._dirty = trio.Event()
+                seen = await self._dirty.wait_past(seen)
                 await trio.sleep(SETTLE_S)
                 try:
                     await self.publish_once()

@@ -25,12 +25,11 @@ from pathlib import Path
 import purerpc
 import trio
 
-from akri_trio.agent.view import Changes
-from akri_trio.kube.backoff import Backoff
 from akri_trio.model import naming
 from akri_trio.rpc.gen import deviceplugin_v1beta1_grpc as dp_grpc
 from akri_trio.rpc.gen import deviceplugin_v1beta1_pb2 as dp
 from akri_trio.rpc.uds import UnixChannel, serve_unix
+from akri_trio.runtime import Backoff, Changed
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +74,7 @@ class KubeletWatch:
     def __init__(self, plugin_dir: Path) -> None:
         self.plugin_dir = plugin_dir
         self.kubelet_socket = plugin_dir / KUBELET_SOCKET
-        self.changes = Changes()
+        self.changes = Changed()
 
     def _stamp(self) -> tuple[object, ...]:
         return (_dir_stamp(self.plugin_dir), _inode(self.kubelet_socket))
@@ -88,7 +87,7 @@ class KubeletWatch:
             stamp = self._stamp()
             if stamp != last:
                 last = stamp
-                self.changes.notify()
+                self.changes.bump()
 
     async def wait_gone(self, path: Path, inode: int) -> None:
         """Return once `path` no longer is the socket `inode` (deleted or replaced)."""

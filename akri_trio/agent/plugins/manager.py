@@ -4,9 +4,9 @@ A plugin is desired for an Instance when this node is in its `nodes`, it is not 
 and this node's discovery currently reaches the device (without the device we could not answer
 Allocate with its mounts and device nodes). A configuration-level plugin is desired while at
 least one of its Instances has one. `desired_plugins` decides that as a pure function; the
-manager starts each plugin in its own cancel scope under the plugin nursery and cancels it when
-it stops being desired (its socket is removed on the way out, and the kubelet sees the resource
-go away). Two plugins never share a kubelet resource (`one_per_resource`).
+manager runs each plugin as a task of a `TaskSet` keyed by plugin and drops it when it stops being
+desired (its socket is removed on the way out, and the kubelet sees the resource go away). Two
+plugins never share a kubelet resource (`one_per_resource`).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from akri_trio.agent.plugins.service import (
 from akri_trio.agent.view import NodeView
 from akri_trio.model import naming
 from akri_trio.model.resources import Instance
+from akri_trio.runtime import TaskSet
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +112,7 @@ class PluginManager:
         self.claims = claims
         self.watch = watch
         self.observe = observe
-        self.running: dict[Plugin, trio.CancelScope] = {}
+        self._tasks: TaskSet[Plugin] | None = None  # while `run` runs
         self.registered: set[Plugin] = set()
         self._dropped: list[str] = []
 
@@ -150,27 +151,27 @@ class PluginManager:
             self.workloads,
         )
 
-    async def _run_plugin(
-        self, plugin: Plugin, scope: trio.CancelScope, *, task_status: trio.TaskStatus[Path]
-    ) -> None:
+    @property
+    def running(self) -> frozenset[Plugin]:
+        """The plugins running now (a plugin being stopped is no longer one)."""
+        return frozenset(() if self._tasks is None else self._tasks)
+
+    async def _run_plugin(self, plugin: Plugin, *, task_status: trio.TaskStatus[Path]) -> None:
         behaviour = self._behaviour(plugin)
         service = DevicePluginService(behaviour, self.view, self.observe, self.on_refused)
         name = behaviour.resource.split("/", 1)[1]
-        with scope:
-            try:
-                await serve_registered(
-                    service,
-                    name,
-                    behaviour.resource,
-                    service.options(),
-                    self.watch,
-                    on_registered=lambda: self._registered(plugin),
-                    task_status=task_status,
-                )
-            finally:
-                self.registered.discard(plugin)
-                if self.running.get(plugin) is scope:
-                    del self.running[plugin]
+        try:
+            await serve_registered(
+                service,
+                name,
+                behaviour.resource,
+                service.options(),
+                self.watch,
+                on_registered=lambda: self._registered(plugin),
+                task_status=task_status,
+            )
+        finally:
+            self.registered.discard(plugin)
 
     def _registered(self, plugin: Plugin) -> None:
         self.registered.add(plugin)
@@ -185,23 +186,22 @@ class PluginManager:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
+            tasks = self._tasks = TaskSet[Plugin](nursery)
             started = False
             version = -1
             while True:
                 version = self.view.membership.version
                 desired = self._desired()
                 touched: set[ObjectKey] = set()
-                for plugin in list(self.running):
-                    if plugin not in desired:
-                        log.info("stopping plugin %s", plugin)
-                        self.running.pop(plugin).cancel()
-                        touched.add(self._config_key(plugin))
+                stop = [plugin for plugin in tasks if plugin not in desired]
+                for plugin in stop:
+                    log.info("stopping plugin %s", plugin)
+                    touched.add(self._config_key(plugin))
+                await tasks.drop(*stop)  # all at once; each removes its socket first
                 # Instance plugins first: a configuration plugin's members are running ones.
-                for plugin in sorted(desired - self.running.keys(), key=_start_order):
-                    scope = trio.CancelScope()
-                    self.running[plugin] = scope
+                for plugin in sorted(desired.difference(tasks), key=_start_order):
                     log.info("starting plugin %s", plugin)
-                    await nursery.start(self._run_plugin, plugin, scope)
+                    await tasks.start(plugin, self._run_plugin, plugin)
                     touched.add(self._config_key(plugin))
                 if touched:  # a configuration plugin's members changed: it must look again
                     self.view.touch(*touched)

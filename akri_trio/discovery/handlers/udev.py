@@ -63,6 +63,7 @@ from akri_trio.discovery.interface import (
     required_str_list,
 )
 from akri_trio.model.device import Device
+from akri_trio.runtime import Changed
 
 log = logging.getLogger(__name__)
 
@@ -231,31 +232,14 @@ class Stats:
     monitor: str | None = None  # the netlink source in use, None = periodic scans only
 
 
-class Dirty:
-    """Level-triggered "something may have changed", set from the monitor task."""
-
-    def __init__(self) -> None:
-        self._event = trio.Event()
-
-    def set(self) -> None:
-        self._event.set()
-
-    def reset(self) -> None:
-        if self._event.is_set():
-            self._event = trio.Event()
-
-    async def wait(self) -> None:
-        await self._event.wait()
-
-
 async def watch_uevents(
     source: Literal["kernel", "udev"],
-    dirty: Dirty,
+    dirty: Changed,
     stats: Stats,
     *,
     task_status: trio.TaskStatus[bool] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Listen for uevents on netlink, setting `dirty` on each. Reports started(True) once
+    """Listen for uevents on netlink, bumping `dirty` on each. Reports started(True) once
     listening, or started(False) and returns if no monitor can be opened (no netlink, no
     permission): discovery then relies on periodic scans. Runs until cancelled; closes the
     socket on the way out."""
@@ -280,13 +264,13 @@ async def watch_uevents(
                         raise
                     # The kernel dropped events: we cannot know what changed, so rescan.
                     log.info("udev monitor overran its buffer; rescanning")
-                    dirty.set()
+                    dirty.bump()
                     continue
                 if event is None:
                     break
                 stats.uevents += 1
                 stats.last_uevent = (str(event.action), str(event.device_path))
-                dirty.set()
+                dirty.bump()
     finally:
         stats.monitor = None
         trio.lowlevel.notify_closing(fd)
@@ -345,7 +329,7 @@ class UdevHandler:
     async def discover(self, details: UdevDetails, properties: Properties, send: Send) -> None:
         """Scan, send the list if it changed, then sleep until a uevent (plus the debounce
         window) or the rescan interval; repeat until cancelled."""
-        dirty = Dirty()
+        dirty = Changed()
         passthrough = passthrough_of(properties)
         source = monitor_source(self.source, UDEVD_CONTROL.exists())
         async with trio.open_nursery() as nursery:
@@ -353,7 +337,7 @@ class UdevHandler:
                 await nursery.start(watch_uevents, source, dirty, self.stats)
             last: list[Device] | None = None
             while True:
-                dirty.reset()  # events from here on (even mid-scan) trigger the next scan
+                seen = dirty.version  # events from here on (even mid-scan) trigger the next scan
                 devices = await trio.to_thread.run_sync(scan, details, passthrough)
                 self.stats.scans += 1
                 if devices != last:
@@ -367,5 +351,5 @@ class UdevHandler:
                         )
                     await send(list(devices))
                 with trio.move_on_after(self.rescan_interval):
-                    await dirty.wait()
+                    await dirty.wait_past(seen)
                     await trio.sleep(self.debounce)  # let the burst finish: one scan for all

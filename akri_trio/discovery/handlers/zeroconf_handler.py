@@ -79,6 +79,7 @@ from akri_trio.discovery.interface import (
 )
 from akri_trio.discovery.linear_regex import Regex, RegexError
 from akri_trio.model.device import Device
+from akri_trio.runtime import Changed
 
 log = logging.getLogger(__name__)
 
@@ -391,15 +392,10 @@ class Zeroconf:
         seen_any = False
         in_flight: set[str] = set()  # names being resolved right now
         limiter = self.resolve_limiter()
-        changed = trio.Event()
+        changed = Changed()
         last: list[Device] | None = None
-        activity = trio.Event()  # set by every event and every finished resolution
+        activity = Changed()  # bumped by every event and every finished resolution
         over_cap = False
-
-        def active() -> None:
-            nonlocal activity
-            activity.set()
-            activity = trio.Event()
 
         async def resolve(service_type: str, name: str) -> None:
             try:
@@ -410,7 +406,7 @@ class Zeroconf:
                         return  # no newer event came meanwhile
             finally:
                 in_flight.discard(name)
-                active()
+                activity.bump()
 
         def take(info: Any, service_type: str, name: str) -> bool:
             """Record a resolved service (True), or False when `info` is incomplete."""
@@ -419,7 +415,7 @@ class Zeroconf:
                 return False
             if services.get(name) != service:
                 services[name] = service
-                changed.set()
+                changed.bump()
             return True
 
         async def resolve_once(service_type: str, name: str, gen: int) -> None:
@@ -446,31 +442,31 @@ class Zeroconf:
             log.info("zeroconf: could not resolve %s; ignoring it until it changes", name)
 
         async def publish(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-            nonlocal changed, last
+            nonlocal last
             task_status.started()
             with trio.move_on_after(self.settle):
                 while True:  # the first burst: until all seen are resolved and it went quiet
                     with trio.move_on_after(self.quiet) as silence:
-                        await activity.wait()
+                        await activity.wait_past(activity.version)
                     if silence.cancelled_caught and seen_any and not in_flight:
                         break
             while True:
+                seen = changed.version
                 devices = devices_for(details, services.values())
                 if devices != last:
                     last = devices
                     await send(devices)
-                await changed.wait()
-                changed = trio.Event()
+                await changed.wait_past(seen)
 
         async with trio.open_nursery() as nursery:
             await nursery.start(publish)
             async for service_type, name, what in events:
-                active()
+                activity.bump()
                 seen_any = True
                 if what == "removed":
                     generation.pop(name, None)  # a resolution in flight stops at its next check
                     if services.pop(name, None) is not None:
-                        changed.set()
+                        changed.bump()
                     over_cap = over_cap and len(generation) >= self.max_services
                     continue
                 if name not in generation and len(generation) >= self.max_services:

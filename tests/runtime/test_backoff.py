@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from akri_trio.kube.backoff import Backoff
+from akri_trio.runtime import Backoff
 
 
 def test_nominal_doubles_then_caps() -> None:

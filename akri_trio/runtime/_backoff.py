@@ -1,7 +1,8 @@
 """Capped exponential backoff with full jitter, as a pure value.
 
-Both the watch driver (reconnects) and the reconcile queue (failed reconciles) retry, and both
-must spread retries out so a restarted API server is not hit by every client in lockstep. The
+The watch driver (reconnects), the reconcile queue (failed reconciles), the agent's Discover
+streams and kubelet registration, and a discovery handler registering with its agent all retry,
+and all must spread retries out so a restarted server is not hit by every client in lockstep. The
 policy is plain data plus a function of the attempt number, so it is tested without clocks and
 the callers decide how to sleep.
 """
@@ -10,11 +11,10 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
 
-import attrs
 
-
-@attrs.frozen
+@dataclass(frozen=True)
 class Backoff:
     """Delay before retry `attempt` (0-based): uniform in [(1-jitter)·d, d], d = min(cap, base·2^n).
 
@@ -26,7 +26,7 @@ class Backoff:
     factor: float = 2.0
     jitter: float = 0.5
 
-    def __attrs_post_init__(self) -> None:
+    def __post_init__(self) -> None:
         if not (self.base > 0 and self.cap >= self.base and self.factor >= 1):
             raise ValueError(f"bad backoff {self!r}")
         if not 0 <= self.jitter <= 1:

@@ -1,0 +1,15 @@
+"""The bottom layer: small concurrency mechanisms every other package shares, once.
+
+Nothing here imports anything of akri_trio, nor any library but trio and the standard library, so
+any process (the agent, the controller, a discovery handler) can use it without loading the rest:
+`Changed` (a version-counter wake-up), `TaskSet` (keyed child tasks with replace and drop),
+`Backoff` (retry delays) and `run_all` (the one batch-write policy: every write runs to its
+end). A discovery-handler process imports this, not akri_trio.kube (whose client loads httpx).
+"""
+
+from akri_trio.runtime._backoff import Backoff
+from akri_trio.runtime._batch import run_all
+from akri_trio.runtime._changed import Changed
+from akri_trio.runtime._tasks import TaskSet
+
+__all__ = ["Backoff", "Changed", "TaskSet", "run_all"]
