@@ -165,7 +165,8 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         (
             "--max-capacity",
             model_limits.MAX_CAPACITY,
-            "refuse Configurations with a larger capacity",
+            "refuse Configurations with a larger capacity; serve at most this many slots of "
+            "any Instance",
         ),
         (
             "--max-devices-per-handler",

@@ -225,7 +225,7 @@ async def run_agent(
         async with Client.open(load_config(settings.kubeconfig)) as owned:
             await run_agent(settings, api=owned, task_status=task_status)
         return
-    view = NodeView(settings.node)
+    view = NodeView(settings.node, max_capacity=settings.limits.max_capacity)
     registry = Registry(clock=trio.current_time)
     if settings.enable_debug_echo:
         echo = DebugEcho(shared=settings.debug_echo_shared)

@@ -77,8 +77,9 @@ def test_a_limit_below_one_is_a_usage_error(capsys: pytest.CaptureFixture[str]) 
     assert "--max-capacity must be at least 1" in capsys.readouterr().err
 
 
-def test_the_crd_maximum_is_the_agents_and_the_webhooks_capacity_limit() -> None:
-    crd = yaml.safe_load((REPO / "k8s" / "crds" / "configuration.yaml").read_text())
+@pytest.mark.parametrize("kind", ["configuration", "instance"])
+def test_the_crd_maximum_is_the_agents_and_the_webhooks_capacity_limit(kind: str) -> None:
+    crd = yaml.safe_load((REPO / "k8s" / "crds" / f"{kind}.yaml").read_text())
     (version,) = crd["spec"]["versions"]
     spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
     assert spec["properties"]["capacity"]["maximum"] == MAX_CAPACITY
