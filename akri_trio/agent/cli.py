@@ -178,6 +178,16 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
             model_limits.MAX_DEVICES_PER_CONFIGURATION,
             "devices (Instances) per Configuration on this node, lowest ids first",
         ),
+        (
+            "--max-properties-per-device",
+            model_limits.MAX_PROPERTIES_PER_DEVICE,
+            "properties of one device from a handler; a device with more is dropped",
+        ),
+        (
+            "--max-device-bytes",
+            model_limits.MAX_DEVICE_BYTES,
+            "bytes of one device from a handler (id, properties, paths); a larger one is dropped",
+        ),
     ):
         p.add_argument(flag, type=int, default=cap, help=what)
     p.add_argument(
@@ -241,7 +251,13 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
     args = p.parse_args(argv)
     if not args.node_name:
         p.error("the node name is required: --node-name or AGENT_NODE_NAME")
-    for flag in ("max_capacity", "max_devices_per_handler", "max_devices_per_configuration"):
+    for flag in (
+        "max_capacity",
+        "max_devices_per_handler",
+        "max_devices_per_configuration",
+        "max_properties_per_device",
+        "max_device_bytes",
+    ):
         if getattr(args, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be at least 1")
     unknown = sorted(set(args.embedded_handlers) - set(BUILTIN))
@@ -297,6 +313,8 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
                 max_configuration_devices=args.max_devices_per_configuration,
                 refused_host_dirs=refused,
                 mount_dirs=tuple(dict.fromkeys(args.handler_mount_dirs)),
+                max_properties=args.max_properties_per_device,
+                max_device_bytes=args.max_device_bytes,
             ),
         ),
         reclaim_period=args.reclaim_period,

@@ -51,6 +51,8 @@ def test_limits_and_least_privilege_flags() -> None:
         "--max-capacity", "8",
         "--max-devices-per-handler", "3",
         "--max-devices-per-configuration", "5",
+        "--max-properties-per-device", "6",
+        "--max-device-bytes", "1000",
         "--metrics-host", "127.0.0.1",
         "--handler-group", "65532",
         "--configuration-selector", "team=a",
@@ -60,6 +62,11 @@ def test_limits_and_least_privilege_flags() -> None:
     assert given.limits.max_capacity == 8
     assert given.limits.devices.max_devices == 3
     assert given.limits.devices.max_configuration_devices == 5
+    assert (given.limits.devices.max_properties, given.limits.devices.max_device_bytes) == (6, 1000)
+    assert (default.limits.devices.max_properties, default.limits.devices.max_device_bytes) == (
+        256,
+        65536,
+    )
     assert "/k/dp" in given.limits.devices.refused_host_dirs
     assert (given.metrics_host, given.handler_group, given.configuration_selector) == (
         "127.0.0.1",
