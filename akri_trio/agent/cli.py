@@ -31,6 +31,7 @@ from akri_trio.flaghelp import (
 from akri_trio.kube.client import Client
 from akri_trio.kube.config import KubeConfig, load_config
 from akri_trio.model import limits as model_limits
+from akri_trio.observe.http import DEFAULT_MAX_CONNECTIONS
 from akri_trio.observe.logs import add_log_arguments, log_startup, setup_logging
 from akri_trio.shutdown import run_until_signalled
 
@@ -128,6 +129,16 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         var="METRICS_HOST",
         default="0.0.0.0",
         help="address the health and metrics server binds",
+    )
+    add_env_argument(
+        p,
+        "--metrics-max-connections",
+        env=env,
+        var="METRICS_MAX_CONNECTIONS",
+        type=int,
+        default=DEFAULT_MAX_CONNECTIONS,
+        help="connections the health and metrics server serves at once (at most a quarter of "
+        "the file descriptor limit); one more takes the place of the one idle longest",
     )
     add_env_argument(
         p,
@@ -257,6 +268,7 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         "max_devices_per_configuration",
         "max_properties_per_device",
         "max_device_bytes",
+        "metrics_max_connections",
     ):
         if getattr(args, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be at least 1")
@@ -304,6 +316,7 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         debug_echo_availability=args.debug_echo_availability,
         metrics_port=None if args.metrics_port < 0 else args.metrics_port,
         metrics_host=args.metrics_host,
+        metrics_max_connections=args.metrics_max_connections,
         configuration_selector=args.configuration_selector,
         handler_group=args.handler_group,
         limits=ConfigurationLimits(

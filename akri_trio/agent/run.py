@@ -76,7 +76,7 @@ from akri_trio.kube import (
     reflect,
 )
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES, Instance
-from akri_trio.observe.http import serve_observe
+from akri_trio.observe.http import DEFAULT_MAX_CONNECTIONS, serve_observe
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +101,7 @@ class AgentSettings:
     debug_echo_availability: Path | None = None
     metrics_port: int | None = 8080
     metrics_host: str = "0.0.0.0"
+    metrics_max_connections: int = DEFAULT_MAX_CONNECTIONS
     reclaim_period: float = DEFAULT_PERIOD_S
     reclaim_grace: float | None = None
     # What one Configuration may cost this node.
@@ -299,6 +300,7 @@ async def run_agent(
                     settings.metrics_port,
                     registry=metrics.registry,
                     ready=ready,
+                    max_connections=settings.metrics_max_connections,
                 )
             )
         await root.start(

@@ -27,7 +27,13 @@ from akri_trio.kube import ConfigError, load_config
 from akri_trio.observe.logs import add_log_arguments, log_startup, setup_logging
 from akri_trio.shutdown import run_until_signalled
 from akri_trio.webhook.certs import serving_certs, webhook_configuration
-from akri_trio.webhook.server import REQUEST_TIMEOUT, run_webhook, server_ssl_context
+from akri_trio.webhook.server import (
+    IDLE_TIMEOUT,
+    MAX_CONNECTIONS,
+    REQUEST_TIMEOUT,
+    run_webhook,
+    server_ssl_context,
+)
 
 log = logging.getLogger("akri_trio.webhook")
 
@@ -58,6 +64,19 @@ def parse_serve_args(argv: list[str]) -> argparse.Namespace:
         default=REQUEST_TIMEOUT,
         help="seconds a review may take, reading the request included",
     )
+    p.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=IDLE_TIMEOUT,
+        help="seconds a connection may wait for its next request (the TLS handshake included)",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=MAX_CONNECTIONS,
+        help="connections served at once (at most a quarter of the file descriptor limit); "
+        "one more takes the place of an idle or slow one, else is closed",
+    )
     add_log_arguments(p, os.environ)
     return p.parse_args(argv)
 
@@ -73,7 +92,14 @@ def serve(argv: list[str]) -> int:
     setup_logging(args.log_level, args.log_format)
     log_startup(log, "webhook", vars(args))
     main_task = functools.partial(
-        run_webhook, kube, context, args.host, args.port, request_timeout=args.request_timeout
+        run_webhook,
+        kube,
+        context,
+        args.host,
+        args.port,
+        request_timeout=args.request_timeout,
+        idle_timeout=args.idle_timeout,
+        max_connections=args.max_connections,
     )
     trio.run(run_until_signalled, main_task, log)
     log.info("webhook stopped")

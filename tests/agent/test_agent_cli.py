@@ -53,6 +53,7 @@ def test_limits_and_least_privilege_flags() -> None:
         "--max-devices-per-configuration", "5",
         "--max-properties-per-device", "6",
         "--max-device-bytes", "1000",
+        "--metrics-max-connections", "9",
         "--metrics-host", "127.0.0.1",
         "--handler-group", "65532",
         "--configuration-selector", "team=a",
@@ -63,6 +64,7 @@ def test_limits_and_least_privilege_flags() -> None:
     assert given.limits.devices.max_devices == 3
     assert given.limits.devices.max_configuration_devices == 5
     assert (given.limits.devices.max_properties, given.limits.devices.max_device_bytes) == (6, 1000)
+    assert (given.metrics_max_connections, default.metrics_max_connections) == (9, 64)
     assert (default.limits.devices.max_properties, default.limits.devices.max_device_bytes) == (
         256,
         65536,
