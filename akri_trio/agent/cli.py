@@ -32,6 +32,7 @@ from akri_trio.kube.client import Client
 from akri_trio.kube.config import KubeConfig, load_config
 from akri_trio.model import limits as model_limits
 from akri_trio.observe.http import DEFAULT_MAX_CONNECTIONS
+from akri_trio.observe.lag import LAG_THRESHOLD_S
 from akri_trio.observe.logs import add_log_arguments, log_startup, setup_logging
 from akri_trio.shutdown import run_until_signalled
 
@@ -129,6 +130,17 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         var="METRICS_HOST",
         default="0.0.0.0",
         help="address the health and metrics server binds",
+    )
+    add_env_argument(
+        p,
+        "--event-loop-lag-threshold",
+        env=env,
+        var="AKRI_EVENT_LOOP_LAG_THRESHOLD",
+        type=float,
+        default=LAG_THRESHOLD_S,
+        metavar="SECONDS",
+        help="/healthz fails while the event loop runs this late (akri_event_loop_lag_seconds "
+        "has each sample)",
     )
     add_env_argument(
         p,
@@ -285,6 +297,8 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         )
     except ValueError as exc:
         p.error(f"brokerInfo limits: {exc}")
+    if not args.event_loop_lag_threshold > 0:
+        p.error("--event-loop-lag-threshold must be a positive number of seconds")
     if not args.broker_info_period > 0:
         p.error("--broker-info-period must be a positive number of seconds")
     # No handler may hand a container a path the agent was given: they are the node's keys.
@@ -317,6 +331,7 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         metrics_port=None if args.metrics_port < 0 else args.metrics_port,
         metrics_host=args.metrics_host,
         metrics_max_connections=args.metrics_max_connections,
+        lag_threshold=args.event_loop_lag_threshold,
         configuration_selector=args.configuration_selector,
         handler_group=args.handler_group,
         limits=ConfigurationLimits(

@@ -133,18 +133,20 @@ def evaluate_readiness(ready: Readiness) -> tuple[bool, str]:
     return not failing, "\n".join(lines) + "\n"
 
 
-def route(method: str, target: str, *, registry: Registry, ready: Readiness) -> Reply:
-    """The response to one request. HEAD is GET without the body (the shell drops it)."""
+def route(
+    method: str, target: str, *, registry: Registry, ready: Readiness, live: Readiness = ()
+) -> Reply:
+    """The response to one request. HEAD is GET without the body (the shell drops it).
+    /healthz runs the `live` checks (the event loop's lag), /readyz the `ready` ones."""
     path = target.split("?", 1)[0]
     if path not in ("/healthz", "/readyz", "/metrics"):
         return Reply(404, b"not found\n")
     if method not in ("GET", "HEAD"):
         return Reply(405, b"method not allowed\n", headers=(("allow", "GET, HEAD"),))
-    if path == "/healthz":
-        # Answering at all is the check: a wedged event loop would never get here.
-        return Reply(200, b"ok\n")
-    if path == "/readyz":
-        ok, why = evaluate_readiness(ready)
+    if path in ("/healthz", "/readyz"):
+        # Answering at all is most of /healthz: a wedged event loop never gets here. A loop
+        # that only crawls does, and its lag check says so.
+        ok, why = evaluate_readiness(live if path == "/healthz" else ready)
         return Reply(200 if ok else 503, why.encode())
     try:
         body = render(registry)
@@ -231,16 +233,18 @@ async def serve_observe(
     *,
     registry: Registry,
     ready: Readiness = (),
+    live: Readiness = (),
     request_timeout: float = 10.0,
     idle_timeout: float | None = None,
     max_connections: int = DEFAULT_MAX_CONNECTIONS,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve /healthz, /readyz and /metrics until cancelled (see `serve_http`)."""
+    """Serve /healthz (`live` checks), /readyz (`ready` checks) and /metrics until cancelled
+    (see `serve_http`)."""
     await serve_http(
         host,
         port,
-        _observe(registry, ready),
+        _observe(registry, ready, live),
         name="observe endpoint",
         request_timeout=request_timeout,
         idle_timeout=idle_timeout,
@@ -317,8 +321,10 @@ async def handle_connection(
     await serve_connection(stream, _observe(registry, ready), request_timeout=request_timeout)
 
 
-def _observe(registry: Registry, ready: Readiness) -> Respond:
-    return lambda method, target, _body: route(method, target, registry=registry, ready=ready)
+def _observe(registry: Registry, ready: Readiness, live: Readiness = ()) -> Respond:
+    return lambda method, target, _body: route(
+        method, target, registry=registry, ready=ready, live=live
+    )
 
 
 async def serve_connection(

@@ -54,6 +54,7 @@ def test_limits_and_least_privilege_flags() -> None:
         "--max-properties-per-device", "6",
         "--max-device-bytes", "1000",
         "--metrics-max-connections", "9",
+        "--event-loop-lag-threshold", "0.5",
         "--metrics-host", "127.0.0.1",
         "--handler-group", "65532",
         "--configuration-selector", "team=a",
@@ -65,6 +66,7 @@ def test_limits_and_least_privilege_flags() -> None:
     assert given.limits.devices.max_configuration_devices == 5
     assert (given.limits.devices.max_properties, given.limits.devices.max_device_bytes) == (6, 1000)
     assert (given.metrics_max_connections, default.metrics_max_connections) == (9, 64)
+    assert (given.lag_threshold, default.lag_threshold) == (0.5, 5.0)
     assert (default.limits.devices.max_properties, default.limits.devices.max_device_bytes) == (
         256,
         65536,
