@@ -32,6 +32,8 @@ from akri_trio.flaghelp import (
 from akri_trio.kube.client import Client
 from akri_trio.kube.config import KubeConfig, load_config
 from akri_trio.model import limits as model_limits
+from akri_trio.observe.http import DEFAULT_MAX_CONNECTIONS
+from akri_trio.observe.lag import LAG_THRESHOLD_S
 from akri_trio.observe.logs import add_log_arguments, log_startup, setup_logging
 from akri_trio.shutdown import run_until_signalled
 
@@ -132,6 +134,27 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
     )
     add_env_argument(
         p,
+        "--event-loop-lag-threshold",
+        env=env,
+        var="AKRI_EVENT_LOOP_LAG_THRESHOLD",
+        type=float,
+        default=LAG_THRESHOLD_S,
+        metavar="SECONDS",
+        help="/healthz fails while the event loop runs this late (akri_event_loop_lag_seconds "
+        "has each sample)",
+    )
+    add_env_argument(
+        p,
+        "--metrics-max-connections",
+        env=env,
+        var="METRICS_MAX_CONNECTIONS",
+        type=int,
+        default=DEFAULT_MAX_CONNECTIONS,
+        help="connections the health and metrics server serves at once (at most a quarter of "
+        "the file descriptor limit); one more takes the place of the one idle longest",
+    )
+    add_env_argument(
+        p,
         "--handler-group",
         env=env,
         var="AKRI_HANDLER_GROUP",
@@ -180,7 +203,8 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         (
             "--max-capacity",
             model_limits.MAX_CAPACITY,
-            "refuse Configurations with a larger capacity",
+            "refuse Configurations with a larger capacity; serve at most this many slots of "
+            "any Instance",
         ),
         (
             "--max-devices-per-handler",
@@ -191,6 +215,16 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
             "--max-devices-per-configuration",
             model_limits.MAX_DEVICES_PER_CONFIGURATION,
             "devices (Instances) per Configuration on this node, lowest ids first",
+        ),
+        (
+            "--max-properties-per-device",
+            model_limits.MAX_PROPERTIES_PER_DEVICE,
+            "properties of one device from a handler; a device with more is dropped",
+        ),
+        (
+            "--max-device-bytes",
+            model_limits.MAX_DEVICE_BYTES,
+            "bytes of one device from a handler (id, properties, paths); a larger one is dropped",
         ),
     ):
         p.add_argument(flag, type=int, default=cap, help=what)
@@ -255,7 +289,14 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
     args = p.parse_args(argv)
     if not args.node_name:
         p.error("the node name is required: --node-name or AGENT_NODE_NAME")
-    for flag in ("max_capacity", "max_devices_per_handler", "max_devices_per_configuration"):
+    for flag in (
+        "max_capacity",
+        "max_devices_per_handler",
+        "max_devices_per_configuration",
+        "max_properties_per_device",
+        "max_device_bytes",
+        "metrics_max_connections",
+    ):
         if getattr(args, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be at least 1")
     unknown = sorted(set(args.embedded_handlers) - set(BUILTIN))
@@ -271,6 +312,8 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         )
     except ValueError as exc:
         p.error(f"brokerInfo limits: {exc}")
+    if not args.event_loop_lag_threshold > 0:
+        p.error("--event-loop-lag-threshold must be a positive number of seconds")
     if not args.broker_info_period > 0:
         p.error("--broker-info-period must be a positive number of seconds")
     # No handler may hand a container a path the agent was given: they are the node's keys.
@@ -306,6 +349,8 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         debug_echo_availability=args.debug_echo_availability,
         metrics_port=None if args.metrics_port < 0 else args.metrics_port,
         metrics_host=args.metrics_host,
+        metrics_max_connections=args.metrics_max_connections,
+        lag_threshold=args.event_loop_lag_threshold,
         configuration_selector=args.configuration_selector,
         handler_group=args.handler_group,
         limits=ConfigurationLimits(
@@ -316,6 +361,8 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
                 refused_host_dirs=refused,
                 mount_dirs=tuple(dict.fromkeys(args.handler_mount_dirs)),
                 host_allowances=host_allowances,
+                max_properties=args.max_properties_per_device,
+                max_device_bytes=args.max_device_bytes,
             ),
         ),
         reclaim_period=args.reclaim_period,

@@ -18,6 +18,7 @@ from akri_trio.observe.metrics import (
     ALLOCATE_BUCKETS,
     GaugeSnapshot,
     agent_families,
+    event_loop_lag,
     new_registry,
     reconcile_queue_depth,
 )
@@ -90,6 +91,7 @@ class AgentMetrics:
             "Successful Register calls to the kubelet (re-registrations after its restarts too)",
             registry=r,
         )
+        self.event_loop_lag = event_loop_lag(r)
         self.slots_reclaimed = Counter(
             "akri_slots_reclaimed_total",
             "Slots and virtual devices freed by the reclaimer",

@@ -76,7 +76,8 @@ from akri_trio.kube import (
     reflect,
 )
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES, Instance
-from akri_trio.observe.http import serve_observe
+from akri_trio.observe.http import DEFAULT_MAX_CONNECTIONS, serve_observe
+from akri_trio.observe.lag import LAG_THRESHOLD_S, SAMPLE_PERIOD_S, LagMonitor
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,10 @@ class AgentSettings:
     debug_echo_availability: Path | None = None
     metrics_port: int | None = 8080
     metrics_host: str = "0.0.0.0"
+    metrics_max_connections: int = DEFAULT_MAX_CONNECTIONS
+    # /healthz fails while the event loop runs this many seconds late (akri_trio.observe.lag).
+    lag_threshold: float = LAG_THRESHOLD_S
+    lag_period: float = SAMPLE_PERIOD_S
     reclaim_period: float = DEFAULT_PERIOD_S
     reclaim_grace: float | None = None
     # What one Configuration may cost this node.
@@ -130,6 +135,7 @@ class Agent:
     metrics: AgentMetrics
     metrics_port: int | None = None
     dra: DraNode | None = None
+    lag: LagMonitor | None = None
 
 
 async def _child_nursery(*, task_status: trio.TaskStatus[trio.Nursery]) -> None:
@@ -225,7 +231,7 @@ async def run_agent(
         async with Client.open(load_config(settings.kubeconfig)) as owned:
             await run_agent(settings, api=owned, task_status=task_status)
         return
-    view = NodeView(settings.node)
+    view = NodeView(settings.node, max_capacity=settings.limits.max_capacity)
     registry = Registry(clock=trio.current_time)
     if settings.enable_debug_echo:
         echo = DebugEcho(shared=settings.debug_echo_shared)
@@ -288,8 +294,12 @@ async def run_agent(
     settings.discovery_handlers_directory.mkdir(parents=True, exist_ok=True)
     if settings.handler_group is not None:
         share_with_group(settings.discovery_handlers_directory, settings.handler_group)
+    lag = LagMonitor(
+        settings.lag_threshold, metrics.event_loop_lag.observe, period=settings.lag_period
+    )
     async with trio.open_nursery() as root:
         root.start_soon(recorder.run)
+        root.start_soon(lag.run)
         port = None
         if settings.metrics_port is not None:
             port = await root.start(
@@ -299,6 +309,8 @@ async def run_agent(
                     settings.metrics_port,
                     registry=metrics.registry,
                     ready=ready,
+                    live=lag.check,
+                    max_connections=settings.metrics_max_connections,
                 )
             )
         await root.start(
@@ -375,6 +387,16 @@ async def run_agent(
         log.info("agent for node %s is running", settings.node)
         task_status.started(
             Agent(
-                settings, view, registry, configs, instances, plugins, reclaimer, metrics, port, dra
+                settings,
+                view,
+                registry,
+                configs,
+                instances,
+                plugins,
+                reclaimer,
+                metrics,
+                port,
+                dra,
+                lag,
             )
         )

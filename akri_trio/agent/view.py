@@ -7,6 +7,11 @@ streams, which recompute their answer and send it only when it differs, and `mem
 plugin manager, which ticks only when the set of plugins to run may change — not on the claims
 that make up most of the traffic. Writes that this agent makes (claims) are folded in from the
 API server's answer at once, so the kubelet hears about a claim without waiting for the watch.
+
+An Instance's `capacity` is clamped to the agent's `--max-capacity` on the way in: the Instance
+CRD bounds it as the Configuration's, but anyone who may write Instances (or a CRD installed
+without the bound) could otherwise make every plugin build a slot list millions long. The clamp
+is logged once per Instance and capacity.
 """
 
 from __future__ import annotations
@@ -15,18 +20,22 @@ import logging
 from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
+import attrs
+
 from akri_trio.address import ObjectKey
 from akri_trio.agent.plugins.slots import poisoned_keys
 from akri_trio.kube.store import drop_managed_fields
 from akri_trio.model.convert import structure
 from akri_trio.model.device import Device
+from akri_trio.model.limits import MAX_CAPACITY
 from akri_trio.model.resources import JSON, Instance
 from akri_trio.runtime import Changed
 
 log = logging.getLogger(__name__)
 
-# deviceUsage keys reported as "not a slot" (instance, key) remembered so each is logged once;
-# forgotten wholesale past this many, so a flood of junk keys cannot grow the agent's memory.
+# What was reported of an Instance (deviceUsage keys that are "not a slot", a capacity over the
+# maximum), remembered so each is logged once; forgotten wholesale past this many, so a flood
+# of junk keys cannot grow the agent's memory.
 MAX_REPORTED_KEYS: Final = 10_000
 
 
@@ -60,8 +69,9 @@ class NodeView:
     change). A plugin waits on its own key, so a write to one Instance
     wakes the plugins of that Instance and its Configuration, not every plugin on the node."""
 
-    def __init__(self, node: str) -> None:
+    def __init__(self, node: str, *, max_capacity: int = MAX_CAPACITY) -> None:
         self.node = node
+        self.max_capacity = max_capacity
         self.membership = Changed()
         self._keyed: dict[ObjectKey, Changed] = {}
         self._instances: dict[ObjectKey, Instance] = {}
@@ -70,7 +80,7 @@ class NodeView:
         self._gone: dict[ObjectKey, str] = {}
         self._devices: dict[ObjectKey, Device] = {}  # instance key -> device this node discovered
         self._devices_by_config: dict[ObjectKey, dict[ObjectKey, Device]] = {}
-        self._reported: set[tuple[ObjectKey, str]] = set()
+        self._reported: set[tuple[ObjectKey, str, str]] = set()  # (key, kind, what)
 
     def changes_of(self, key: ObjectKey) -> Changed:
         changes = self._keyed.get(key)
@@ -127,7 +137,7 @@ class NodeView:
             self.drop_instance(key)
             return structure(obj, Instance)
         self._gone.pop(key, None)
-        inst = structure(obj, Instance)
+        inst = self._clamped(structure(obj, Instance))
         if held != inst:
             if held is None or held.spec.device_usage != inst.spec.device_usage:
                 self._report_poisoned(inst)
@@ -138,14 +148,37 @@ class NodeView:
             )
         return inst
 
+    def _clamped(self, inst: Instance) -> Instance:
+        """`inst` with its capacity cut to `max_capacity` (logged once per capacity)."""
+        capacity = inst.spec.capacity
+        if capacity <= self.max_capacity:
+            return inst
+        if self._first_report(inst.metadata.key, "capacity", str(capacity)):
+            log.warning(
+                "Instance %s: capacity %d is over this agent's maximum %d (--max-capacity); "
+                "serving %d slots",
+                inst.metadata.key,
+                capacity,
+                self.max_capacity,
+                self.max_capacity,
+            )
+        return attrs.evolve(inst, spec=attrs.evolve(inst.spec, capacity=self.max_capacity))
+
+    def _first_report(self, key: ObjectKey, kind: str, what: str) -> bool:
+        """True the first time `what` of `kind` is reported of `key` (the memory of reports
+        is forgotten wholesale past MAX_REPORTED_KEYS)."""
+        if (key, kind, what) in self._reported:
+            return False
+        if len(self._reported) >= MAX_REPORTED_KEYS:
+            self._reported.clear()
+        self._reported.add((key, kind, what))
+        return True
+
     def _report_poisoned(self, inst: Instance) -> None:
         key = inst.metadata.key
         for usage_key in poisoned_keys(key.name, inst.spec.device_usage):
-            if (key, usage_key) in self._reported:
+            if not self._first_report(key, "deviceUsage", usage_key):
                 continue
-            if len(self._reported) >= MAX_REPORTED_KEYS:
-                self._reported.clear()
-            self._reported.add((key, usage_key))
             shown = (
                 usage_key
                 if len(usage_key) <= 80

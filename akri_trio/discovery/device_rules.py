@@ -5,6 +5,9 @@ become environment variables of broker containers, its mounts and device nodes g
 kubelet as host paths. So before a device reaches an Instance or an Allocate answer:
 
 - its id is not empty, and not sent twice in one list (the first is kept, the repeat reported);
+- it has at most `max_properties` properties and is at most `max_device_bytes` bytes (the UTF-8
+  of its id, property names and values, and paths), checked first: a device over either is
+  dropped without looking further, so 200,000 properties cost one count, not 200,000 checks;
 - property names are environment variable names (`[A-Za-z_][A-Za-z0-9_]*`), values hold no NUL;
 - device-node permissions are a non-empty subset of `rwm`;
 - host and container paths are absolute and normalised (no `..`, `.`, `//` or trailing `/`);
@@ -40,7 +43,12 @@ import attrs
 
 from akri_trio.discovery.host_critical import Allowances
 from akri_trio.model.device import Device
-from akri_trio.model.limits import MAX_DEVICES_PER_CONFIGURATION, MAX_DEVICES_PER_HANDLER
+from akri_trio.model.limits import (
+    MAX_DEVICE_BYTES,
+    MAX_DEVICES_PER_CONFIGURATION,
+    MAX_DEVICES_PER_HANDLER,
+    MAX_PROPERTIES_PER_DEVICE,
+)
 
 ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 PERMISSIONS: Final = frozenset("rwm")
@@ -76,6 +84,8 @@ class DeviceRules:
     refused_host_dirs: tuple[str, ...] = ()
     # The only directories a mount's host path may be in.
     mount_dirs: tuple[str, ...] = ()
+    max_properties: int = MAX_PROPERTIES_PER_DEVICE  # per device
+    max_device_bytes: int = MAX_DEVICE_BYTES  # per device, see `device_bytes`
     # Namespace (or "*") -> host-critical device classes it may use (--allow-host-devices).
     host_allowances: Allowances = attrs.field(factory=dict)
 
@@ -135,9 +145,37 @@ def _mount_problem(path: str, rules: DeviceRules) -> str | None:
     return problem
 
 
+def device_bytes(device: Device) -> int:
+    """The size of what `device` carries: the UTF-8 of its id, property names and values, and
+    mount and device-node paths."""
+    texts = [device.id, *device.properties.keys(), *device.properties.values()]
+    texts += [p for m in device.mounts for p in (m.container_path, m.host_path)]
+    texts += [p for s in device.device_specs for p in (s.container_path, s.host_path)]
+    return sum(len(text.encode("utf-8", "surrogatepass")) for text in texts)
+
+
+def _size_problems(device: Device, rules: DeviceRules) -> list[str]:
+    problems: list[str] = []
+    count = len(device.properties)
+    if count > rules.max_properties:
+        problems.append(
+            f"{count} properties; at most {rules.max_properties} per device "
+            "(the agent's --max-properties-per-device)"
+        )
+    size = device_bytes(device)
+    if size > rules.max_device_bytes:
+        problems.append(
+            f"{size} bytes; at most {rules.max_device_bytes} per device "
+            "(the agent's --max-device-bytes)"
+        )
+    return problems
+
+
 def device_problems(device: Device, rules: DeviceRules, host: HostCheck | None = None) -> list[str]:
     """Why `device` may not be used (empty: it may)."""
-    problems: list[str] = []
+    problems = _size_problems(device, rules)
+    if problems:
+        return problems  # too big to be worth checking further
     if not device.id:
         problems.append("empty device id")
     for name, value in device.properties.items():

@@ -6,6 +6,13 @@ The process keeps the picture current with `ClusterWatch` (the same watches as `
 it works offline and behind `kubectl port-forward`) and `/ws` a websocket sending the picture,
 then only what changed (`feed`). Read-only; it binds to localhost unless told otherwise.
 
+Binding to localhost does not keep other web pages out: a page on the internet, open in the
+operator's browser, can open a websocket to 127.0.0.1 (browsers do not apply the same-origin
+policy to websockets), or point its own DNS name at 127.0.0.1 and read the page (DNS
+rebinding). So every request must carry a `Host` the dashboard serves (its loopback names and
+its bind address with its port, or one given with `--allowed-host`), and a websocket upgrade
+(any request that carries one) an `Origin` of that same host: anything else is 403.
+
 One port for both means telling a page request from a websocket upgrade before either
 protocol owns the connection: the request head is read here, then replayed into
 trio-websocket's handshake (`_Replay`). Each client sends from its own task, from the last
@@ -24,14 +31,14 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 import attrs
 import trio
 import trio_websocket
 
-from akri_trio.flaghelp import Parser, add_env_argument
+from akri_trio.flaghelp import Parser, add_env_argument, comma_list
 from akri_trio.kube import Client, ConfigError, KubeConfig, load_config
 from akri_trio.observe import feed
 from akri_trio.observe.cli import add_picture_arguments
@@ -40,7 +47,15 @@ from akri_trio.observe.watcher import ClusterWatch
 from akri_trio.runtime import Changed
 from akri_trio.shutdown import run_until_signalled
 
-__all__ = ["Hub", "Route", "parse_dashboard_args", "route", "run_dashboard", "serve_client"]
+__all__ = [
+    "Hub",
+    "Route",
+    "parse_dashboard_args",
+    "route",
+    "run_dashboard",
+    "serve_client",
+    "served_hosts",
+]
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +76,34 @@ class Route:
     content_type: str = "text/plain; charset=utf-8"
 
 
-def route(head: bytes) -> Route:
-    """Decide from a request head alone (pure): GET /ws with an Upgrade is the websocket,
-    GET / (or /index.html) is the page, anything else is 404 / 405 / 400."""
+def served_hosts(host: str, port: int, extra: Iterable[str] = ()) -> frozenset[str]:
+    """The `Host` header values the dashboard answers (lower case): 127.0.0.1, localhost and
+    [::1] and its bind address `host` (unless that is every address), each with `port` (and
+    without it too when `port` is 80, as browsers send it), and `extra` as given."""
+    names = {"127.0.0.1", "localhost", "[::1]"}
+    if host not in ("", "0.0.0.0", "::"):
+        names.add(f"[{host}]" if ":" in host else host)
+    served = {f"{name}:{port}" for name in names} | (names if port == 80 else set())
+    return frozenset(name.lower() for name in (*served, *extra))
+
+
+def _foreign(headers: Mapping[str, str], hosts: Collection[str]) -> bytes | None:
+    """Why a request is refused as not from a page of the dashboard's own (None: it is)."""
+    host = headers.get("host", "")
+    if host not in hosts:
+        return b"unknown Host: this dashboard answers only the names it serves\n"
+    origin = headers.get("origin")
+    if "upgrade" in headers and origin is None:
+        return b"a websocket needs an Origin\n"
+    if origin is not None and origin != f"http://{host}":
+        return b"cross-origin request refused\n"
+    return None
+
+
+def route(head: bytes, hosts: Collection[str]) -> Route:
+    """Decide from a request head alone (pure): a `Host` not in `hosts` or a foreign `Origin`
+    is 403 (see the module docstring); else GET /ws with an Upgrade is the websocket, GET /
+    (or /index.html) is the page, anything else is 404 / 405 / 400."""
     try:
         lines = head.decode("latin-1").split("\r\n")
         method, target, _ = lines[0].split(" ", 2)
@@ -74,6 +114,9 @@ def route(head: bytes) -> Route:
         name, sep, value = line.partition(":")
         if sep:
             headers[name.strip().lower()] = value.strip().lower()
+    refused = _foreign(headers, hosts)
+    if refused is not None:
+        return Route(False, 403, refused)
     path = target.split("?", 1)[0]
     if method not in ("GET", "HEAD"):
         return Route(False, 405, b"read-only: GET only\n")
@@ -87,7 +130,13 @@ def route(head: bytes) -> Route:
 
 
 def _response(r: Route, *, head_only: bool) -> bytes:
-    reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}
+    reason = {
+        200: "OK",
+        400: "Bad Request",
+        403: "Forbidden",
+        404: "Not Found",
+        405: "Method Not Allowed",
+    }
     lines = [
         f"HTTP/1.1 {r.status} {reason.get(r.status, '')}",
         f"Content-Type: {r.content_type}",
@@ -174,14 +223,14 @@ async def _read_head(stream: trio.abc.Stream) -> bytes:
     return data
 
 
-async def _connection(stream: trio.SocketStream, hub: Hub) -> None:
+async def _connection(stream: trio.SocketStream, hub: Hub, hosts: Collection[str]) -> None:
     try:
         head = b""
         with trio.move_on_after(HEAD_TIMEOUT_S):
             head = await _read_head(stream)
         if not head:
             return  # closed, too big, or too slow
-        r = route(head.split(b"\r\n\r\n", 1)[0])
+        r = route(head.split(b"\r\n\r\n", 1)[0], hosts)
         if not r.websocket:
             with trio.fail_after(SEND_TIMEOUT_S):
                 await stream.send_all(_response(r, head_only=head.startswith(b"HEAD ")))
@@ -211,10 +260,12 @@ async def run_dashboard(
     host: str,
     port: int,
     *,
+    allowed_hosts: Iterable[str] = (),
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Watch and serve until cancelled; started (with the bound port) once the first picture
-    is complete and the socket listens."""
+    is complete and the socket listens. Requests must name a host of
+    `served_hosts(host, port, allowed_hosts)`."""
     watch = ClusterWatch(api, namespace)
     async with trio.open_nursery() as nursery:
         await nursery.start(watch.run)
@@ -230,7 +281,9 @@ async def run_dashboard(
         nursery.start_soon(
             functools.partial(
                 trio.serve_listeners,
-                functools.partial(_connection, hub=hub),
+                functools.partial(
+                    _connection, hub=hub, hosts=served_hosts(host, bound, allowed_hosts)
+                ),
                 listeners,
                 handler_nursery=nursery,
             )
@@ -263,13 +316,29 @@ def parse_dashboard_args(argv: list[str], env: Mapping[str, str]) -> argparse.Na
         default=8090,
         help="port; 0 picks a free one, logged",
     )
+    add_env_argument(
+        p,
+        "--allowed-host",
+        env=env,
+        var="AKRI_DASHBOARD_ALLOWED_HOSTS",
+        from_env=comma_list,
+        action="append",
+        dest="allowed_hosts",
+        default=[],
+        metavar="HOST:PORT",
+        help="another Host the page is reached by, as the browser sends it (a name, a "
+        "port-forward's local port; repeatable; the env var takes a list). Always served: "
+        "127.0.0.1, localhost, [::1] and --host, with --port",
+    )
     add_log_arguments(p, env)
     return p.parse_args(argv)
 
 
 async def _dashboard(config: KubeConfig, args: argparse.Namespace) -> None:
     async with Client.open(config) as api:
-        await run_dashboard(api, args.namespace, args.host, args.port)
+        await run_dashboard(
+            api, args.namespace, args.host, args.port, allowed_hosts=args.allowed_hosts
+        )
 
 
 def dashboard_main(argv: list[str]) -> int:

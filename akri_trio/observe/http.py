@@ -7,19 +7,30 @@ to answer with 400. Routing is a pure function of (method, target) so it is test
 sockets; the shell only moves bytes. The same shell (`serve_http`), with TLS, a bounded request
 body and a cap on open connections, serves the admission webhook (akri_trio.webhook.server).
 
-The one timeout this module owns is protocol-level: each request/response exchange (including
-the wait for a keep-alive connection's next request) must finish within `request_timeout`, so a
-client that connects and says nothing, or dribbles a byte at a time, cannot hold a connection
-(and its file descriptor) forever.
+The timeouts this module owns are protocol-level: a connection waiting for its next request
+(a fresh one, or a kept-alive one between requests; a TLS handshake included) is closed after
+`idle_timeout`, and each request/response exchange, from the request's first byte, must finish
+within `request_timeout`. So a client that connects and says nothing, or dribbles a byte at a
+time, cannot hold a connection (and its file descriptor) forever.
+
+Open connections are capped per server (`ConnectionCap`), and the cap is never more than a
+quarter of the process's file descriptor limit, so a flood of connections never leaves the
+process unable to open its own files. A connection over the cap takes the place of one that is
+idle (the one idle longest), else of the one whose request started first (a slow client's),
+which is closed at once: clients that hold connections open, idle or dribbling, cannot lock
+out the one that has something to ask (the API server's AdmissionReview); one that opens
+connections faster than the cap turns over still leaves each request cap/rate seconds. Choosing
+whom to close is a pure function (`evictee`).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import resource
 import ssl
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, TypeAlias
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
+from typing import Any, Final, TypeAlias, TypeVar
 
 import attrs
 import h11
@@ -28,11 +39,15 @@ import trio
 from akri_trio.observe.metrics import CONTENT_TYPE, Registry, render
 
 __all__ = [
+    "DEFAULT_MAX_CONNECTIONS",
+    "ConnectionCap",
     "NamedChecks",
     "Readiness",
     "Reply",
     "Respond",
+    "connection_cap",
     "evaluate_readiness",
+    "evictee",
     "handle_connection",
     "linger",
     "route",
@@ -54,6 +69,14 @@ TEXT = "text/plain; charset=utf-8"
 # this by up to one read; heads that arrive whole in one read may be a little larger.
 MAX_HEAD_BYTES = 16 * 1024
 RECEIVE_BYTES = 16 * 1024
+# Connections per server when the caller does not say: Prometheus and the kubelet's probes need
+# a few at once.
+DEFAULT_MAX_CONNECTIONS: Final = 64
+# A server holds at most this share of the process's file descriptor limit; the rest is the
+# process's own (sockets, watches, files).
+FD_SHARE: Final = 4
+
+K = TypeVar("K", bound=Hashable)
 
 _REASONS = {
     200: b"OK",
@@ -110,18 +133,20 @@ def evaluate_readiness(ready: Readiness) -> tuple[bool, str]:
     return not failing, "\n".join(lines) + "\n"
 
 
-def route(method: str, target: str, *, registry: Registry, ready: Readiness) -> Reply:
-    """The response to one request. HEAD is GET without the body (the shell drops it)."""
+def route(
+    method: str, target: str, *, registry: Registry, ready: Readiness, live: Readiness = ()
+) -> Reply:
+    """The response to one request. HEAD is GET without the body (the shell drops it).
+    /healthz runs the `live` checks (the event loop's lag), /readyz the `ready` ones."""
     path = target.split("?", 1)[0]
     if path not in ("/healthz", "/readyz", "/metrics"):
         return Reply(404, b"not found\n")
     if method not in ("GET", "HEAD"):
         return Reply(405, b"method not allowed\n", headers=(("allow", "GET, HEAD"),))
-    if path == "/healthz":
-        # Answering at all is the check: a wedged event loop would never get here.
-        return Reply(200, b"ok\n")
-    if path == "/readyz":
-        ok, why = evaluate_readiness(ready)
+    if path in ("/healthz", "/readyz"):
+        # Answering at all is most of /healthz: a wedged event loop never gets here. A loop
+        # that only crawls does, and its lag check says so.
+        ok, why = evaluate_readiness(live if path == "/healthz" else ready)
         return Reply(200 if ok else 503, why.encode())
     try:
         body = render(registry)
@@ -133,8 +158,73 @@ def route(method: str, target: str, *, registry: Registry, ready: Readiness) -> 
     return Reply(200, body, content_type=CONTENT_TYPE)
 
 
+def connection_cap(requested: int, fd_limit: int) -> int:
+    """The connections a server may hold: `requested`, but at most 1/FD_SHARE of `fd_limit`
+    (the process's soft RLIMIT_NOFILE; <= 0 or RLIM_INFINITY: no bound from it), at least 1."""
+    if fd_limit > 0 and fd_limit != resource.RLIM_INFINITY:
+        requested = min(requested, fd_limit // FD_SHARE)
+    return max(1, requested)
+
+
+def evictee(connections: Mapping[K, tuple[bool, float]]) -> K | None:
+    """Which open connection (key -> (idle, since when)) to close for a new one at the cap: the
+    one idle longest, else the one whose request started first (None when there is none)."""
+    if not connections:
+        return None
+    # False sorts first: idle ones before busy ones, then the oldest.
+    return min(connections, key=lambda key: (not connections[key][0], connections[key][1]))
+
+
 # --------------------------------------------------------------------------------------------
 # I/O shell
+
+
+@attrs.define(eq=False)
+class Activity:
+    """What one connection is doing, for the cap: waiting for a request (idle) or busy with
+    one, and since when."""
+
+    idle: bool = True
+    since: float = attrs.field(factory=trio.current_time)
+
+    def mark(self, *, idle: bool) -> None:
+        self.idle, self.since = idle, trio.current_time()
+
+
+class ConnectionCap:
+    """At most `limit` connections served at once (see the module docstring). That bounds what
+    a flood of connections can take: file descriptors, and the memory of request bodies being
+    read (`limit` x `max_body`)."""
+
+    def __init__(self, limit: int, name: str) -> None:
+        self.limit = limit
+        self.name = name
+        self.open: dict[trio.CancelScope, Activity] = {}
+
+    async def serve(
+        self,
+        handler: Callable[[trio.abc.Stream, Activity], Awaitable[None]],
+        stream: trio.abc.Stream,
+    ) -> None:
+        if len(self.open) >= self.limit:
+            states = {scope: (a.idle, a.since) for scope, a in self.open.items()}
+            victim = evictee(states)
+            if victim is not None:
+                kind = "an idle" if self.open.pop(victim).idle else "the oldest busy"
+                log.debug("%s: %d connections open; closing %s one", self.name, self.limit, kind)
+                victim.cancel()
+        activity = Activity()
+        with trio.CancelScope() as scope:  # cancelled: evicted (the handler closes the stream)
+            self.open[scope] = activity
+            try:
+                await handler(stream, activity)
+            finally:
+                self.open.pop(scope, None)
+
+
+def fd_limit() -> int:
+    """This process's soft limit on open file descriptors."""
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
 async def serve_observe(
@@ -143,16 +233,22 @@ async def serve_observe(
     *,
     registry: Registry,
     ready: Readiness = (),
+    live: Readiness = (),
     request_timeout: float = 10.0,
+    idle_timeout: float | None = None,
+    max_connections: int = DEFAULT_MAX_CONNECTIONS,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve /healthz, /readyz and /metrics until cancelled (see `serve_http`)."""
+    """Serve /healthz (`live` checks), /readyz (`ready` checks) and /metrics until cancelled
+    (see `serve_http`)."""
     await serve_http(
         host,
         port,
-        _observe(registry, ready),
+        _observe(registry, ready, live),
         name="observe endpoint",
         request_timeout=request_timeout,
+        idle_timeout=idle_timeout,
+        max_connections=max_connections,
         task_status=task_status,
     )
 
@@ -164,15 +260,17 @@ async def serve_http(
     *,
     name: str,
     request_timeout: float,
+    idle_timeout: float | None = None,
     max_body: int = 0,
-    max_connections: int | None = None,
+    max_connections: int = DEFAULT_MAX_CONNECTIONS,
     ssl_context: ssl.SSLContext | None = None,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Answer requests with `respond` until cancelled; `task_status.started(bound_port)` once
-    accepting (port 0 = any). With `ssl_context` it is HTTPS: the handshake happens inside the
-    first request's deadline. `max_body` and `max_connections` are as in `serve_connection` and
-    `_limited`.
+    accepting (port 0 = any). With `ssl_context` it is HTTPS: the handshake happens while the
+    connection is idle, before its first request. The timeouts and `max_body` are as in
+    `serve_connection`; at most `connection_cap(max_connections, fd_limit())` connections are
+    served at once (`ConnectionCap`).
 
     `host` None listens on every local address (IPv4 and IPv6), which needs a fixed port: with
     port 0 each address family would get a different one, and that is refused.
@@ -190,42 +288,26 @@ async def serve_http(
         served: list[trio.abc.Listener[Any]] = list(listeners)
         if ssl_context is not None:
             served = [trio.SSLListener(t, ssl_context, https_compatible=True) for t in listeners]
-        handler: Callable[[trio.abc.Stream], Awaitable[None]] = functools.partial(
-            serve_connection, respond=respond, request_timeout=request_timeout, max_body=max_body
-        )
-        if max_connections is not None:
-            handler = _limited(handler, max_connections)
+        cap = ConnectionCap(connection_cap(max_connections, fd_limit()), name)
+
+        async def handler(stream: trio.abc.Stream, activity: Activity) -> None:
+            await serve_connection(
+                stream,
+                respond,
+                request_timeout=request_timeout,
+                idle_timeout=idle_timeout,
+                max_body=max_body,
+                activity=activity,
+            )
+
         async with trio.open_nursery() as nursery:
-            await nursery.start(trio.serve_listeners, handler, served)
-            log.info("%s listening on %s:%d", name, host, bound)
+            await nursery.start(trio.serve_listeners, functools.partial(cap.serve, handler), served)
+            log.info("%s listening on %s:%d (at most %d connections)", name, host, bound, cap.limit)
             task_status.started(bound)
     finally:
         # serve_listeners closes them when it ran; this covers failing before it started.
         for listener in listeners:
             await trio.aclose_forcefully(listener)
-
-
-def _limited(
-    handler: Callable[[trio.abc.Stream], Awaitable[None]], limit: int
-) -> Callable[[trio.abc.Stream], Awaitable[None]]:
-    """`handler` for at most `limit` connections at once; any more are closed unanswered. That
-    bounds what a flood of connections can take: file descriptors, and the memory of request
-    bodies being read (`limit` x `max_body`)."""
-    slots = trio.Semaphore(limit)
-
-    async def handle(stream: trio.abc.Stream) -> None:
-        try:
-            slots.acquire_nowait()
-        except trio.WouldBlock:
-            log.warning("refusing a connection: %d already open", limit)
-            await trio.aclose_forcefully(stream)
-            return
-        try:
-            await handler(stream)
-        finally:
-            slots.release()
-
-    return handle
 
 
 async def handle_connection(
@@ -239,8 +321,10 @@ async def handle_connection(
     await serve_connection(stream, _observe(registry, ready), request_timeout=request_timeout)
 
 
-def _observe(registry: Registry, ready: Readiness) -> Respond:
-    return lambda method, target, _body: route(method, target, registry=registry, ready=ready)
+def _observe(registry: Registry, ready: Readiness, live: Readiness = ()) -> Respond:
+    return lambda method, target, _body: route(
+        method, target, registry=registry, ready=ready, live=live
+    )
 
 
 async def serve_connection(
@@ -248,17 +332,32 @@ async def serve_connection(
     respond: Respond,
     *,
     request_timeout: float,
+    idle_timeout: float | None = None,
     max_body: int = 0,
+    activity: Activity | None = None,
 ) -> None:
-    """Answer requests on one connection until it closes, errs or misses a deadline.
+    """Answer requests on one connection until it closes, errs or misses a deadline: the next
+    request's first bytes must come within `idle_timeout` (None: `request_timeout`), and the
+    exchange must end within `request_timeout` of them. `activity`, when given, is kept told
+    whether the connection is idle or busy.
 
     `max_body` 0 answers as soon as a request's head is here and never reads a body; above 0
     the body is read first, and one longer than `max_body` bytes is answered with 413.
     Never raises an Exception: one bad client must not take the server's nursery down.
     """
+    activity = activity or Activity()
+    idle_for = request_timeout if idle_timeout is None else idle_timeout
     conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
     try:
         while True:
+            activity.mark(idle=True)
+            if not conn.trailing_data[0]:  # no pipelined request already here: wait for one
+                with trio.move_on_after(idle_for) as idle:
+                    conn.receive_data(bytes(await stream.receive_some(RECEIVE_BYTES)))
+                if idle.cancelled_caught:
+                    log.debug("dropping connection: idle for %ss", idle_for)
+                    return
+            activity.mark(idle=False)
             with trio.move_on_after(request_timeout) as scope:
                 keep_alive = await _exchange(conn, stream, respond, max_body)
             if scope.cancelled_caught:

@@ -34,11 +34,13 @@ __all__ = [
     "ALLOCATE_BUCKETS",
     "CONTENT_TYPE",
     "DISCOVERY_BUCKETS",
+    "LAG_BUCKETS",
     "GaugeSnapshot",
     "Registry",
     "SuffixlessCounter",
     "UpstreamFamilies",
     "agent_families",
+    "event_loop_lag",
     "new_registry",
     "reconcile_queue_depth",
     "remove_matching",
@@ -59,6 +61,22 @@ DISCOVERY_BUCKETS: tuple[float, ...] = (0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0
 ALLOCATE_BUCKETS: tuple[float, ...] = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0,
 )  # fmt: skip
+
+
+# How late the event loop wakes a sleeping task: a healthy loop is well under a millisecond.
+LAG_BUCKETS: tuple[float, ...] = (
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+
+
+def event_loop_lag(registry: CollectorRegistry) -> Histogram:
+    """`akri_event_loop_lag_seconds`: each sample of akri_trio.observe.lag.LagMonitor."""
+    return Histogram(
+        "akri_event_loop_lag_seconds",
+        "How much later than asked the event loop woke a task sleeping a fixed period",
+        buckets=LAG_BUCKETS,
+        registry=registry,
+    )
 
 
 def new_registry(*, process: bool = True) -> CollectorRegistry:

@@ -27,7 +27,13 @@ from akri_trio.kube import ConfigError, load_config
 from akri_trio.observe.logs import add_log_arguments, log_startup, setup_logging
 from akri_trio.shutdown import run_until_signalled
 from akri_trio.webhook.certs import serving_certs, webhook_configuration
-from akri_trio.webhook.server import REQUEST_TIMEOUT, run_webhook, server_ssl_context
+from akri_trio.webhook.server import (
+    IDLE_TIMEOUT,
+    MAX_CONNECTIONS,
+    REQUEST_TIMEOUT,
+    run_webhook,
+    server_ssl_context,
+)
 from akri_trio.webhook.validate import parse_handler_namespaces
 
 log = logging.getLogger("akri_trio.webhook")
@@ -73,6 +79,19 @@ def parse_serve_args(argv: list[str]) -> argparse.Namespace:
         "using HANDLER in another namespace is refused (repeatable; the env var takes a list; "
         "default: none, every handler in every namespace)",
     )
+    p.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=IDLE_TIMEOUT,
+        help="seconds a connection may wait for its next request (the TLS handshake included)",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=MAX_CONNECTIONS,
+        help="connections served at once (at most a quarter of the file descriptor limit); "
+        "one more takes the place of an idle or slow one, else is closed",
+    )
     add_log_arguments(p, os.environ)
     args = p.parse_args(argv)
     try:
@@ -100,6 +119,8 @@ def serve(argv: list[str]) -> int:
         args.port,
         request_timeout=args.request_timeout,
         handler_namespaces=args.handler_namespaces,
+        idle_timeout=args.idle_timeout,
+        max_connections=args.max_connections,
     )
     trio.run(run_until_signalled, main_task, log)
     log.info("webhook stopped")

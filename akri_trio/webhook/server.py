@@ -59,14 +59,18 @@ JSON_TYPE: Final = "application/json"
 # review carries two of them, old and new; a body over this is not from the API server.
 MAX_BODY_BYTES: Final = 4 * 1024 * 1024
 # Each connection may hold a body of MAX_BODY_BYTES while it is read: 32 bound that to 128 MiB,
-# and the API server needs only a few at once.
+# and the API server needs only a few at once. A connection over the cap takes the place of an
+# idle or slow one (akri_trio.observe.http.ConnectionCap), so idle clients cannot lock the API
+# server out.
 MAX_CONNECTIONS: Final = 32
 # A failed fetch is retried after 1 s, then less often, up to once a minute.
 OPENAPI_BACKOFF: Final = Backoff(base=1.0, cap=60.0)
-# Covers one whole exchange, including the TLS handshake and, on a kept-alive connection, the
-# wait for the next request. The API server gives up on its side after the configuration's
-# timeoutSeconds (10 s).
+# Covers one whole exchange, from the request's first byte to the answer's last. The API server
+# gives up on its side after the configuration's timeoutSeconds (10 s).
 REQUEST_TIMEOUT: Final = 30.0
+# A connection waiting for its next request (or its first, the TLS handshake included) is
+# closed after this; the API server opens another when it has a review to send.
+IDLE_TIMEOUT: Final = 10.0
 
 FetchOpenApi = Callable[[], Awaitable[Mapping[str, Any]]]
 WatchConfigurations = Callable[[Store], Awaitable[None]]
@@ -172,6 +176,8 @@ async def serve_webhook(
     *,
     watch_configurations: WatchConfigurations | None = None,
     request_timeout: float = REQUEST_TIMEOUT,
+    idle_timeout: float = IDLE_TIMEOUT,
+    max_connections: int = MAX_CONNECTIONS,
     backoff: Backoff = OPENAPI_BACKOFF,
     handler_namespaces: HandlerNamespaces | None = None,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
@@ -214,8 +220,9 @@ async def serve_webhook(
                 respond,
                 name="webhook",
                 request_timeout=request_timeout,
+                idle_timeout=idle_timeout,
                 max_body=MAX_BODY_BYTES,
-                max_connections=MAX_CONNECTIONS,
+                max_connections=max_connections,
                 ssl_context=ssl_context,
             )
         )
@@ -230,6 +237,8 @@ async def run_webhook(
     *,
     request_timeout: float = REQUEST_TIMEOUT,
     handler_namespaces: HandlerNamespaces | None = None,
+    idle_timeout: float = IDLE_TIMEOUT,
+    max_connections: int = MAX_CONNECTIONS,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """The webhook process: `serve_webhook` with the OpenAPI document fetched through our
@@ -244,5 +253,7 @@ async def run_webhook(
             watch_configurations=functools.partial(reflect, api, CONFIGURATIONS),
             request_timeout=request_timeout,
             handler_namespaces=handler_namespaces,
+            idle_timeout=idle_timeout,
+            max_connections=max_connections,
             task_status=task_status,
         )

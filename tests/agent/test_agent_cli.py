@@ -51,6 +51,10 @@ def test_limits_and_least_privilege_flags() -> None:
         "--max-capacity", "8",
         "--max-devices-per-handler", "3",
         "--max-devices-per-configuration", "5",
+        "--max-properties-per-device", "6",
+        "--max-device-bytes", "1000",
+        "--metrics-max-connections", "9",
+        "--event-loop-lag-threshold", "0.5",
         "--metrics-host", "127.0.0.1",
         "--handler-group", "65532",
         "--configuration-selector", "team=a",
@@ -60,6 +64,13 @@ def test_limits_and_least_privilege_flags() -> None:
     assert given.limits.max_capacity == 8
     assert given.limits.devices.max_devices == 3
     assert given.limits.devices.max_configuration_devices == 5
+    assert (given.limits.devices.max_properties, given.limits.devices.max_device_bytes) == (6, 1000)
+    assert (given.metrics_max_connections, default.metrics_max_connections) == (9, 64)
+    assert (given.lag_threshold, default.lag_threshold) == (0.5, 5.0)
+    assert (default.limits.devices.max_properties, default.limits.devices.max_device_bytes) == (
+        256,
+        65536,
+    )
     assert "/k/dp" in given.limits.devices.refused_host_dirs
     assert (given.metrics_host, given.handler_group, given.configuration_selector) == (
         "127.0.0.1",
@@ -77,8 +88,9 @@ def test_a_limit_below_one_is_a_usage_error(capsys: pytest.CaptureFixture[str]) 
     assert "--max-capacity must be at least 1" in capsys.readouterr().err
 
 
-def test_the_crd_maximum_is_the_agents_and_the_webhooks_capacity_limit() -> None:
-    crd = yaml.safe_load((REPO / "k8s" / "crds" / "configuration.yaml").read_text())
+@pytest.mark.parametrize("kind", ["configuration", "instance"])
+def test_the_crd_maximum_is_the_agents_and_the_webhooks_capacity_limit(kind: str) -> None:
+    crd = yaml.safe_load((REPO / "k8s" / "crds" / f"{kind}.yaml").read_text())
     (version,) = crd["spec"]["versions"]
     spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
     assert spec["properties"]["capacity"]["maximum"] == MAX_CAPACITY

@@ -3,6 +3,7 @@ with a reason, the others go on."""
 
 from __future__ import annotations
 
+import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -11,6 +12,7 @@ from akri_trio.discovery.device_rules import (
     SHOWN_CHARS,
     DeviceRules,
     check_devices,
+    device_bytes,
     device_problems,
 )
 from akri_trio.model.device import Device, DeviceSpec, Mount
@@ -161,7 +163,8 @@ def test_a_device_with_thousands_of_problems_gets_one_short_line() -> None:
     """5,000 bad property names (each near the length cut) make one line naming three of
     them and how many more, not a 759 KB message."""
     names = {f"{i}-{'x' * 300}": "" for i in range(5000)}
-    _, (line,) = check_devices([Device("cam", names)], RULES)
+    roomy = attrs.evolve(RULES, max_properties=5000, max_device_bytes=2_000_000)
+    _, (line,) = check_devices([Device("cam", names)], roomy)
     assert line.startswith("device 'cam' dropped: property name '0-xxx")
     assert line.endswith("; and 4997 more")
     assert line.count("property name") == 3
@@ -212,3 +215,36 @@ def test_what_is_kept_passes_every_rule_and_every_drop_has_a_reason(devices: lis
     assert len({d.id for d in kept}) == len(kept)
     dropped = {d.id for d in devices} - {d.id for d in kept}
     assert all(any(repr(i) in p for p in problems) for i in dropped)
+
+
+# --- issue 21 item 7: a device's size is bounded ----------------------------------------------
+
+
+def test_a_device_over_the_property_count_is_dropped_without_checking_each() -> None:
+    rules = DeviceRules(max_properties=3)
+    # Bad names past the count are not looked at: the count alone decides.
+    device = Device("d", {f"-{i}": "v" for i in range(4)})
+    assert device_problems(device, rules) == [
+        "4 properties; at most 3 per device (the agent's --max-properties-per-device)"
+    ]
+    assert device_problems(Device("d", {f"P{i}": "v" for i in range(3)}), rules) == []
+
+
+def test_a_device_over_the_byte_limit_is_dropped() -> None:
+    rules = DeviceRules(max_device_bytes=20)
+    # id 1 + name 1 + value 18 (two bytes a character) = 20: at the limit
+    assert device_problems(Device("d", {"A": "é" * 9}), rules) == []
+    assert device_problems(Device("d", {"A": "é" * 10}), rules) == [
+        "22 bytes; at most 20 per device (the agent's --max-device-bytes)"
+    ]
+    with_paths = Device("d", device_specs=(DeviceSpec("/dev/video0", "/dev/video0"),))
+    assert device_bytes(with_paths) == 1 + 2 * len("/dev/video0")
+
+
+def test_a_200000_property_device_is_dropped_and_the_rest_go_on() -> None:
+    huge = Device("huge", {f"P{i}": "x" * 100 for i in range(200_000)})
+    kept, refused = check_devices([huge, Device("ok", {"A": "1"})], DeviceRules())
+    assert [d.id for d in kept] == ["ok"]
+    (line,) = refused
+    assert line.startswith("device 'huge' dropped: 200000 properties; at most 256 per device")
+    assert "bytes; at most 65536 per device (the agent's --max-device-bytes)" in line

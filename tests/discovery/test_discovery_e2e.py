@@ -507,3 +507,37 @@ async def test_failing_handler_drops_devices_goes_offline_and_is_retried(sock_di
             again = await results.until(lambda r: ids(r) == ["call-3"])
             assert again.handlers[endpoint] == ACTIVE
             nursery.cancel_scope.cancel()
+
+
+@attrs.define
+class Bloated:
+    """Sends one device with 200,000 properties (about 20 MB) beside a normal one."""
+
+    name: str = "debugEcho"
+    shared: bool = False
+
+    def parse_details(self, text: str) -> str:
+        return text
+
+    async def discover(self, details: str, properties: Properties, send: Send) -> None:
+        huge = Device("huge", {f"P{i}": "x" * 100 for i in range(200_000)})
+        await send([huge, Device("ok", {"A": "1"})])
+        await trio.sleep_forever()
+
+
+async def test_a_20_mb_device_over_the_real_stream_is_dropped_with_its_reason(
+    sock_dir: Path,
+) -> None:
+    registry = Registry(trio.current_time)
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await start_agent(nursery, registry, sock_dir)
+            _, results = await discover(nursery, registry)  # picks the handler up once it is
+            _, endpoint = await start_handler(nursery, Bloated(), sock_dir)
+            found = await results.until(lambda r: bool(r.devices))
+            assert ids(found) == ["ok"]
+            (line,) = found.refused
+            assert line.startswith(
+                f"{endpoint}: device 'huge' dropped: 200000 properties; at most 256 per device"
+            )
+            nursery.cancel_scope.cancel()

@@ -7,7 +7,6 @@ second of the change reaching the API server. The screenshot test needs no clust
 
 from __future__ import annotations
 
-import functools
 import json
 import struct
 from pathlib import Path
@@ -17,7 +16,7 @@ import trio
 
 from akri_trio.kube import Resource
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
-from akri_trio.observe.dashboard import Hub, _connection, run_dashboard
+from akri_trio.observe.dashboard import Hub, run_dashboard
 from akri_trio.observe.picture import picture
 from tests.observe.conftest import (
     RunningAgent,
@@ -26,6 +25,7 @@ from tests.observe.conftest import (
     first_instance,
     until,
 )
+from tests.observe.test_dashboard import serve
 from tests.support.akri_cluster import debug_echo_config
 from tests.support.browser import Page, open_page
 
@@ -82,9 +82,7 @@ async def test_screenshot_of_a_picture(tmp_path: Path) -> None:
     }
     hub = Hub(picture([config], [inst], [pod], nodes=[{"metadata": {"name": "n1"}}]))
     async with trio.open_nursery() as nursery:
-        handler = functools.partial(_connection, hub=hub)
-        listeners = await nursery.start(functools.partial(trio.serve_tcp, handler, 0))
-        port = listeners[0].socket.getsockname()[1]
+        port = await serve(nursery, hub)
         with trio.fail_after(60):
             async with open_page(tmp_path / "chrome", width=1000, height=700) as page:
                 await page.goto(f"http://127.0.0.1:{port}/")

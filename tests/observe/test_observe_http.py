@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import functools
 import re
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -315,3 +317,62 @@ async def test_a_taken_port_fails_before_reporting_started() -> None:
     async with running() as port, trio.open_nursery() as nursery:
         with pytest.raises(OSError, match="in use"):
             await nursery.start(functools.partial(serve_observe, HOST, port, registry=Registry()))
+
+
+# ---------------------------------------------------------------------------------------------
+# A connection flood at a low descriptor limit
+
+FLOODED_SERVER = """
+import resource, sys, trio
+from akri_trio.observe.http import serve_observe
+from akri_trio.observe.metrics import Registry
+
+resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))
+
+def can_open_files():
+    # The process's own needs: 40 files at once.
+    files = [open("/dev/null") for _ in range(40)]
+    for f in files:
+        f.close()
+    return True
+
+async def main():
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(lambda task_status: serve_observe(
+            "127.0.0.1", 0, registry=Registry(), ready=[("files", can_open_files)],
+            task_status=task_status))
+        print(port, flush=True)
+        await trio.sleep_forever()
+
+trio.run(main)
+"""
+
+
+async def test_a_keep_alive_flood_never_takes_the_processs_descriptors() -> None:
+    """At a 128-descriptor limit the cap is 32 (a quarter): 300 kept-alive connections leave
+    the server able to accept /readyz and the process able to open 40 files for it."""
+    async with trio.open_nursery() as nursery:
+        proc = await nursery.start(
+            functools.partial(
+                trio.run_process,
+                [sys.executable, "-c", FLOODED_SERVER],
+                stdout=subprocess.PIPE,
+                check=False,
+            )
+        )
+        try:
+            with trio.fail_after(60):
+                assert proc.stdout is not None
+                port = int((await proc.stdout.receive_some()).decode())
+                held = []
+                for _ in range(300):
+                    stream = await trio.open_tcp_stream(HOST, port)
+                    await stream.send_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                    held.append(stream)
+                async with client(port) as http:
+                    answer = await http.get("/readyz")
+                assert (answer.status_code, answer.text) == (200, "[+]files ok\nok\n")
+            for stream in held:
+                await trio.aclose_forcefully(stream)
+        finally:
+            proc.kill()

@@ -3,6 +3,7 @@ under the autojump clock, and the HTTPS server on loopback with a self-made CA."
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime as dt
 import functools
@@ -26,6 +27,7 @@ from akri_trio.webhook import Schemas, ServingCerts, serving_certs
 from akri_trio.webhook.cli import parse_serve_args
 from akri_trio.webhook.server import (
     MAX_BODY_BYTES,
+    MAX_CONNECTIONS,
     SchemaCache,
     load_schemas,
     route,
@@ -183,7 +185,10 @@ class Served:
 
 @asynccontextmanager
 async def running(
-    context: ssl.SSLContext, request_timeout: float = 10.0, **options: Any
+    context: ssl.SSLContext,
+    request_timeout: float = 10.0,
+    idle_timeout: float = 10.0,
+    **options: Any,
 ) -> AsyncIterator[Served]:
     loaded = trio.Event()
 
@@ -194,7 +199,14 @@ async def running(
     async with trio.open_nursery() as nursery:
         port: int = await nursery.start(
             functools.partial(
-                serve_webhook, HOST, 0, context, fetch, request_timeout=request_timeout, **options
+                serve_webhook,
+                HOST,
+                0,
+                context,
+                fetch,
+                request_timeout=request_timeout,
+                idle_timeout=idle_timeout,
+                **options,
             )
         )
         yield Served(port, loaded)
@@ -281,15 +293,15 @@ async def test_https_body_over_the_limit_is_a_413_unread(
         assert answer.text == f"request body over {MAX_BODY_BYTES} bytes\n"
 
 
-async def test_tls_client_that_never_handshakes_is_dropped_at_the_deadline(
+async def test_tls_client_that_never_handshakes_is_dropped_at_the_idle_timeout(
     autojump_clock: trio.testing.MockClock, certs: ServingCerts, server_context: ssl.SSLContext
 ) -> None:
-    async with running(server_context, request_timeout=10) as served:
+    async with running(server_context, request_timeout=30, idle_timeout=7) as served:
         silent = await trio.open_tcp_stream(HOST, served.port)
         start = trio.current_time()
         with trio.fail_after(60):
             assert await silent.receive_some() == b""
-        assert trio.current_time() - start == pytest.approx(10)
+        assert trio.current_time() - start == pytest.approx(7)
 
 
 async def test_cancellation_closes_the_listener(server_context: ssl.SSLContext) -> None:
@@ -316,3 +328,44 @@ async def test_https_refuses_a_handler_outside_its_namespaces(
         assert "may not use the udev discovery handler" in answer["status"]["message"]
         allowed = await http.post("/validate", json=admission_review(VALID))
         assert allowed.json()["response"]["allowed"]
+
+
+async def _tls(port: int, trusted: ssl.SSLContext) -> trio.SSLStream[trio.SocketStream]:
+    stream = trio.SSLStream(await trio.open_tcp_stream(HOST, port), trusted, server_hostname=HOST)
+    await stream.do_handshake()
+    return stream
+
+
+async def test_a_review_is_answered_while_512_idle_and_slow_tls_connections_are_open(
+    certs: ServingCerts, server_context: ssl.SSLContext
+) -> None:
+    """Half the connections kept alive after a request, half dribbling a request head: more
+    than the cap (MAX_CONNECTIONS). The API server's AdmissionReview on a new connection is
+    still answered, and the process never holds more connections than the cap."""
+    trusted = ssl.create_default_context(cadata=certs.ca_pem.decode())
+    async with running(server_context) as served:
+        await load(served)
+        held: list[trio.SSLStream[trio.SocketStream]] = []
+        with trio.fail_after(120):  # a hang guard for 512 handshakes on a loaded machine
+            for i in range(512):
+                stream = await _tls(served.port, trusted)
+                if i % 2:
+                    await stream.send_all(b"POST /validate HTTP/1.1\r\nHost: x\r\nContent-Le")
+                else:
+                    await stream.send_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                    assert (await stream.receive_some()).startswith(b"HTTP/1.1 200 ")
+                held.append(stream)
+            async with client(served.port, certs) as http:
+                answer = await http.post("/validate", json=admission_review(VALID))
+            assert answer.status_code == 200
+            assert answer.json()["response"]["allowed"] is True
+            still_open = 0
+            for stream in held:
+                with trio.move_on_after(0.01):
+                    with contextlib.suppress(trio.BrokenResourceError):  # a reset
+                        await stream.receive_some()  # EOF: closed by the server
+                    continue
+                still_open += 1
+            assert still_open <= MAX_CONNECTIONS
+        for stream in held:
+            await trio.aclose_forcefully(stream)
