@@ -86,7 +86,7 @@ def test_defaults_make_the_agent_the_controller_and_the_cleanup_hook() -> None:
     }
     for obj in objects:
         labels = obj["metadata"]["labels"]
-        assert labels["app.kubernetes.io/part-of"] == "akri-trio"
+        assert labels["app.kubernetes.io/part-of"] == "akri"  # upstream's, its tooling's selector
         assert labels["app.kubernetes.io/instance"] == "akri"
         if obj["kind"] not in ("ClusterRole", "ClusterRoleBinding"):
             assert obj["metadata"]["namespace"] == "akri"

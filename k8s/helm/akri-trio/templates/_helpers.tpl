@@ -1,18 +1,22 @@
-{{/* Labels every object carries; `component` names the part (agent, controller, ...). */}}
+{{/* Labels every object carries, upstream Akri's: `name` is the part (akri-agent,
+akri-controller, akri-<handler>-discovery, the webhook's name), `component` its kind, and
+`part-of: akri` what upstream's tooling selects on. */}}
 {{- define "akri-trio.labels" -}}
 app.kubernetes.io/name: {{ .name }}
 app.kubernetes.io/instance: {{ .root.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
-app.kubernetes.io/part-of: akri-trio
+app.kubernetes.io/part-of: akri
 app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .root.Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version }}
 {{- end }}
 
-{{/* The selector subset of the labels: stable across upgrades. */}}
+{{/* The selector subset of the labels, upstream's own (part-of, instance, name), so a release
+of upstream Akri's chart upgrades in place: selectors cannot change on an upgrade. */}}
 {{- define "akri-trio.selector" -}}
-app.kubernetes.io/name: {{ .name }}
+app.kubernetes.io/part-of: akri
 app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/name: {{ .name }}
 {{- end }}
 
 {{/* image: and imagePullPolicy: of a component, its own `image` keys over the top-level ones. */}}
