@@ -31,7 +31,7 @@ DESCRIPTIONS = ("ship0", "ship1")
 CAPACITY = 3  # a broker, and two consumers of the test of the agent's restart
 # prints its device's env, then waits; exits at once on SIGTERM (sh as PID 1 would ignore it)
 BROKER_SCRIPT = "trap 'exit 0' TERM; env | grep ^DEBUG_ECHO; sleep 3600 & wait"
-COMPONENTS = ("akri-agent", "akri-controller", "akri-webhook")
+COMPONENTS = ("akri-agent", "akri-controller", "akri-webhook-configuration")
 
 
 def values(rel: Release) -> dict[str, Any]:
@@ -218,7 +218,7 @@ def test_a_new_agent_pod_loses_no_slot(rel: Release) -> None:
 
 
 def test_the_webhook_pod_refuses_a_bad_configuration(rel: Release) -> None:
-    rel.until(lambda: rel.ready_pod("akri-webhook"), "the webhook Ready", 120)
+    rel.until(lambda: rel.ready_pod("akri-webhook-configuration"), "the webhook Ready", 120)
     bad = {
         "apiVersion": "akri.sh/v0",
         "kind": "Configuration",
