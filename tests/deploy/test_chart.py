@@ -63,8 +63,22 @@ def test_lint_is_clean() -> None:
         assert [m for m in report["messages"] if m["severity"] >= 2] == []
 
 
-def test_defaults_make_the_agent_the_controller_and_the_cleanup_hook() -> None:
+def test_defaults_make_the_agent_the_controller_the_webhook_and_the_cleanup_hook() -> None:
     objects = render()
+    webhook = {
+        (kind, name)
+        for kind, name in kinds_and_names(objects)
+        if name.startswith("akri-webhook") and kind != "ClusterRoleBinding"
+    }
+    assert webhook == {  # on by default, as upstream's
+        ("ServiceAccount", "akri-webhook-sa"),
+        ("ClusterRole", "akri-webhook-role"),
+        ("Secret", "akri-webhook-configuration-tls"),
+        ("Deployment", "akri-webhook-configuration"),
+        ("Service", "akri-webhook-configuration"),
+        ("ValidatingWebhookConfiguration", "akri-webhook-configuration"),
+    }
+    objects = render({"webhookConfiguration": {"enabled": False}})
     assert kinds_and_names(objects) == {
         ("ServiceAccount", "akri-agent-sa"),
         ("ClusterRole", "akri-agent-role"),
@@ -229,6 +243,11 @@ def test_agent_full_debug_echo_and_host_network() -> None:
     assert env["AKRI_EMBEDDED_HANDLERS"] == "udev,onvif,opcua,zeroconf"
     assert env["ENABLE_DEBUG_ECHO"] == "1"
     assert env["DEBUG_ECHO_INSTANCES_SHARED"] == "true"
+    # allowDebugEcho alone embeds nothing: upstream's default agent has no embedded handlers
+    slim = pod_spec(
+        one(render({"agent": {"allowDebugEcho": True}}), "DaemonSet", "akri-agent-daemonset")
+    )
+    assert not {"ENABLE_DEBUG_ECHO", "AKRI_EMBEDDED_HANDLERS"} & set(env_of(slim["containers"][0]))
     only_host = pod_spec(
         one(render({"agent": {"hostNetwork": True}}), "DaemonSet", "akri-agent-daemonset")
     )
@@ -592,7 +611,8 @@ def test_upstream_only_keys_are_accepted() -> None:
             "host": {"containerRuntimeSocket": "/run/containerd/containerd.sock"},
         },
     }
-    assert render(upstream) == render()
+    no_webhook = {"webhookConfiguration": {"enabled": False}}  # its certificate is new each time
+    assert render({**upstream, **no_webhook}) == render(no_webhook)
 
 
 def test_crds_are_the_repository_crds() -> None:

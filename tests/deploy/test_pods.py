@@ -37,7 +37,8 @@ COMPONENTS = ("akri-agent", "akri-controller", "akri-webhook-configuration")
 def values(rel: Release) -> dict[str, Any]:
     webhook_port = free_port()
     return {
-        "agent": {"allowDebugEcho": True},
+        # the full agent embeds debugEcho (allowDebugEcho alone embeds nothing, as upstream)
+        "agent": {"full": True, "allowDebugEcho": True},
         # by URL: this API server cannot reach Services; only this run's namespace, and Ignore
         # so the sample Configuration of this same install is not refused while the webhook Pod
         # starts (a denial is still a denial)
