@@ -549,7 +549,9 @@ def test_sample_configurations_map_upstream_fields() -> None:
     assert echo["configurationServiceSpec"]["type"] == "ClusterIP"
     udev = configurations["akri-udev"]["spec"]
     assert yaml.safe_load(udev["discoveryHandler"]["discoveryDetails"]) == {
-        "udevRules": ['KERNEL=="video[0-9]*"']
+        "udevRules": ['KERNEL=="video[0-9]*"'],
+        "groupRecursive": False,
+        "permissions": "rwm",
     }
     job = udev["brokerSpec"]["brokerJobSpec"]
     assert job["backoffLimit"] == 2
@@ -600,19 +602,28 @@ def test_images_follow_the_top_level_image_unless_a_component_names_its_own() ->
     assert images["akri-controller-deployment"]["image"] == "localhost/akri-trio:other"
 
 
-def test_upstream_only_keys_are_accepted() -> None:
-    """Keys that pick upstream's separate images or runtime sockets change nothing here."""
-    upstream = {
-        "useLatestContainers": True,
-        "useDevelopmentContainers": False,
-        "kubernetesDistro": "k8s",
-        "agent": {
-            "image": {"fullRepository": "ghcr.io/x/agent-full"},
-            "host": {"containerRuntimeSocket": "/run/containerd/containerd.sock"},
+def test_upstream_image_keys() -> None:
+    """useLatestContainers and agent.image.fullRepository do what upstream's do; the keys of
+    upstream's separate images and certificate Job that akri-trio has no use for change
+    nothing."""
+    latest = render({"useLatestContainers": True, "agent": {"full": True}})
+    (agent,) = pod_spec(one(latest, "DaemonSet", "akri-agent-daemonset"))["containers"]
+    assert agent["image"] == "akri-trio:latest"
+    full = {"agent": {"full": True, "image": {"fullRepository": "r/agent-full", "tag": "t"}}}
+    (agent,) = pod_spec(one(render(full), "DaemonSet", "akri-agent-daemonset"))["containers"]
+    assert agent["image"] == "r/agent-full:t"
+    slim = {"agent": {"image": {"fullRepository": "r/agent-full", "tag": "t"}}}
+    (agent,) = pod_spec(one(render(slim), "DaemonSet", "akri-agent-daemonset"))["containers"]
+    assert agent["image"] == "akri-trio:t"  # fullRepository is for the full agent only
+    nothing_to_do = {
+        "useDevelopmentContainers": True,
+        "webhookConfiguration": {
+            "enabled": False,
+            "ttlSecondsAfterFinished": 5,
+            "certImage": {"reference": "x/certgen", "tag": "v1", "pullPolicy": "Always"},
         },
     }
-    no_webhook = {"webhookConfiguration": {"enabled": False}}  # its certificate is new each time
-    assert render({**upstream, **no_webhook}) == render(no_webhook)
+    assert render(nothing_to_do) == render({"webhookConfiguration": {"enabled": False}})
 
 
 def test_crds_are_the_repository_crds() -> None:
