@@ -25,6 +25,7 @@ FREE = {
     "*.securityContext",
     "*.*.*.securityContext",
     "*.namespaceSelector",
+    "webhookConfiguration.certManager.issuerRef",
     "*.*.brokerProperties",
     "*.*.*.env",
     "zeroconf.configuration.discoveryDetails",
