@@ -222,6 +222,32 @@ def plan_certs(held: ServingCerts | None, spec: CertSpec, now: dt.datetime) -> S
     return None
 
 
+MAX_BUNDLE: Final = 3
+
+
+def _pem_certs(pem: bytes) -> list[x509.Certificate]:
+    try:
+        return x509.load_pem_x509_certificates(pem) if pem.strip() else []
+    except ValueError:
+        return []
+
+
+def trusted_bundle(current: bytes, ca_pem: bytes) -> bytes | None:
+    """The caBundle to set so that `ca_pem`'s signing CA (its first) is trusted, or None when
+    `current` already trusts it. The CAs `current` trusted stay after it (at most MAX_BUNDLE in
+    all): a replica still serving a certificate of the old CA is trusted until it loads the new
+    one. A bundle never shrinks otherwise, so replicas that renew a moment apart never drop
+    each other's CA."""
+    wanted = _pem_certs(ca_pem)
+    if not wanted:
+        return None
+    have = _pem_certs(current)
+    if wanted[0] in have:
+        return None
+    bundle = list(dict.fromkeys([*wanted, *have]))[:MAX_BUNDLE]
+    return b"".join(c.public_bytes(serialization.Encoding.PEM) for c in bundle)
+
+
 def secret_data(certs: ServingCerts) -> dict[str, str]:
     """The Secret `data` holding `certs` (kubernetes.io/tls keys, plus the CA and its key)."""
     pems = (certs.ca_pem, certs.ca_key_pem, certs.cert_pem, certs.key_pem)

@@ -34,6 +34,7 @@ from akri_trio.webhook.certs import (
     certs_of_secret,
     plan_certs,
     secret_data,
+    trusted_bundle,
 )
 
 log = logging.getLogger(__name__)
@@ -143,20 +144,24 @@ class SecretKeeper:
         return dict(written)
 
     async def _trust(self, ca_pem: bytes) -> None:
-        """The ValidatingWebhookConfiguration's every webhook has `ca_pem` as its caBundle."""
+        """Every webhook of the ValidatingWebhookConfiguration trusts `ca_pem`'s CA
+        (certs.trusted_bundle: the CAs it trusted stay beside it)."""
         m = self.manage
         if m is None or not ca_pem:
             return
-        bundle = base64.b64encode(ca_pem).decode()
         vwc = await self.api.get(WEBHOOK_CONFIGURATIONS, m.webhook_configuration)
-        ops = [
-            {"op": "add", "path": f"/webhooks/{i}/clientConfig/caBundle", "value": bundle}
-            for i, hook in enumerate(vwc.get("webhooks") or [])
-            if (hook.get("clientConfig") or {}).get("caBundle") != bundle
-        ]
+        ops = []
+        for i, hook in enumerate(vwc.get("webhooks") or []):
+            current = base64.b64decode((hook.get("clientConfig") or {}).get("caBundle") or "")
+            bundle = trusted_bundle(current, ca_pem)
+            if bundle is not None:
+                value = base64.b64encode(bundle).decode()
+                ops.append(
+                    {"op": "add", "path": f"/webhooks/{i}/clientConfig/caBundle", "value": value}
+                )
         if ops:
             await self.api.json_patch(WEBHOOK_CONFIGURATIONS, m.webhook_configuration, ops)
-            log.info("caBundle of %s set to the webhook's CA", m.webhook_configuration)
+            log.info("caBundle of %s now trusts the webhook's CA", m.webhook_configuration)
 
 
 async def keep_serving_cert(

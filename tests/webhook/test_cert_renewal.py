@@ -14,10 +14,12 @@ from hypothesis import strategies as st
 
 from akri_trio.webhook.certs import (
     CA_VALIDITY_FACTOR,
+    MAX_BUNDLE,
     CertSpec,
     certs_of_secret,
     plan_certs,
     secret_data,
+    trusted_bundle,
 )
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -99,3 +101,24 @@ def test_the_secret_round_trips() -> None:
     assert certs_of_secret({"ca.crt": data["ca.crt"]}) is None
     assert certs_of_secret({**data, "tls.key": "not base64!"}) is None
     assert certs_of_secret(None) is None
+
+
+def _cas(bundle: bytes) -> list[x509.Certificate]:
+    return x509.load_pem_x509_certificates(bundle)
+
+
+def test_the_bundle_gains_a_new_ca_keeping_the_ones_it_trusted() -> None:
+    other = SPEC.make(T0)  # another CA: a Secret made anew, or an old chart's
+    assert trusted_bundle(b"", HELD.ca_pem) == HELD.ca_pem
+    assert trusted_bundle(HELD.ca_pem, HELD.ca_pem) is None  # trusted already: no write
+    both = trusted_bundle(other.ca_pem, HELD.ca_pem)
+    assert both is not None
+    assert _cas(both) == [_leaf(HELD.ca_pem), _leaf(other.ca_pem)]  # the signing one first
+    assert trusted_bundle(both, other.ca_pem) is None  # never shrinks while trusted
+    many = both
+    for _ in range(3):
+        nxt = trusted_bundle(many, SPEC.make(T0).ca_pem)
+        assert nxt is not None
+        many = nxt
+    assert len(_cas(many)) == MAX_BUNDLE
+    assert trusted_bundle(b"garbage", HELD.ca_pem) == HELD.ca_pem
