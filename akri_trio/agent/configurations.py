@@ -206,8 +206,8 @@ class ConfigurationReconciler:
                 ", ".join(names),
                 ", ".join(elsewhere),
                 f"not in the Configuration's namespace {namespace!r}; a Configuration may only "
-                "read Secrets and ConfigMaps of its own namespace (an omitted namespace is "
-                "'default')",
+                "read Secrets and ConfigMaps of its own namespace (an omitted namespace is its "
+                "own)",
             )
         for ref in refs:
             res, into = (SECRETS, secrets) if ref.kind == "Secret" else (CONFIG_MAPS, config_maps)

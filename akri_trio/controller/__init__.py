@@ -53,6 +53,7 @@ from akri_trio.controller.nodeloss import (
 from akri_trio.controller.observed import Delete, ObservedPod, timestamp
 from akri_trio.controller.services import (
     ServicePlan,
+    configuration_of,
     configuration_service,
     fingerprinted,
     instance_service,
@@ -82,6 +83,7 @@ __all__ = [
     "broker_pod",
     "broker_pod_name",
     "broker_pods",
+    "configuration_of",
     "configuration_selector",
     "configuration_service",
     "configuration_service_name",

@@ -67,6 +67,7 @@ from akri_trio.controller.reconcilers import (
     Reconcilers,
     label_key,
 )
+from akri_trio.controller.services import configuration_of
 from akri_trio.dra import DEVICE_CLASSES, HOSTNAME_LABEL, RESOURCE_SLICES
 from akri_trio.kube import (
     JSON,
@@ -180,6 +181,13 @@ def _labelled(label: str) -> Callable[[JSON], ObjectKey | None]:
     return get
 
 
+def _service_configuration(obj: JSON) -> ObjectKey | None:
+    """The Configuration a Service fronts (services.configuration_of: instance Services name it
+    in an annotation, as upstream labels them with their Instance only)."""
+    value = configuration_of(obj)
+    return None if value is None else ObjectKey(str(obj["metadata"].get("namespace") or ""), value)
+
+
 def _name_label(obj: JSON) -> ObjectKey:
     """The key under which objects labelled with this object's name find it."""
     meta = obj["metadata"]
@@ -213,7 +221,7 @@ def make_caches(*, dra: bool = False) -> Caches:
         jobs=Store(transform=slim_job, indexes={"instance": instance_label}),
         services=Store(
             transform=drop_managed_fields,
-            indexes={"instance": instance_label, "config": config_label},
+            indexes={"instance": instance_label, "config": by_field(_service_configuration)},
         ),
         nodes=Store(transform=slim_node),
     )
@@ -267,7 +275,7 @@ def _configuration_to_instances(instances: Store) -> Mapper:
 
 
 def _service_to_configurations(caches: Caches) -> Mapper:
-    by_config = _through(caches.configurations, "label", _labelled(naming.LABEL_CONFIGURATION))
+    by_config = _through(caches.configurations, "label", _service_configuration)
     by_instance = _through(caches.instances, "label", _labelled(naming.LABEL_INSTANCE))
 
     def mapper(change: Change) -> Iterable[ObjectKey]:
@@ -294,7 +302,7 @@ def _running(pod: JSON | None) -> bool:
 
 
 def _has_services(caches: Caches, config: ObjectKey) -> bool:
-    """Any Service of this Configuration cached (instance Services carry its label too)."""
+    """Any Service of this Configuration cached (instance Services name it too)."""
     return bool(caches.services.keys_for("config", label_key(config.namespace, config.name)))
 
 

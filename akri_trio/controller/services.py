@@ -2,9 +2,11 @@
 
 Two kinds, as upstream: `<instance>-svc` in front of one Instance's brokers (owned by the
 Instance) and `<configuration>-svc` in front of all brokers of a Configuration (owned by the
-Configuration). Unlike upstream's, an instance Service also carries its Configuration's label
-(not in its selector): the Configuration's plan then sees the Services of Instances that are
-gone and deletes them at once, rather than waiting for the garbage collector.
+Configuration). Labels and selectors are upstream's: an instance Service carries
+`akri.sh/instance` only, so `-l akri.sh/configuration=X` finds the one configuration Service.
+It names its Configuration in an annotation of the same key instead (`configuration_of` reads
+either): the Configuration's plan then sees the Services of Instances that are gone and deletes
+them at once, rather than waiting for the garbage collector.
 
 A Service is wanted once one of its brokers is Running, and kept while one is Running or
 Pending, so recreating a broker (Failed -> deleted -> Pending -> Running) does not delete and
@@ -34,6 +36,7 @@ from akri_trio.model.resources import JSON, Configuration, Instance
 
 _KEEPS_SERVICE = frozenset({"Running", "Pending"})
 FINGERPRINT: Final = "akri.sh/applied-fingerprint"
+CONFIGURATION_ANNOTATION: Final = naming.LABEL_CONFIGURATION
 
 
 def fingerprint(body: Mapping[str, Any]) -> str:
@@ -66,17 +69,27 @@ class ServicePlan:
     delete: tuple[Delete, ...] = ()
 
 
+def configuration_of(service: Mapping[str, Any]) -> str | None:
+    """The (label-valued) Configuration a Service of ours fronts: its `akri.sh/configuration`
+    label on a configuration Service, the annotation of that key on an instance Service."""
+    meta = service.get("metadata") or {}
+    for where in ("labels", "annotations"):
+        value = (meta.get(where) or {}).get(CONFIGURATION_ANNOTATION)
+        if value is not None:
+            return str(value)
+    return None
+
+
 def _service(
     name: str,
     user_spec: Mapping[str, Any],
     selector: Mapping[str, str],
     owner: Configuration | Instance,
-    extra_labels: Mapping[str, str] | None = None,
+    configuration: str | None = None,
 ) -> JSON:
     labels = {
         brokers.APP_LABEL: name,
         naming.LABEL_CONTROLLER: naming.CONTROLLER_VALUE,
-        **(extra_labels or {}),
         **selector,
     }
     spec = dict(user_spec)
@@ -85,7 +98,10 @@ def _service(
         naming.LABEL_CONTROLLER: naming.CONTROLLER_VALUE,
         **selector,
     }
-    return brokers.owned_object("v1", "Service", name, labels, owner, spec)
+    body = brokers.owned_object("v1", "Service", name, labels, owner, spec)
+    if configuration is not None:
+        body["metadata"]["annotations"] = {CONFIGURATION_ANNOTATION: configuration}
+    return body
 
 
 def instance_service(configuration: Configuration, instance: Instance) -> JSON | None:
@@ -95,7 +111,7 @@ def instance_service(configuration: Configuration, instance: Instance) -> JSON |
         return None
     name = names.instance_service_name(instance.metadata.name)
     selector = brokers.instance_selector(instance.metadata.name)
-    config = brokers.configuration_selector(instance.spec.configuration_name)
+    config = names.label_value(instance.spec.configuration_name)
     return _service(name, user, selector, instance, config)
 
 
@@ -173,9 +189,10 @@ def plan_services(
 def _belongs(
     service: Mapping[str, Any], configuration: Configuration, instances: Iterable[Instance]
 ) -> bool:
-    """Ours to delete: labelled with this Configuration or with one of its Instances."""
+    """Ours to delete: this Configuration's (configuration_of), or labelled with one of its
+    Instances."""
     labels = service.get("metadata", {}).get("labels") or {}
-    if _selects_labels(brokers.configuration_selector(configuration.metadata.name), labels):
+    if configuration_of(service) == names.label_value(configuration.metadata.name):
         return True
     return any(
         _selects_labels(brokers.instance_selector(i.metadata.name), labels) for i in instances

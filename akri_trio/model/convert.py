@@ -14,7 +14,13 @@ import attrs
 import cattrs
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 
-from akri_trio.model.resources import JSON, BrokerSpec, ObjectMeta
+from akri_trio.model.resources import (
+    JSON,
+    BrokerSpec,
+    Configuration,
+    ObjectMeta,
+    with_own_namespace,
+)
 
 T = TypeVar("T")
 
@@ -71,6 +77,10 @@ def _make(strict: bool) -> cattrs.Converter:
         conv.register_structure_hook(scalar, _exact(scalar))
     conv.register_structure_hook_factory(
         lambda t: attrs.has(t) and t is not BrokerSpec, structure_factory
+    )
+    configuration = structure_factory(Configuration)
+    conv.register_structure_hook(
+        Configuration, lambda value, t: with_own_namespace(configuration(value, t))
     )
     conv.register_unstructure_hook_factory(
         lambda t: attrs.has(t) and t is not BrokerSpec, unstructure_factory

@@ -45,12 +45,16 @@ class ObjectMeta:
 
 @attrs.frozen
 class KeyRef:
-    """A key in a Secret or ConfigMap; `namespace` defaults to "default" as upstream."""
+    """A key in a Secret or ConfigMap. `namespace` omitted (`OWN_NAMESPACE`) is the
+    Configuration's own: reading a Configuration fills it in (`with_own_namespace`)."""
 
     key: str
     name: str
-    namespace: str = "default"
+    namespace: str = ""
     optional: bool | None = None
+
+
+OWN_NAMESPACE = ""
 
 
 @attrs.frozen
@@ -99,6 +103,36 @@ class Configuration:
     status: JSON = attrs.field(factory=dict)
     api_version: str = "akri.sh/v0"
     kind: str = "Configuration"
+
+
+def with_own_namespace(config: Configuration) -> Configuration:
+    """`config` with every discoveryProperties reference that names no namespace pointed at the
+    Configuration's own. Upstream reads `default` then: the same for Configurations in
+    `default`, and a Configuration elsewhere never reads another tenant's Secrets."""
+    handler = config.spec.discovery_handler
+    if not handler.discovery_properties:
+        return config
+
+    def own(ref: KeyRef | None) -> KeyRef | None:
+        if ref is None or ref.namespace != OWN_NAMESPACE:
+            return ref
+        return attrs.evolve(ref, namespace=config.metadata.namespace)
+
+    props = tuple(
+        p
+        if p.value_from is None
+        else attrs.evolve(
+            p,
+            value_from=ValueFrom(
+                own(p.value_from.secret_key_ref), own(p.value_from.config_map_key_ref)
+            ),
+        )
+        for p in handler.discovery_properties
+    )
+    spec = attrs.evolve(
+        config.spec, discovery_handler=attrs.evolve(handler, discovery_properties=props)
+    )
+    return attrs.evolve(config, spec=spec)
 
 
 # --- Instance ------------------------------------------------------------------------------------

@@ -16,17 +16,27 @@ import datetime as dt
 import functools
 import logging
 import os
+import ssl
 import sys
 from pathlib import Path
 
 import trio
 import yaml
 
+from akri_trio.address import ObjectKey
 from akri_trio.flaghelp import Parser, add_env_argument, add_kubeconfig_argument, comma_list
-from akri_trio.kube import ConfigError, load_config
+from akri_trio.kube import Client, ConfigError, KubeConfig, load_config
 from akri_trio.observe.logs import add_log_arguments, log_startup, setup_logging
 from akri_trio.shutdown import run_until_signalled
-from akri_trio.webhook.certs import serving_certs, webhook_configuration
+from akri_trio.webhook.certs import VALIDITY, CertSpec, webhook_configuration
+from akri_trio.webhook.rotation import (
+    CHECK_PERIOD_S,
+    Managed,
+    SecretKeeper,
+    Source,
+    files_source,
+    keep_serving_cert,
+)
 from akri_trio.webhook.server import (
     IDLE_TIMEOUT,
     MAX_CONNECTIONS,
@@ -42,6 +52,24 @@ CONFIGURATION_NAME = "akri-webhook-configuration.akri.sh"
 CERTS_FILES = ("ca.crt", "tls.crt", "tls.key", "validatingwebhookconfiguration.yaml")
 
 
+def _add_cert_arguments(p: argparse.ArgumentParser, prefix: str) -> None:
+    """PREFIXip, PREFIXdns (repeatable) and PREFIXdays: a certificate's extra names and its
+    validity, for `certs` (prefix `--`) and for the server's own (`--cert-`)."""
+    p.add_argument(
+        f"{prefix}ip", action="append", default=[], help="an extra IP the cert is valid for"
+    )
+    p.add_argument(
+        f"{prefix}dns", action="append", default=[], help="an extra DNS name for the cert"
+    )
+    p.add_argument(
+        f"{prefix}days",
+        type=float,
+        default=VALIDITY.days,
+        help="the certificate's validity, renewed by the server with a third left (the CA's "
+        "is ten times as long)",
+    )
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["certs"]:
         return certs(argv[1:])
@@ -54,8 +82,39 @@ def parse_serve_args(argv: list[str]) -> argparse.Namespace:
         description="Validate Configurations for the API server over HTTPS "
         "(`akri-trio webhook certs --help` makes the TLS files).",
     )
-    p.add_argument("--tls-cert-file", type=Path, required=True, help="serving certificate (PEM)")
-    p.add_argument("--tls-key-file", type=Path, required=True, help="its private key (PEM)")
+    p.add_argument(
+        "--tls-cert-file", type=Path, help="serving certificate (PEM; re-read when it changes)"
+    )
+    p.add_argument("--tls-key-file", type=Path, help="its private key (PEM)")
+    p.add_argument(
+        "--tls-secret",
+        metavar="NAME",
+        help="serve the certificate of this kubernetes.io/tls Secret in --namespace instead of "
+        "files (followed as it changes)",
+    )
+    add_env_argument(
+        p,
+        "--namespace",
+        env=os.environ,
+        var="POD_NAMESPACE",
+        default="",
+        help="the Secret's namespace, also the Service's",
+    )
+    p.add_argument(
+        "--manage-certs",
+        action="store_true",
+        help="make the --tls-secret certificate and its CA when missing, renew it before it "
+        "expires, and keep --webhook-configuration's caBundle on that CA",
+    )
+    p.add_argument("--webhook-configuration", metavar="NAME", help="its caBundle (--manage-certs)")
+    p.add_argument("--service", metavar="NAME", help="the Service the certificate names")
+    _add_cert_arguments(p, "--cert-")
+    p.add_argument(
+        "--cert-check-period",
+        type=float,
+        default=CHECK_PERIOD_S,
+        help="seconds between looks at the certificate's source",
+    )
     p.add_argument("--port", type=int, default=8443, help="0 picks a free port (logged)")
     p.add_argument("--host", default="0.0.0.0", help="address to listen on")
     add_kubeconfig_argument(p)
@@ -98,7 +157,54 @@ def parse_serve_args(argv: list[str]) -> argparse.Namespace:
         args.handler_namespaces = parse_handler_namespaces(args.handler_namespaces)
     except ValueError as exc:
         p.error(f"--handler-namespace: {exc}")
+    files = (args.tls_cert_file is not None, args.tls_key_file is not None)
+    if args.tls_secret is None and files != (True, True):
+        p.error("give --tls-cert-file and --tls-key-file, or --tls-secret")
+    if args.tls_secret is not None and any(files):
+        p.error("--tls-secret and --tls-cert-file/--tls-key-file exclude each other")
+    if args.tls_secret is not None and not args.namespace:
+        p.error("--tls-secret needs --namespace (or POD_NAMESPACE)")
+    if args.manage_certs and not (args.tls_secret and args.webhook_configuration and args.service):
+        p.error("--manage-certs needs --tls-secret, --webhook-configuration and --service")
+    if not args.cert_days > 0 or not args.cert_check_period > 0:
+        p.error("--cert-days and --cert-check-period must be positive")
     return args
+
+
+def _source(args: argparse.Namespace, api: Client) -> Source:
+    if args.tls_secret is None:
+        return files_source(args.tls_cert_file, args.tls_key_file)
+    manage = None
+    if args.manage_certs:
+        spec = CertSpec(
+            args.service,
+            args.namespace,
+            dns=tuple(args.cert_dns),
+            ips=tuple(args.cert_ip),
+            validity=dt.timedelta(days=args.cert_days),
+        )
+        manage = Managed(spec, args.webhook_configuration)
+    return SecretKeeper(api, ObjectKey(args.namespace, args.tls_secret), manage).read
+
+
+async def _run(args: argparse.Namespace, kube: KubeConfig, context: ssl.SSLContext) -> None:
+    """The certificate first (the server has nothing to serve before), then the server."""
+    async with Client.open(kube) as api, trio.open_nursery() as nursery:
+        await nursery.start(
+            functools.partial(
+                keep_serving_cert, context, _source(args, api), period=args.cert_check_period
+            )
+        )
+        await run_webhook(
+            kube,
+            context,
+            args.host,
+            args.port,
+            request_timeout=args.request_timeout,
+            handler_namespaces=args.handler_namespaces,
+            idle_timeout=args.idle_timeout,
+            max_connections=args.max_connections,
+        )
 
 
 def serve(argv: list[str]) -> int:
@@ -111,18 +217,7 @@ def serve(argv: list[str]) -> int:
         return 1
     setup_logging(args.log_level, args.log_format)
     log_startup(log, "webhook", vars(args))
-    main_task = functools.partial(
-        run_webhook,
-        kube,
-        context,
-        args.host,
-        args.port,
-        request_timeout=args.request_timeout,
-        handler_namespaces=args.handler_namespaces,
-        idle_timeout=args.idle_timeout,
-        max_connections=args.max_connections,
-    )
-    trio.run(run_until_signalled, main_task, log)
+    trio.run(run_until_signalled, functools.partial(_run, args, kube, context), log)
     log.info("webhook stopped")
     return 0
 
@@ -145,16 +240,12 @@ def certs(argv: list[str]) -> int:
         help="register the webhook at this URL instead of through the Service (default: "
         "through the Service)",
     )
-    p.add_argument(
-        "--ip", action="append", default=[], help="an extra IP the cert is valid for (repeatable)"
-    )
-    p.add_argument(
-        "--dns", action="append", default=[], help="an extra DNS name for the cert (repeatable)"
-    )
+    _add_cert_arguments(p, "--")
     args = p.parse_args(argv)
-    made = serving_certs(
-        args.service, args.namespace, dt.datetime.now(dt.UTC), dns=args.dns, ips=args.ip
-    )
+    if not args.days > 0:
+        p.error("--days must be positive")
+    spec = CertSpec(args.service, args.namespace, args.dns, args.ip, dt.timedelta(days=args.days))
+    made = spec.make(dt.datetime.now(dt.UTC))
     if args.url:
         configuration = webhook_configuration(args.name, made.ca_pem, url=args.url)
     else:

@@ -140,11 +140,13 @@ def _log_answer(request_review: Mapping[str, Any], answer: Mapping[str, Any]) ->
 # I/O shell
 
 
-def server_ssl_context(cert_file: Path, key_file: Path) -> ssl.SSLContext:
-    """TLS 1.2+ with the serving certificate; HTTP/1.1 only (no h2 in ALPN)."""
+def server_ssl_context(cert_file: Path | None, key_file: Path | None) -> ssl.SSLContext:
+    """TLS 1.2+ with the serving certificate (none yet without files: rotation.py loads it);
+    HTTP/1.1 only (no h2 in ALPN)."""
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.load_cert_chain(cert_file, key_file)
+    if cert_file is not None and key_file is not None:
+        context.load_cert_chain(cert_file, key_file)
     context.set_alpn_protocols(["http/1.1"])
     return context
 

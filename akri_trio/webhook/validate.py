@@ -34,7 +34,7 @@ from typing import Any, Final
 from akri_trio.discovery.interface import InvalidDetails
 from akri_trio.model import convert
 from akri_trio.model.limits import MAX_CAPACITY
-from akri_trio.model.resources import ConfigurationSpec, DiscoveryProperty, KeyRef
+from akri_trio.model.resources import OWN_NAMESPACE, ConfigurationSpec, DiscoveryProperty, KeyRef
 from akri_trio.webhook import openapi
 from akri_trio.webhook.openapi import Schemas
 from akri_trio.webhook.parsers import Parser, builtin_parser
@@ -270,12 +270,14 @@ def _property(
             f"got {which}"
         )
     for field, ref in refs:
-        if ref.namespace != namespace:
-            omitted = "namespace" not in raw["valueFrom"][field]
-            shown = f"{ref.namespace!r}" + (" (the default when omitted)" if omitted else "")
+        # An omitted one is the Configuration's own (filled from metadata, which the request's
+        # namespace wins over here).
+        given = raw["valueFrom"][field].get("namespace")
+        if given not in (None, OWN_NAMESPACE) and ref.namespace != namespace:
             problems.append(
-                f"{where}.valueFrom.{field}.namespace: {shown} is not the Configuration's "
-                f"namespace {namespace!r}; a Configuration may only read its own namespace"
+                f"{where}.valueFrom.{field}.namespace: {ref.namespace!r} is not the "
+                f"Configuration's namespace {namespace!r}; a Configuration may only read its own "
+                "namespace (leave `namespace` out for its own)"
             )
     return problems
 

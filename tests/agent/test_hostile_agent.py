@@ -203,8 +203,10 @@ async def test_a_secret_of_another_namespace_is_refused_and_no_secret_is_ever_sh
         }
         await api.apply(SECRETS, secret, field_manager="hostile-tests", namespace=ns)
 
-    def ref(namespace: str) -> list[dict[str, Any]]:
-        key_ref = {"name": "creds", "key": "password", "namespace": namespace}
+    def ref(namespace: str | None) -> list[dict[str, Any]]:
+        key_ref = {"name": "creds", "key": "password"}
+        if namespace is not None:
+            key_ref["namespace"] = namespace
         return [{"name": "PASSWORD", "valueFrom": {"secretKeyRef": key_ref}}]
 
     await api.create(
@@ -213,7 +215,10 @@ async def test_a_secret_of_another_namespace_is_refused_and_no_secret_is_ever_sh
         namespace=NS_A,
     )
     await api.create(
-        CONFIGURATIONS, config("owner", NS_A, ["o0"], discoveryProperties=ref(NS_A)), namespace=NS_A
+        # no namespace: the Configuration's own (upstream: `default`, the same in `default`)
+        CONFIGURATIONS,
+        config("owner", NS_A, ["o0"], discoveryProperties=ref(None)),
+        namespace=NS_A,
     )
 
     async def thief_refused() -> Any:

@@ -191,6 +191,15 @@ async def test_services_follow_running_brokers(api: Client) -> None:
                 naming.LABEL_CONFIGURATION: "cfg",
             }
             assert svc["metadata"]["ownerReferences"][0]["kind"] == "Configuration"
+            # as upstream's e2e selects them: one configuration Service, one per Instance
+            by_config = await api.list(
+                SERVICES, namespace=ns, label_selector=f"{naming.LABEL_CONFIGURATION}=cfg"
+            )
+            assert [s["metadata"]["name"] for s in by_config.items] == ["cfg-svc"]
+            by_instance = await api.list(
+                SERVICES, namespace=ns, label_selector=naming.LABEL_INSTANCE
+            )
+            assert {s["metadata"]["name"] for s in by_instance.items} == want - {"cfg-svc"}
             await api.delete(INSTANCES, "cfg-aaaaaa", namespace=ns)
             await until(
                 lambda: _services_are(api, ns, {"cfg-bbbbbb-svc", "cfg-svc"}),

@@ -11,6 +11,7 @@ from akri_trio.controller import (
     ObservedPod,
     broker_job,
     broker_pods,
+    configuration_of,
     configuration_service,
     fingerprinted,
     instance_service,
@@ -34,20 +35,26 @@ def pod(phase: str, labels: dict[str, str] = POD_LABELS, deleting: bool = False)
     return ObservedPod.of(pod_json("p", phase, labels, deleting=deleting))
 
 
-def svc(name: str, labels: dict[str, str]) -> dict[str, Any]:
-    return {"metadata": {"name": name, "namespace": "ns", "uid": f"{name}-uid", "labels": labels}}
+def svc(
+    name: str, labels: dict[str, str], annotations: dict[str, str] | None = None
+) -> dict[str, Any]:
+    meta = {"name": name, "namespace": "ns", "uid": f"{name}-uid", "labels": labels}
+    return {"metadata": {**meta, "annotations": annotations or {}}}
 
 
 def test_instance_service_body() -> None:
+    """Upstream's labels exactly (`-l akri.sh/configuration=X` finds the configuration Service
+    alone); the Configuration is named in an annotation."""
     body = instance_service(CONFIG_WITH_SERVICES, INST)
     assert body is not None
     assert body["metadata"]["name"] == ISVC
     assert body["metadata"]["labels"] == {
         "app": ISVC,
         "controller": "akri.sh",
-        "akri.sh/configuration": CONFIG,
         "akri.sh/instance": INSTANCE,
     }
+    assert body["metadata"]["annotations"] == {"akri.sh/configuration": CONFIG}
+    assert configuration_of(body) == CONFIG
     assert body["metadata"]["ownerReferences"][0]["kind"] == "Instance"
     assert body["spec"]["selector"] == {
         "tier": "x",
@@ -62,7 +69,13 @@ def test_configuration_service_body() -> None:
     body = configuration_service(CONFIG_WITH_SERVICES)
     assert body is not None
     assert body["metadata"]["name"] == CSVC
-    assert body["metadata"]["labels"]["akri.sh/configuration"] == CONFIG
+    assert body["metadata"]["labels"] == {
+        "app": CSVC,
+        "controller": "akri.sh",
+        "akri.sh/configuration": CONFIG,
+    }
+    assert "annotations" not in body["metadata"]
+    assert configuration_of(body) == CONFIG
     owner = body["metadata"]["ownerReferences"][0]
     assert (owner["kind"], owner["uid"], owner["controller"]) == ("Configuration", "c-uid", True)
     assert body["spec"]["selector"]["akri.sh/configuration"] == CONFIG
@@ -132,7 +145,7 @@ def test_a_deleting_configuration_wants_no_service() -> None:
 def test_service_of_a_vanished_instance_is_deleted() -> None:
     body = instance_service(CONFIG_WITH_SERVICES, INST)
     assert body is not None
-    left = svc(ISVC, body["metadata"]["labels"])
+    left = svc(ISVC, body["metadata"]["labels"], body["metadata"]["annotations"])
     plan = plan_services(CONFIG_WITH_SERVICES, [], [], [left])
     assert [d.name for d in plan.delete] == [ISVC]
 

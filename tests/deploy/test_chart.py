@@ -4,15 +4,12 @@ what they mean there. Installing it on the node is tests/deploy/test_pods.py."""
 
 from __future__ import annotations
 
-import base64
 from pathlib import Path
 from typing import Any
 
 import helm_python
 import pytest
 import yaml
-from cryptography import x509
-from cryptography.hazmat.primitives.serialization import Encoding
 
 from akri_trio.webhook.certs import webhook_configuration
 from tests.support.chart import CHART, by_kind, crds, env_of, one, pod_spec, render, workloads
@@ -63,8 +60,24 @@ def test_lint_is_clean() -> None:
         assert [m for m in report["messages"] if m["severity"] >= 2] == []
 
 
-def test_defaults_make_the_agent_the_controller_and_the_cleanup_hook() -> None:
+def test_defaults_make_the_agent_the_controller_the_webhook_and_the_cleanup_hook() -> None:
     objects = render()
+    webhook = {
+        (kind, name)
+        for kind, name in kinds_and_names(objects)
+        if name.startswith("akri-webhook") and kind != "ClusterRoleBinding"
+    }
+    assert webhook == {  # on by default, as upstream's
+        ("ServiceAccount", "akri-webhook-sa"),
+        ("ClusterRole", "akri-webhook-role"),
+        ("ClusterRole", "akri-webhook-certs-role"),
+        ("Role", "akri-webhook-certs"),
+        ("RoleBinding", "akri-webhook-certs"),
+        ("Deployment", "akri-webhook-configuration"),
+        ("Service", "akri-webhook-configuration"),
+        ("ValidatingWebhookConfiguration", "akri-webhook-configuration"),
+    }
+    objects = render({"webhookConfiguration": {"enabled": False}})
     assert kinds_and_names(objects) == {
         ("ServiceAccount", "akri-agent-sa"),
         ("ClusterRole", "akri-agent-role"),
@@ -86,7 +99,7 @@ def test_defaults_make_the_agent_the_controller_and_the_cleanup_hook() -> None:
     }
     for obj in objects:
         labels = obj["metadata"]["labels"]
-        assert labels["app.kubernetes.io/part-of"] == "akri-trio"
+        assert labels["app.kubernetes.io/part-of"] == "akri"  # upstream's, its tooling's selector
         assert labels["app.kubernetes.io/instance"] == "akri"
         if obj["kind"] not in ("ClusterRole", "ClusterRoleBinding"):
             assert obj["metadata"]["namespace"] == "akri"
@@ -229,6 +242,11 @@ def test_agent_full_debug_echo_and_host_network() -> None:
     assert env["AKRI_EMBEDDED_HANDLERS"] == "udev,onvif,opcua,zeroconf"
     assert env["ENABLE_DEBUG_ECHO"] == "1"
     assert env["DEBUG_ECHO_INSTANCES_SHARED"] == "true"
+    # allowDebugEcho alone embeds nothing: upstream's default agent has no embedded handlers
+    slim = pod_spec(
+        one(render({"agent": {"allowDebugEcho": True}}), "DaemonSet", "akri-agent-daemonset")
+    )
+    assert not {"ENABLE_DEBUG_ECHO", "AKRI_EMBEDDED_HANDLERS"} & set(env_of(slim["containers"][0]))
     only_host = pod_spec(
         one(render({"agent": {"hostNetwork": True}}), "DaemonSet", "akri-agent-daemonset")
     )
@@ -408,52 +426,71 @@ def test_controller_rbac_is_the_tested_manifest() -> None:
         assert _rules(one(objects, kind, role)) == _rules(tested), role
 
 
-def _webhook_cert(objects: list[dict[str, Any]]) -> tuple[x509.Certificate, x509.Certificate]:
-    secret = one(objects, "Secret", "akri-webhook-configuration-tls")
-    ca = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["ca.crt"]))
-    cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
-    return ca, cert
-
-
-def test_webhook_certificate_and_registration() -> None:
-    objects = render({"webhookConfiguration": {"enabled": True}})
-    ca, cert = _webhook_cert(objects)
-    cert.verify_directly_issued_by(ca)
-    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    assert {
-        "akri-webhook-configuration",
-        "akri-webhook-configuration.akri",
-        "akri-webhook-configuration.akri.svc",
-    } <= set(sans.get_values_for_type(x509.DNSName))
+def test_webhook_makes_and_renews_its_own_certificate_and_a_render_makes_none() -> None:
+    """No certificate in the chart's output (a render, `helm template` or GitOps, changes
+    nothing): the webhook makes it in its Secret, renews it and keeps the caBundle, with
+    exactly the rights that takes."""
+    objects = render()
+    assert render() == objects  # deterministic
+    assert not by_kind(objects, "Secret")
     vwc = one(objects, "ValidatingWebhookConfiguration", "akri-webhook-configuration")
     (hook,) = vwc["webhooks"]
-    assert base64.b64decode(hook["clientConfig"]["caBundle"]) == ca.public_bytes(Encoding.PEM)
+    assert "caBundle" not in hook["clientConfig"]  # the webhook sets it
     # the same registration `akri-trio webhook certs` writes, but for the name and the CA
     (expected,) = webhook_configuration(
         "akri-webhook-configuration.akri.sh", b"", service=("akri-webhook-configuration", "akri")
     )["webhooks"]
-    assert {**hook, "clientConfig": {**hook["clientConfig"], "caBundle": ""}} == expected
+    del expected["clientConfig"]["caBundle"]
+    assert hook == expected
     deploy = one(objects, "Deployment", "akri-webhook-configuration")
     (c,) = pod_spec(deploy)["containers"]
-    assert c["args"][0] == "webhook" and "--port=8443" in c["args"]
+    assert c["args"] == [
+        "webhook",
+        "--tls-secret=akri-webhook-configuration-tls",
+        "--manage-certs",
+        "--webhook-configuration=akri-webhook-configuration",
+        "--service=akri-webhook-configuration",
+        "--cert-days=365",
+        "--port=8443",
+    ]
+    assert env_of(c)["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert "volumes" not in pod_spec(deploy) or all(
+        "secret" not in v for v in pod_spec(deploy)["volumes"]
+    )
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "https", "scheme": "HTTPS"}
     service = one(objects, "Service", "akri-webhook-configuration")
     assert service["spec"]["selector"] == deploy["spec"]["selector"]["matchLabels"]
+    assert one(objects, "Role", "akri-webhook-certs")["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["secrets"],
+            "resourceNames": ["akri-webhook-configuration-tls"],
+            "verbs": ["get", "update"],
+        },
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+    ]
+    assert one(objects, "ClusterRole", "akri-webhook-certs-role")["rules"] == [
+        {
+            "apiGroups": ["admissionregistration.k8s.io"],
+            "resources": ["validatingwebhookconfigurations"],
+            "resourceNames": ["akri-webhook-configuration"],
+            "verbs": ["get", "patch"],
+        }
+    ]
 
 
-def test_webhook_by_url_and_with_a_given_ca() -> None:
+def test_webhook_by_url_with_a_given_ca_or_cert_manager() -> None:
     objects = render(
         {
             "webhookConfiguration": {
-                "enabled": True,
                 "url": "https://127.0.0.1:18443/validate",
                 "certIPs": ["127.0.0.1"],
+                "certDays": 30,
             }
         }
     )
-    _, cert = _webhook_cert(objects)
-    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    assert [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+    (c,) = pod_spec(one(objects, "Deployment", "akri-webhook-configuration"))["containers"]
+    assert "--cert-ip=127.0.0.1" in c["args"] and "--cert-days=30" in c["args"]
     (hook,) = one(objects, "ValidatingWebhookConfiguration", "akri-webhook-configuration")[
         "webhooks"
     ]
@@ -462,7 +499,6 @@ def test_webhook_by_url_and_with_a_given_ca() -> None:
     scoped = render(
         {
             "webhookConfiguration": {
-                "enabled": True,
                 "namespaceSelector": {"matchLabels": {"team": "a"}},
                 "failurePolicy": "Ignore",
             }
@@ -473,10 +509,41 @@ def test_webhook_by_url_and_with_a_given_ca() -> None:
     ]
     assert hook["namespaceSelector"] == {"matchLabels": {"team": "a"}}
     assert hook["failurePolicy"] == "Ignore"
-    given = render({"webhookConfiguration": {"enabled": True, "caBundle": "Q0E="}})
-    assert "Secret" not in {o["kind"] for o in given}  # the user's Secret, not ours
+    # the user's certificate: the webhook only follows its Secret, and may only read it
+    given = render({"webhookConfiguration": {"caBundle": "Q0E=", "tlsSecretName": "mine"}})
     (hook,) = one(given, "ValidatingWebhookConfiguration", "akri-webhook-configuration")["webhooks"]
     assert hook["clientConfig"]["caBundle"] == "Q0E="
+    (c,) = pod_spec(one(given, "Deployment", "akri-webhook-configuration"))["containers"]
+    assert c["args"] == ["webhook", "--tls-secret=mine", "--port=8443"]
+    assert one(given, "Role", "akri-webhook-certs")["rules"] == [
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["mine"], "verbs": ["get"]}
+    ]
+    assert "akri-webhook-certs-role" not in by_kind(given, "ClusterRole")
+    # cert-manager: a Certificate (self-signed Issuer unless one is named), its CA injected
+    managed = render({"webhookConfiguration": {"certManager": {"enabled": True}, "certDays": 90}})
+    certificate = one(managed, "Certificate", "akri-webhook-configuration")["spec"]
+    assert certificate["secretName"] == "akri-webhook-configuration-tls"
+    assert certificate["dnsNames"] == [
+        "akri-webhook-configuration",
+        "akri-webhook-configuration.akri",
+        "akri-webhook-configuration.akri.svc",
+    ]
+    assert (certificate["duration"], certificate["renewBefore"]) == ("2160h", "720h")
+    assert certificate["issuerRef"] == {
+        "name": "akri-webhook-configuration-issuer",
+        "kind": "Issuer",
+    }
+    assert one(managed, "Issuer", "akri-webhook-configuration-issuer")["spec"] == {"selfSigned": {}}
+    vwc = one(managed, "ValidatingWebhookConfiguration", "akri-webhook-configuration")
+    assert vwc["metadata"]["annotations"] == {
+        "cert-manager.io/inject-ca-from": "akri/akri-webhook-configuration"
+    }
+    (c,) = pod_spec(one(managed, "Deployment", "akri-webhook-configuration"))["containers"]
+    assert "--manage-certs" not in c["args"]
+    named = {"name": "corp-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}
+    other = render({"webhookConfiguration": {"certManager": {"enabled": True, "issuerRef": named}}})
+    assert one(other, "Certificate", "akri-webhook-configuration")["spec"]["issuerRef"] == named
+    assert not by_kind(other, "Issuer")
 
 
 def test_a_daemonset_per_enabled_discovery_handler() -> None:
@@ -530,7 +597,9 @@ def test_sample_configurations_map_upstream_fields() -> None:
     assert echo["configurationServiceSpec"]["type"] == "ClusterIP"
     udev = configurations["akri-udev"]["spec"]
     assert yaml.safe_load(udev["discoveryHandler"]["discoveryDetails"]) == {
-        "udevRules": ['KERNEL=="video[0-9]*"']
+        "udevRules": ['KERNEL=="video[0-9]*"'],
+        "groupRecursive": False,
+        "permissions": "rwm",
     }
     job = udev["brokerSpec"]["brokerJobSpec"]
     assert job["backoffLimit"] == 2
@@ -581,18 +650,28 @@ def test_images_follow_the_top_level_image_unless_a_component_names_its_own() ->
     assert images["akri-controller-deployment"]["image"] == "localhost/akri-trio:other"
 
 
-def test_upstream_only_keys_are_accepted() -> None:
-    """Keys that pick upstream's separate images or runtime sockets change nothing here."""
-    upstream = {
-        "useLatestContainers": True,
-        "useDevelopmentContainers": False,
-        "kubernetesDistro": "k8s",
-        "agent": {
-            "image": {"fullRepository": "ghcr.io/x/agent-full"},
-            "host": {"containerRuntimeSocket": "/run/containerd/containerd.sock"},
+def test_upstream_image_keys() -> None:
+    """useLatestContainers and agent.image.fullRepository do what upstream's do; the keys of
+    upstream's separate images and certificate Job that akri-trio has no use for change
+    nothing."""
+    latest = render({"useLatestContainers": True, "agent": {"full": True}})
+    (agent,) = pod_spec(one(latest, "DaemonSet", "akri-agent-daemonset"))["containers"]
+    assert agent["image"] == "akri-trio:latest"
+    full = {"agent": {"full": True, "image": {"fullRepository": "r/agent-full", "tag": "t"}}}
+    (agent,) = pod_spec(one(render(full), "DaemonSet", "akri-agent-daemonset"))["containers"]
+    assert agent["image"] == "r/agent-full:t"
+    slim = {"agent": {"image": {"fullRepository": "r/agent-full", "tag": "t"}}}
+    (agent,) = pod_spec(one(render(slim), "DaemonSet", "akri-agent-daemonset"))["containers"]
+    assert agent["image"] == "akri-trio:t"  # fullRepository is for the full agent only
+    nothing_to_do = {
+        "useDevelopmentContainers": True,
+        "webhookConfiguration": {
+            "enabled": False,
+            "ttlSecondsAfterFinished": 5,
+            "certImage": {"reference": "x/certgen", "tag": "v1", "pullPolicy": "Always"},
         },
     }
-    assert render(upstream) == render()
+    assert render(nothing_to_do) == render({"webhookConfiguration": {"enabled": False}})
 
 
 def test_crds_are_the_repository_crds() -> None:

@@ -21,9 +21,10 @@ from tests.support.kubectl import Kubectl
 pytestmark = pytest.mark.k8s  # for `cluster env`'s KUBECTL, built with the cluster
 
 REPO = Path(__file__).resolve().parents[2]
-# Helm-only: the pre-delete hook, and the Lease made so that uninstall removes it (the
-# controller makes it where nobody did).
-CHART_ONLY = {"akri-teardown"}
+# Helm-only: the pre-delete hook, the webhook (on by default in the chart; without Helm it is
+# applied on its own, after its certificate: k8s/webhook.yaml), and the Lease made so that
+# uninstall removes it (the controller makes it where nobody did).
+CHART_ONLY = {"akri-teardown", "akri-webhook-configuration"}
 CHART_ONLY_OBJECTS = {("Lease", "akri-controller")}
 # The workloads, and the parts of their Pod spec that must be the chart's (the rest is labels).
 WORKLOADS = [("DaemonSet", "akri-agent-daemonset"), ("Deployment", "akri-controller-deployment")]

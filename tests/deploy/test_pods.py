@@ -31,13 +31,14 @@ DESCRIPTIONS = ("ship0", "ship1")
 CAPACITY = 3  # a broker, and two consumers of the test of the agent's restart
 # prints its device's env, then waits; exits at once on SIGTERM (sh as PID 1 would ignore it)
 BROKER_SCRIPT = "trap 'exit 0' TERM; env | grep ^DEBUG_ECHO; sleep 3600 & wait"
-COMPONENTS = ("akri-agent", "akri-controller", "akri-webhook")
+COMPONENTS = ("akri-agent", "akri-controller", "akri-webhook-configuration")
 
 
 def values(rel: Release) -> dict[str, Any]:
     webhook_port = free_port()
     return {
-        "agent": {"allowDebugEcho": True},
+        # the full agent embeds debugEcho (allowDebugEcho alone embeds nothing, as upstream)
+        "agent": {"full": True, "allowDebugEcho": True},
         # by URL: this API server cannot reach Services; only this run's namespace, and Ignore
         # so the sample Configuration of this same install is not refused while the webhook Pod
         # starts (a denial is still a denial)
@@ -218,7 +219,7 @@ def test_a_new_agent_pod_loses_no_slot(rel: Release) -> None:
 
 
 def test_the_webhook_pod_refuses_a_bad_configuration(rel: Release) -> None:
-    rel.until(lambda: rel.ready_pod("akri-webhook"), "the webhook Ready", 120)
+    rel.until(lambda: rel.ready_pod("akri-webhook-configuration"), "the webhook Ready", 120)
     bad = {
         "apiVersion": "akri.sh/v0",
         "kind": "Configuration",

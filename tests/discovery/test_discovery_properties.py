@@ -12,7 +12,8 @@ from akri_trio.discovery.properties import (
     referenced_objects,
     resolve,
 )
-from akri_trio.model.resources import DiscoveryProperty, KeyRef, ValueFrom
+from akri_trio.model.convert import structure
+from akri_trio.model.resources import Configuration, DiscoveryProperty, KeyRef, ValueFrom
 
 
 def b64(data: bytes) -> str:
@@ -113,3 +114,30 @@ def test_bad_base64_in_a_secret_is_unsolvable() -> None:
     secrets = {("ns", "s"): {"data": {"k": "not base64!"}}}
     with pytest.raises(UnsolvableProperty, match="invalid base64"):
         resolve([secret_ref("k")], {}, secrets)
+
+
+def _read(config_namespace: str, **key_ref: str) -> Configuration:
+    prop = {"name": "PASSWORD", "valueFrom": {"secretKeyRef": {"name": "creds", **key_ref}}}
+    handler = {"name": "onvif", "discoveryProperties": [prop, {"name": "PLAIN", "value": "v"}]}
+    body = {
+        "metadata": {"name": "cams", "namespace": config_namespace},
+        "spec": {"discoveryHandler": handler},
+    }
+    return structure(body, Configuration)
+
+
+@pytest.mark.parametrize("namespace", ["default", "team-a"])
+def test_a_reference_without_namespace_reads_the_configurations_own(namespace: str) -> None:
+    """Upstream's `default` for a Configuration in `default`; elsewhere its own namespace,
+    never another tenant's."""
+    props = _read(namespace, key="pw").spec.discovery_handler.discovery_properties or ()
+    assert referenced_objects(props) == {ObjectRef("Secret", namespace, "creds")}
+    secrets = {(namespace, "creds"): {"data": {"pw": b64(b"hunter2")}}}
+    assert resolve(props, {}, secrets) == {"PASSWORD": b"hunter2", "PLAIN": b"v"}
+
+
+def test_a_reference_naming_a_namespace_keeps_it() -> None:
+    """(Which the agent and the webhook then refuse: not the Configuration's namespace.)"""
+    handler = _read("team-a", key="pw", namespace="team-b").spec.discovery_handler
+    props = handler.discovery_properties or ()
+    assert referenced_objects(props) == {ObjectRef("Secret", "team-b", "creds")}

@@ -76,6 +76,9 @@ class Release:
                 "metricsPort": free_port(),
             },
             "cleanupHook": {"namespaces": [self.namespace], "timeoutSeconds": 60},
+            # on by default, but registered through its Service, which this API server cannot
+            # reach: a test that wants it registers it by URL (test_pods.py)
+            "webhookConfiguration": {"enabled": False},
         }
 
     def get(self, *args: str) -> Any:

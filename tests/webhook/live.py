@@ -19,16 +19,10 @@ import httpx
 import trio
 import yaml
 
-from akri_trio.kube import Client, Invalid, Resource
+from akri_trio.kube import Client, Invalid
+from akri_trio.webhook.rotation import WEBHOOK_CONFIGURATIONS as WEBHOOK_CONFIGURATIONS
 
 REPO = Path(__file__).resolve().parents[2]
-WEBHOOK_CONFIGURATIONS = Resource(
-    "admissionregistration.k8s.io",
-    "v1",
-    "validatingwebhookconfigurations",
-    "ValidatingWebhookConfiguration",
-    namespaced=False,
-)
 _LISTENING = re.compile(rb"webhook listening on 127\.0\.0\.1:(\d+)")
 
 
@@ -49,6 +43,11 @@ def make_certs(out: Path, name: str) -> dict[str, Any]:
 def start_webhook(certs: Path, kubeconfig: Path, log: Path) -> subprocess.Popen[bytes]:
     args = ["--tls-cert-file", str(certs / "tls.crt"), "--tls-key-file", str(certs / "tls.key")]
     args += ["--host", "127.0.0.1", "--port", "0", "--kubeconfig", str(kubeconfig)]
+    return run_webhook(args, log)
+
+
+def run_webhook(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    """`akri-trio webhook ARGS`, its output into `log`."""
     with log.open("wb") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "akri_trio", "webhook", *args],

@@ -70,3 +70,32 @@ def test_serve_fails_at_once_on_a_missing_certificate(
     err = capsys.readouterr().err
     assert err.startswith("akri-trio webhook: ")
     assert "No such file or directory" in err
+
+
+def test_certs_days_sets_the_validity(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_certs(tmp_path, capsys, "--days", "30")
+    leaf = x509.load_pem_x509_certificate((tmp_path / "tls.crt").read_bytes())
+    ca = x509.load_pem_x509_certificate((tmp_path / "ca.crt").read_bytes())
+    assert (leaf.not_valid_after_utc - leaf.not_valid_before_utc).days == 30
+    assert (ca.not_valid_after_utc - ca.not_valid_before_utc).days == 300  # ten times as long
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([], "give --tls-cert-file and --tls-key-file, or --tls-secret"),
+        (["--tls-secret", "s", "--tls-cert-file", "c"], "exclude each other"),
+        (["--tls-secret", "s", "--namespace", "ns", "--manage-certs"], "--manage-certs needs"),
+        (["--tls-secret", "s", "--namespace", "ns", "--cert-days", "0"], "must be positive"),
+    ],
+)
+def test_serve_refuses_an_incomplete_certificate_source(
+    argv: list[str],
+    message: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("POD_NAMESPACE", raising=False)
+    with pytest.raises(SystemExit):
+        main(argv)
+    assert message in capsys.readouterr().err

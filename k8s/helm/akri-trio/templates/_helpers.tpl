@@ -1,26 +1,34 @@
-{{/* Labels every object carries; `component` names the part (agent, controller, ...). */}}
+{{/* Labels every object carries, upstream Akri's: `name` is the part (akri-agent,
+akri-controller, akri-<handler>-discovery, the webhook's name), `component` its kind, and
+`part-of: akri` what upstream's tooling selects on. */}}
 {{- define "akri-trio.labels" -}}
 app.kubernetes.io/name: {{ .name }}
 app.kubernetes.io/instance: {{ .root.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
-app.kubernetes.io/part-of: akri-trio
+app.kubernetes.io/part-of: akri
 app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .root.Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version }}
 {{- end }}
 
-{{/* The selector subset of the labels: stable across upgrades. */}}
+{{/* The selector subset of the labels, upstream's own (part-of, instance, name), so a release
+of upstream Akri's chart upgrades in place: selectors cannot change on an upgrade. */}}
 {{- define "akri-trio.selector" -}}
-app.kubernetes.io/name: {{ .name }}
+app.kubernetes.io/part-of: akri
 app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/name: {{ .name }}
 {{- end }}
 
-{{/* image: and imagePullPolicy: of a component, its own `image` keys over the top-level ones. */}}
+{{/* image: and imagePullPolicy: of a component, its own `image` keys over the top-level ones;
+as upstream's, `fullRepository` for the full agent (`full`) and the tag `latest` with
+useLatestContainers when no tag is given. */}}
 {{- define "akri-trio.image" -}}
 {{- $own := .image | default dict -}}
 {{- $top := .root.Values.image -}}
 {{- $repository := $own.repository | default $top.repository -}}
-{{- $tag := $own.tag | default $top.tag | default .root.Chart.AppVersion -}}
+{{- if .full }}{{ $repository = $own.fullRepository | default $repository }}{{ end -}}
+{{- $latest := ternary "latest" .root.Chart.AppVersion (.root.Values.useLatestContainers | default false) -}}
+{{- $tag := $own.tag | default $top.tag | default $latest -}}
 image: {{ printf "%s:%s" $repository $tag | quote }}
 {{- with ($own.pullPolicy | default $top.pullPolicy) }}
 imagePullPolicy: {{ . }}
@@ -106,16 +114,95 @@ nodeSelector:
 {{- end }}
 {{- end }}
 
-{{/* Tolerations for components allowed on the control plane. */}}
-{{- define "akri-trio.controlPlaneTolerations" -}}
+{{/* Tolerations: the control plane's for components allowed there, then the user's
+`tolerations` (a list; upstream's default is an empty map, which adds none). */}}
+{{- define "akri-trio.tolerations" -}}
+{{- $all := list -}}
 {{- if .allowOnControlPlane }}
-tolerations:
-  - key: node-role.kubernetes.io/control-plane
-    operator: Exists
-    effect: NoSchedule
+{{- $all = append $all (dict "key" "node-role.kubernetes.io/control-plane" "operator" "Exists" "effect" "NoSchedule") -}}
+{{- end }}
+{{- if kindIs "slice" .tolerations }}{{ $all = concat $all .tolerations }}{{ end -}}
+{{- if $all }}
+tolerations: {{- toYaml $all | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* Env entries every component gets: its log level and format (its own `log` over the
+top-level one), then its `extraEnv`. */}}
+{{- define "akri-trio.commonEnv" -}}
+{{- $own := .own.log | default dict -}}
+{{- $top := .root.Values.log | default dict -}}
+{{- with ($own.level | default $top.level) }}
+- name: AKRI_LOG_LEVEL
+  value: {{ . | quote }}
+{{- end }}
+{{- with ($own.format | default $top.format) }}
+- name: AKRI_LOG_FORMAT
+  value: {{ . | quote }}
+{{- end }}
+{{- with .own.extraEnv }}
+{{ toYaml . }}
 {{- end }}
 {{- end }}
 
 {{- define "akri-trio.metricsPort" -}}
 {{- .own | default .root.Values.prometheus.port -}}
+{{- end }}
+
+{{/* A broker container of a sample Configuration (configurations.yaml): `broker` is its
+brokerPod or brokerJob values. The `{{PLACEHOLDER}}` resource is upstream's. */}}
+{{- define "akri-trio.brokerContainer" -}}
+{{- $b := .broker -}}
+{{- $image := $b.image | default dict -}}
+name: {{ printf "%s-broker" .name }}
+image: {{ printf "%s:%s" $image.repository ($image.tag | default "latest") | quote }}
+{{- with $image.pullPolicy }}
+imagePullPolicy: {{ . }}
+{{- end }}
+{{- with $b.command }}
+command: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $b.env }}
+env:
+  {{- range $key, $value := . }}
+  - name: {{ $key }}
+    value: {{ $value | toString | quote }}
+  {{- end }}
+{{- end }}
+{{- with $b.envFrom }}
+envFrom:
+  {{- range .secretRef }}
+  - secretRef: {name: {{ . | quote }}}
+  {{- end }}
+  {{- range .configMapRef }}
+  - configMapRef: {name: {{ . | quote }}}
+  {{- end }}
+{{- end }}
+{{- with $b.securityContext }}
+securityContext: {{- toYaml . | nindent 2 }}
+{{- end }}
+resources:
+  requests:
+    {{ "{{PLACEHOLDER}}" | quote }}: "1"
+    {{- with $b.resources.memoryRequest }}
+    memory: {{ . }}
+    {{- end }}
+    {{- with $b.resources.cpuRequest }}
+    cpu: {{ . }}
+    {{- end }}
+  limits:
+    {{ "{{PLACEHOLDER}}" | quote }}: "1"
+    {{- with $b.resources.memoryLimit }}
+    memory: {{ . }}
+    {{- end }}
+    {{- with $b.resources.cpuLimit }}
+    cpu: {{ . }}
+    {{- end }}
+{{- $mounts := $b.volumeMounts | default list }}
+{{- if .opcuaCerts }}
+{{- $mounts = prepend $mounts (dict "name" "credentials" "mountPath" "/etc/opcua-certs/client-pki" "readOnly" false) }}
+{{- end }}
+{{- with $mounts }}
+volumeMounts: {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end }}
