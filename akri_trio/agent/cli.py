@@ -32,6 +32,7 @@ from akri_trio.kube.client import Client
 from akri_trio.kube.config import KubeConfig, load_config
 from akri_trio.model import limits as model_limits
 from akri_trio.observe.logs import add_log_arguments, log_startup, setup_logging
+from akri_trio.rpc import uds
 from akri_trio.shutdown import run_until_signalled
 
 log = logging.getLogger("akri_trio.agent")
@@ -236,6 +237,7 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         ("--broker-info-period", float, BROKER_INFO_PERIOD_S, "seconds between looks"),
     ):
         p.add_argument(flag, type=kind, default=default, help=f"brokerInfo: {what}")
+    uds.add_idle_timeout_argument(p, env)
     add_log_arguments(p, env)
     args = p.parse_args(argv)
     if not args.node_name:
@@ -317,6 +319,7 @@ async def _main(settings: AgentSettings, config: KubeConfig) -> None:
 
 def main(argv: list[str]) -> int:
     settings, args = _parse(argv, os.environ)
+    uds.configure(idle_timeout=args.grpc_idle_timeout)
     config = load_config(settings.kubeconfig)  # a bad kubeconfig is one error line, first
     # Every line of an agent is about its node: the field lets one query span a DaemonSet.
     setup_logging(args.log_level, args.log_format, defaults={"node": settings.node})
