@@ -15,11 +15,13 @@ import base64
 import contextlib
 import datetime as dt
 import functools
+import gzip
 import hashlib
 import logging
 import socket
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import zlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 import attrs
 import h11
@@ -29,6 +31,7 @@ from lxml import etree
 
 from akri_trio.discovery.handlers.onvif import Onvif, parse_details, query_camera
 from akri_trio.discovery.handlers.onvif_device import (
+    AnswerEncoded,
     AnswerTooLarge,
     AuthenticationFailed,
     Credential,
@@ -109,6 +112,21 @@ def password_digest(nonce: bytes, created: str, password: str) -> str:
     return base64.b64encode(
         hashlib.sha1(nonce + created.encode() + password.encode()).digest()
     ).decode()
+
+
+@asynccontextmanager
+async def serving_on(
+    handle: Callable[[trio.SocketStream], Awaitable[None]], host: str = "127.0.0.1"
+) -> AsyncIterator[str]:
+    """Serve `handle` on a free port of `host` until the block exits; yields the device
+    service URL there."""
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(functools.partial(trio.serve_tcp, handle, 0, host=host))
+        port = listeners[0].socket.getsockname()[1]
+        try:
+            yield f"http://{host}:{port}/onvif/device_service"
+        finally:
+            nursery.cancel_scope.cancel()
 
 
 @attrs.define
@@ -194,18 +212,9 @@ class OnvifDeviceService:
                     return
                 conn.start_next_cycle()
 
-    @asynccontextmanager
-    async def serving(self, host: str = "127.0.0.1") -> AsyncIterator[str]:
+    def serving(self, host: str = "127.0.0.1") -> AbstractAsyncContextManager[str]:
         """Serve until the block exits; yields the device service URL."""
-        async with trio.open_nursery() as nursery:
-            listeners = await nursery.start(
-                functools.partial(trio.serve_tcp, self.handle, 0, host=host)
-            )
-            port = listeners[0].socket.getsockname()[1]
-            try:
-                yield f"http://{host}:{port}/onvif/device_service"
-            finally:
-                nursery.cancel_scope.cancel()
+        return serving_on(self.handle, host)
 
 
 def _match(url: str, uuid: str = "5f5a69c2-e0ae-504f-829b-00fcdab169cc") -> ProbeMatch:
@@ -341,17 +350,8 @@ class FloodingService:
                     await stream.send_all(chunk)
                     self.sent += len(chunk)
 
-    @asynccontextmanager
-    async def serving(self) -> AsyncIterator[str]:
-        async with trio.open_nursery() as nursery:
-            listeners = await nursery.start(
-                functools.partial(trio.serve_tcp, self.handle, 0, host="127.0.0.1")
-            )
-            port = listeners[0].socket.getsockname()[1]
-            try:
-                yield f"http://127.0.0.1:{port}/onvif/device_service"
-            finally:
-                nursery.cancel_scope.cancel()
+    def serving(self) -> AbstractAsyncContextManager[str]:
+        return serving_on(self.handle)
 
 
 @pytest.mark.parametrize("announce", [True, False])
@@ -373,6 +373,61 @@ async def test_a_flooding_camera_is_skipped_with_a_warning(
         async with service.serving() as url, open_device_client(1 << 20) as client:
             assert await query_camera(client, _match(url), None) is None
     assert "answered more than 1048576 bytes" in caplog.text
+
+
+@attrs.define
+class EncodedService:
+    """Answers every request with a gzip bomb (64 MiB of '<' in 64 KB on the wire), whatever
+    the request asked for, and records each request's Accept-Encoding."""
+
+    encoding: str = "gzip"
+    accepted: list[str | None] = attrs.field(factory=list)
+
+    async def handle(self, stream: trio.SocketStream) -> None:
+        conn = h11.Connection(h11.SERVER)
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            async with stream:
+                while (event := conn.next_event()) is not h11.PAUSED:
+                    if event is h11.NEED_DATA:
+                        data = await stream.receive_some(65536)
+                        if not data:
+                            return
+                        conn.receive_data(data)
+                    elif isinstance(event, h11.Request):
+                        asked = dict(event.headers).get(b"accept-encoding", b"")
+                        self.accepted.append(asked.decode())
+                    elif isinstance(event, h11.EndOfMessage):
+                        break
+                payload = gzip.compress(b"<" * (64 << 20), 9)
+                if self.encoding == "deflate":
+                    payload = zlib.compress(b"<" * (64 << 20), 9)
+                headers = [
+                    ("content-type", "application/soap+xml"),
+                    ("content-encoding", self.encoding),
+                    ("content-length", str(len(payload))),
+                ]
+                await stream.send_all(conn.send(h11.Response(status_code=200, headers=headers)))
+                await stream.send_all(conn.send(h11.Data(data=payload)) or b"")
+                await stream.send_all(conn.send(h11.EndOfMessage()) or b"")
+
+    def serving(self) -> AbstractAsyncContextManager[str]:
+        return serving_on(self.handle)
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+async def test_a_compressed_answer_is_not_asked_for_and_never_decoded(
+    encoding: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # 64 KB on the wire, far under the 1 MiB limit; decoded it would be 64 MiB (and a 0.5 MB
+    # body made 1.6 GiB before).
+    service = EncodedService(encoding)
+    with trio.fail_after(20):
+        async with service.serving() as url, open_device_client(1 << 20) as client:
+            with pytest.raises(AnswerEncoded, match=f"content encoding '{encoding}'"):
+                await client.query(url, None)
+            assert await query_camera(client, _match(url), None) is None
+    assert service.accepted == ["identity", "identity"]
+    assert f"skipping camera 5f5a69c2-e0ae-504f-829b-00fcdab169cc: {url}" in caplog.text
 
 
 # ---- credentials go only to the camera that answered (issue 8, item 1) -------------------------

@@ -18,7 +18,8 @@ cause of "auth timeouts" such as upstream #659.
 
 Anything on the LAN can answer a probe, so an answer is read through `BoundedTransport`: at
 most `max_response_bytes` (default 1 MiB) per HTTP response, refused up front when its
-Content-Length says more and cut off when the body runs past it, never buffered whole.
+Content-Length says more and cut off when the body runs past it, never buffered whole. It asks
+for no content encoding and refuses an answer in one (a 0.5 MB gzip body can decode to GBs).
 """
 
 from __future__ import annotations
@@ -187,6 +188,11 @@ class AuthenticationFailed(Exception):
 
 class AnswerTooLarge(Exception):
     """A device answered with more bytes than we read from one response."""
+
+
+class AnswerEncoded(AnswerTooLarge):
+    """A device answered in a content encoding (gzip, ...) we did not ask for: what it decodes
+    to is not bounded by what came over the wire, so it is not read."""
 
 
 def clock_offset(device_utc: dt.datetime | None, local_utc: dt.datetime) -> dt.timedelta:
@@ -418,9 +424,19 @@ class BoundedTransport(httpx.AsyncBaseTransport):
         self.limit = limit
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        # httpx offers "gzip, deflate" (and br/zstd when installed) and decodes without a
+        # bound after the body was counted: ask for the body as it is, and read nothing else.
+        request.headers["accept-encoding"] = "identity"
         response = await self._inner.handle_async_request(request)
         url = str(request.url)
         length = response.headers.get("content-length", "")
+        encoding = response.headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            await response.aclose()
+            raise AnswerEncoded(
+                f"{url} answered in content encoding {encoding[:40]!r}, which we do not accept "
+                "(its decoded size is unbounded)"
+            )
         if length.isdigit() and int(length) > self.limit:
             await response.aclose()
             raise AnswerTooLarge(f"{url} announced {length} bytes; the limit is {self.limit}")
