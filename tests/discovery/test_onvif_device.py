@@ -29,12 +29,20 @@ import pytest
 import trio
 from lxml import etree
 
-from akri_trio.discovery.handlers.onvif import Onvif, parse_details, query_camera
+from akri_trio.discovery.handlers.onvif import (
+    Onvif,
+    RefusalChanges,
+    Refusals,
+    parse_details,
+    query_camera,
+    refusal_changes,
+)
 from akri_trio.discovery.handlers.onvif_device import (
     AnswerEncoded,
     AnswerTooLarge,
     AuthenticationFailed,
     Credential,
+    DeviceClient,
     DeviceFacts,
     open_device_client,
     resolve_credentials,
@@ -46,6 +54,7 @@ from akri_trio.discovery.handlers.onvif_probe import (
     new_message_id,
     probe_interfaces,
 )
+from akri_trio.model.device import Device
 
 NS = {
     "s": "http://www.w3.org/2003/05/soap-envelope",
@@ -65,6 +74,12 @@ NOT_AUTHORIZED = (
     "<env:Subcode><env:Value>ter:NotAuthorized</env:Value></env:Subcode></env:Code>"
     '<env:Reason><env:Text xml:lang="en">Sender not Authorized</env:Text></env:Reason>'
     "</env:Fault>"
+)
+ENVELOPE_NOT_AUTHORIZED = ENVELOPE.format(NOT_AUTHORIZED)
+# A Fault with no authentication subcode, as cameras answer a token they do not like.
+ENVELOPE_SENDER_FAULT = ENVELOPE.format(
+    "<env:Fault><env:Code><env:Value>env:Sender</env:Value></env:Code>"
+    '<env:Reason><env:Text xml:lang="en">Unauthorized</env:Text></env:Reason></env:Fault>'
 )
 DIGEST_TYPE = (
     "http://docs.oasis-open.org/wss/2004/01/oasis-200401-wss-username-token-profile-1.0"
@@ -141,6 +156,8 @@ class OnvifDeviceService:
     clock_skew: dt.timedelta = dt.timedelta(0)
     max_token_age: dt.timedelta = dt.timedelta(seconds=5)
     calls: list[tuple[str, str | None]] = attrs.field(factory=list)  # (operation, user)
+    # How a call without a valid token is turned down: status, body, extra headers.
+    refusal: tuple[int, str, tuple[tuple[str, str], ...]] = (400, ENVELOPE_NOT_AUTHORIZED, ())
 
     def now(self) -> dt.datetime:
         return dt.datetime.now(dt.UTC) + self.clock_skew
@@ -163,7 +180,7 @@ class OnvifDeviceService:
             return None
         return str(user)
 
-    def answer(self, body: bytes) -> tuple[int, bytes]:
+    def answer(self, body: bytes) -> tuple[int, bytes, tuple[tuple[str, str], ...]]:
         root = etree.fromstring(body)
         request = root.find("s:Body", NS)[0]
         operation = etree.QName(request).localname
@@ -172,16 +189,22 @@ class OnvifDeviceService:
         if operation == "GetSystemDateAndTime":
             payload = _date_time(self.now())
         elif self.credential is not None and user is None:
-            return 400, ENVELOPE.format(NOT_AUTHORIZED).encode()
+            status, text, headers = self.refusal
+            return status, text.encode(), headers
         elif operation == "GetDeviceInformation":
             payload = DEVICE_INFORMATION
         elif operation == "GetNetworkInterfaces":
             payload = _interfaces(self.ip, self.mac)
         else:
-            return 500, b""
-        return 200, ENVELOPE.format(payload).encode()
+            return 500, b"", ()
+        return 200, ENVELOPE.format(payload).encode(), ()
 
     async def handle(self, stream: trio.SocketStream) -> None:
+        # A client that hangs up on a refusal without reading its body resets the connection.
+        with contextlib.suppress(trio.BrokenResourceError):
+            await self._serve_connection(stream)
+
+    async def _serve_connection(self, stream: trio.SocketStream) -> None:
         conn = h11.Connection(h11.SERVER)
         async with stream:
             while True:
@@ -200,10 +223,11 @@ class OnvifDeviceService:
                         break
                 if isinstance(event, h11.ConnectionClosed):
                     return
-                status, payload = self.answer(body)
+                status, payload, extra = self.answer(body)
                 headers = [
                     ("content-type", "application/soap+xml; charset=utf-8"),
                     ("content-length", str(len(payload))),
+                    *extra,
                 ]
                 await stream.send_all(conn.send(h11.Response(status_code=status, headers=headers)))
                 await stream.send_all(conn.send(h11.Data(data=payload)) or b"")
@@ -268,9 +292,80 @@ async def test_wrong_credentials_skip_the_camera_and_log(caplog: pytest.LogCaptu
     camera = OnvifDeviceService(credential=("admin", "right"))
     async with camera.serving() as url, open_device_client() as client:
         with caplog.at_level(logging.WARNING):
-            facts = await query_camera(client, _match(url), Credential("admin", "wrong"))
-    assert facts is None
-    assert any("skipping camera 5f5a69c2" in r.getMessage() for r in caplog.records)
+            devices = await Onvif().confirm(
+                parse_details(""), [_match(url)], {"default": Credential("admin", "wrong")}, client
+            )
+    assert devices == []
+    assert any("camera 5f5a69c2" in r.getMessage() for r in caplog.records)
+
+
+# ---- every shape of "no" counts as failed authentication (issue 21 item 13) ---------------------
+
+REFUSALS = {
+    "401 with a Fault body": (401, ENVELOPE_SENDER_FAULT, ()),
+    "401 with nothing": (401, "", ()),
+    "401 Digest challenge": (
+        401,
+        "<html>401 Unauthorized</html>",
+        (("www-authenticate", 'Digest realm="cam", qop="auth", nonce="abc"'),),
+    ),
+    "401 Basic challenge": (401, "", (("www-authenticate", 'Basic realm="cam"'),)),
+    "400 ter:NotAuthorized": (400, ENVELOPE_NOT_AUTHORIZED, ()),
+    "500 ter:NotAuthorized": (500, ENVELOPE_NOT_AUTHORIZED, ()),
+    "a Fault on GetDeviceInformation": (400, ENVELOPE_SENDER_FAULT, ()),
+    "403 Forbidden": (403, "forbidden", ()),
+}
+
+
+async def confirm_one(
+    client: DeviceClient, url: str, uuid: str, password: str, refusals: Refusals
+) -> list[Device]:
+    """One round of the handler's confirm step for one camera, as user admin."""
+    credentials = {"default": Credential("admin", password)}
+    return await Onvif().confirm(
+        parse_details(""), [_match(url, uuid)], credentials, client, refusals
+    )
+
+
+@pytest.mark.parametrize("shape", sorted(REFUSALS))
+async def test_every_refusal_shape_is_failed_authentication_logged_once(
+    shape: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    camera = OnvifDeviceService(credential=("admin", "right"), refusal=REFUSALS[shape])
+    uuid = "5f5a69c2-e0ae-504f-829b-00fcdab169cc"
+    refusals = Refusals()
+    with trio.fail_after(20):
+        async with camera.serving() as url, open_device_client() as client:
+            with pytest.raises(AuthenticationFailed, match="rejected user 'admin'"):
+                await client.query(url, Credential("admin", "wrong"))
+            with caplog.at_level(logging.INFO):
+                for _ in range(3):  # three rounds: no device, one line
+                    devices = await confirm_one(client, url, uuid, "wrong", refusals)
+                    assert devices == []
+    lines = [r for r in caplog.records if "refuses the configured credentials" in r.getMessage()]
+    assert [r.levelname for r in lines] == ["WARNING"]
+    assert f"camera {uuid} refuses" in lines[0].getMessage()
+    assert "(1 camera(s) refusing them)" in lines[0].getMessage()
+    assert refusals.current.keys() == {uuid}
+    # Nothing but the unauthenticated clock query and the refused one, each round.
+    assert {op for op, _ in camera.calls} == {"GetSystemDateAndTime", "GetDeviceInformation"}
+
+
+async def test_a_camera_that_accepts_the_credentials_again_is_logged_once() -> None:
+    camera = OnvifDeviceService(credential=("admin", "right"))
+    uuid = "5f5a69c2-e0ae-504f-829b-00fcdab169cc"
+    refusals = Refusals(current={uuid: "it said no"})
+    async with camera.serving() as url, open_device_client() as client:
+        devices = await confirm_one(client, url, uuid, "right", refusals)
+    assert [d.properties["ONVIF_DEVICE_UUID"] for d in devices] == [uuid]
+    assert refusals.current == {}
+
+
+def test_refusal_changes_are_news_only() -> None:
+    assert refusal_changes({}, {"a": "401"}) == RefusalChanges({"a": "401"}, ())
+    assert refusal_changes({"a": "401"}, {"a": "401"}) == RefusalChanges({}, ())
+    assert refusal_changes({"a": "401"}, {"a": "403"}) == RefusalChanges({"a": "403"}, ())
+    assert refusal_changes({"a": "401", "b": "x"}, {"b": "x"}) == RefusalChanges({}, ("a",))
 
 
 async def test_auth_required_but_no_credentials_reports_without_ip_mac() -> None:

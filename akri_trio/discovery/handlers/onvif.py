@@ -183,17 +183,62 @@ async def query_camera(
     client: DeviceClient, match: ProbeMatch, credential: Credential | None
 ) -> DeviceFacts | None:
     """Try the camera's XAddrs in order; the first that answers is its service URL. None when
-    none answers, or when the camera rejects our credentials (logged: a misconfigured Secret
-    should be visible, but must not cost us the other cameras)."""
+    none answers. Raises AuthenticationFailed when the camera rejects our credentials: the
+    caller reports it (a misconfigured Secret should be visible, but must not cost us the
+    other cameras)."""
     for url in match.xaddrs:
         try:
             return await client.query(url, credential)
-        except (AuthenticationFailed, AnswerTooLarge) as exc:
+        except AuthenticationFailed:
+            raise
+        except AnswerTooLarge as exc:
             log.warning("onvif: skipping camera %s: %s", match.uuid, exc)
             return None
         except Exception as exc:
             log.debug("onvif: %s (camera %s) did not answer: %r", url, match.uuid, exc)
     return None
+
+
+@attrs.frozen
+class RefusalChanges:
+    """Between two rounds: cameras that began refusing our credentials (or now say so
+    differently), with how; and cameras that no longer refuse them."""
+
+    refusing: dict[str, str]
+    recovered: tuple[str, ...]
+
+
+def refusal_changes(before: Mapping[str, str], now: Mapping[str, str]) -> RefusalChanges:
+    """What to log after a round, given each round's {camera uuid: how it refused}. A camera
+    not heard from this round is no news: it is neither refusing anew nor recovered."""
+    return RefusalChanges(
+        refusing={uuid: how for uuid, how in sorted(now.items()) if before.get(uuid) != how},
+        recovered=tuple(sorted(set(before) - set(now))),
+    )
+
+
+@attrs.define
+class Refusals:
+    """The cameras refusing the configured credentials, kept across one `discover`'s rounds
+    so each camera is logged once per change, not once per round."""
+
+    current: dict[str, str] = attrs.field(factory=dict)
+
+    def update(self, refused: Mapping[str, str], answered: Iterable[str]) -> None:
+        """After a round: `refused` {uuid: how} this round, `answered` the uuids that did
+        answer (a camera that did neither keeps its state)."""
+        heard = set(answered)
+        now = {u: h for u, h in self.current.items() if u not in heard} | dict(refused)
+        changes = refusal_changes(self.current, now)
+        self.current = now
+        for uuid, how in changes.refusing.items():
+            log.warning(
+                "onvif: camera %s refuses the configured credentials, skipped: %s "
+                "(%d camera(s) refusing them)",
+                uuid, how, len(now),
+            )  # fmt: skip
+        for uuid in changes.recovered:
+            log.info("onvif: camera %s accepts the configured credentials again", uuid)
 
 
 def _globs(raw: str) -> tuple[str, ...]:
@@ -256,31 +301,46 @@ class Onvif:
         matches: Iterable[ProbeMatch],
         credentials: Mapping[str, Credential],
         client: DeviceClient,
+        refusals: Refusals | None = None,
     ) -> list[Device]:
         """The devices among `matches` that pass the filters and answer their device service,
-        queried concurrently, each within `device_timeout`."""
+        queried concurrently, each within `device_timeout`. Cameras refusing the credentials
+        are left out and reported through `refusals` (kept across rounds by the caller)."""
         found: list[Device] = []
+        refused: dict[str, str] = {}
+        answered: list[str] = []
 
         async def one(match: ProbeMatch) -> None:
+            facts = None
             with trio.move_on_after(self.device_timeout) as scope:
-                facts = await query_camera(client, match, credential_for(credentials, match.uuid))
+                try:
+                    credential = credential_for(credentials, match.uuid)
+                    facts = await query_camera(client, match, credential)
+                except AuthenticationFailed as exc:
+                    refused[match.uuid] = str(exc)
+                    return
             if scope.cancelled_caught:
                 log.info("onvif: camera %s did not answer within %ss", match.uuid,
                          self.device_timeout)  # fmt: skip
                 return
-            if facts is not None and facts_filter(details, facts):
-                found.append(to_device(match, facts))
+            if facts is not None:
+                answered.append(match.uuid)
+                if facts_filter(details, facts):
+                    found.append(to_device(match, facts))
 
         async with trio.open_nursery() as nursery:
             for match in matches:
                 if probe_filter(details, match):
                     nursery.start_soon(one, match)
+        (refusals if refusals is not None else Refusals()).update(refused, answered)
         return found
 
     async def discover(self, details: OnvifDetails, properties: Properties, send: Send) -> None:
         credentials = resolve_credentials(properties)
+        refusals = Refusals()
         async with open_device_client(self.max_response_bytes) as client:
             while True:
                 matches = await self.probe(details)
-                await send(await self.confirm(details, matches.values(), credentials, client))
+                found = await self.confirm(details, matches.values(), credentials, client, refusals)
+                await send(found)
                 await trio.sleep(self.poll_interval)
