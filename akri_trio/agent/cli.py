@@ -35,6 +35,7 @@ from akri_trio.model import limits as model_limits
 from akri_trio.observe.http import DEFAULT_MAX_CONNECTIONS
 from akri_trio.observe.lag import LAG_THRESHOLD_S
 from akri_trio.observe.logs import add_log_arguments, log_startup, setup_logging
+from akri_trio.rpc import uds
 from akri_trio.shutdown import run_until_signalled
 
 log = logging.getLogger("akri_trio.agent")
@@ -285,6 +286,7 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         ("--broker-info-period", float, BROKER_INFO_PERIOD_S, "seconds between looks"),
     ):
         p.add_argument(flag, type=kind, default=default, help=f"brokerInfo: {what}")
+    uds.add_idle_timeout_argument(p, env)
     add_log_arguments(p, env)
     args = p.parse_args(argv)
     if not args.node_name:
@@ -384,6 +386,7 @@ async def _main(settings: AgentSettings, config: KubeConfig) -> None:
 
 def main(argv: list[str]) -> int:
     settings, args = _parse(argv, os.environ)
+    uds.configure(idle_timeout=args.grpc_idle_timeout)
     # A bad kubeconfig is one error line, first.
     config = load_config(settings.kubeconfig, context=args.context)
     # Every line of an agent is about its node: the field lets one query span a DaemonSet.

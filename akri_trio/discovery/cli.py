@@ -23,6 +23,7 @@ from akri_trio.discovery.handlers import BUILTIN, UnknownHandler, load_handler
 from akri_trio.discovery.standalone import REGISTRATION_SOCKET, handlers_directory, run_standalone
 from akri_trio.flaghelp import Parser
 from akri_trio.observe.logs import add_log_arguments, log_startup, setup_logging
+from akri_trio.rpc import uds
 
 # upstream's handlers listen here when registering over the network (POD_IP)
 POD_IP_PORT = 10000
@@ -62,6 +63,7 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
     parser.add_argument(
         "--advertise-host", help="host to register for --network (default: the bound host)"
     )
+    uds.add_idle_timeout_argument(parser, os.environ if env is None else env)
     add_log_arguments(parser, os.environ if env is None else env)
     return parser
 
@@ -70,6 +72,7 @@ def main(argv: list[str], env: Mapping[str, str] | None = None) -> int:
     environ = os.environ if env is None else env
     parser = build_parser(environ)
     args = parser.parse_args(argv)
+    uds.configure(idle_timeout=args.grpc_idle_timeout)
     setup_logging(args.log_level, args.log_format, defaults={"handler": args.name})
     try:
         handler = load_handler(args.name, environ)

@@ -7,7 +7,8 @@ is the only pure-Python gRPC stack that runs on trio, but 0.8.0 (pinned exactly 
 serves TCP only and has bugs that matter here. Everything that touches purerpc's internals is in
 this one module; see research/stack.md §2 and research/real-k8s.md §8 for the measurements.
 
-Patches to purerpc, applied once at import (idempotent; `_PATCH_MARK` guards re-application):
+Patches to purerpc, applied once at import (idempotent; `_PATCH_MARK` guards re-application;
+the letters are shared with the glue below):
 
 (a) `SocketWrapper._set_socket_options` sets TCP options unconditionally, which fail with
     EOPNOTSUPP on AF_UNIX: skipped for Unix sockets.
@@ -15,6 +16,18 @@ Patches to purerpc, applied once at import (idempotent; `_PATCH_MARK` guards re-
     `on_stream_reset(stream_id, error_code)` hook when one is set (only our server and client
     set one; purerpc's own classes behave as before). The server cancels that stream's
     handler; the client ends the call with a status, in order with the batch's other events.
+(h) A message marked compressed (`grpc-encoding: gzip` / `deflate`) is inflated with a bound:
+    purerpc checked only the compressed size and then inflated without limit (a 0.5 MB
+    message made 1.6 GiB). `inflate_bounded` stops at the same limit as an uncompressed
+    message (`MAX_MESSAGE_BYTES`); such a message, an uncompressed one over the limit, an
+    encoding we do not know and corrupt compressed data all end that one stream with
+    RST_STREAM(ENHANCE_YOUR_CALM), which gRPC clients report as RESOURCE_EXHAUSTED, instead of
+    failing the whole connection. The flow-control credit of the discarded bytes is returned.
+    Our side never compresses (nor advertises an encoding), and neither the kubelet nor grpcio
+    compress unless asked to.
+(i) `GRPCConnection._stream_ended` now tells the server (`on_request_ended(stream_id)`, when
+    set) that a call's request is complete, so a call whose request never completes can be
+    timed out ((g) below).
 (e) purerpc's server catches everything with bare `except:` and logs "Got exception ..." at
     WARNING even for trio's `Cancelled`, i.e. every time we cancel a handler on purpose: a
     filter on the `purerpc.server` logger drops exactly those records; real errors still log.
@@ -36,7 +49,12 @@ Glue (subclasses, not patches):
     its rules) costs one log line, not a traceback; a connection with no call in progress
     for `idle_timeout` seconds (default IDLE_TIMEOUT_S; never while a stream is open, so a
     kubelet's ListAndWatch or an agent's Discover stream is untouched) is closed, so idle or
-    half-open connections cannot pile up.
+    half-open connections cannot pile up. A call whose request has not fully arrived within
+    `idle_timeout` of its opening (a peer that opens a stream and then stalls) is ended with
+    RST_STREAM(CANCEL): every method we serve takes one request message, so a live client
+    sends it at once; a stream past its request (ListAndWatch, Discover) is never timed out.
+    The process-wide default is set once at startup by `configure` (the agent's and the
+    discovery handlers' `--grpc-idle-timeout`).
 
 A purerpc `Server`'s service context managers can be entered only once, so every (re)serve
 builds a fresh one (`make_server`); `serve_unix` / `serve_tcp` do that themselves.
@@ -44,6 +62,8 @@ builds a fresh one (`make_server`); `serve_unix` / `serve_tcp` do that themselve
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import errno
 import logging
 import math
@@ -52,7 +72,8 @@ import secrets
 import socket
 import stat
 import sys
-from collections.abc import Awaitable, Callable
+import zlib
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,15 +86,24 @@ import anyio.abc
 import h2.exceptions
 import purerpc
 import trio
+from h2.errors import ErrorCodes
 from purerpc import grpc_socket
 from purerpc.client import _Channel
 from purerpc.grpc_proto import GRPCProtoSocket
 from purerpc.grpc_socket import GRPCStreamState
+from purerpc.grpclib import connection as grpc_connection_module
+from purerpc.grpclib.buffers import MessageReadBuffer
 from purerpc.grpclib.config import GRPCConfiguration
 from purerpc.grpclib.connection import GRPCConnection
-from purerpc.grpclib.events import RequestReceived, ResponseEnded, WindowUpdated
-from purerpc.grpclib.exceptions import ProtocolError
+from purerpc.grpclib.events import MessageReceived, RequestReceived, ResponseEnded, WindowUpdated
+from purerpc.grpclib.exceptions import (
+    MessageTooLargeError,
+    ProtocolError,
+    UnsupportedMessageEncodingError,
+)
 from purerpc.server import ConnectionHandler
+
+from akri_trio.flaghelp import add_env_argument
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +116,55 @@ _CONNECTION_ERRORS = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSEr
 # trio.serve_listeners does).
 _ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 _ACCEPT_BACKOFF_S = 0.1
-# A connection without any call in progress is closed after this long.
+# A connection without any call in progress is closed after this long; a call whose request
+# has not arrived this long after it opened is reset. `configure` sets the process's value.
 IDLE_TIMEOUT_S = 300.0
+# The largest gRPC message read, before and after decompression: purerpc's limit (32 MiB).
+MAX_MESSAGE_BYTES: int = GRPCConfiguration(client_side=False).max_message_length
+
+
+@dataclass
+class _Settings:
+    idle_timeout: float = IDLE_TIMEOUT_S
+
+
+_settings = _Settings()
+
+
+def add_idle_timeout_argument(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+    """`--grpc-idle-timeout` (env AKRI_GRPC_IDLE_TIMEOUT), for every command serving gRPC;
+    pass its value to `configure`."""
+    add_env_argument(
+        parser,
+        "--grpc-idle-timeout",
+        env=env,
+        var="AKRI_GRPC_IDLE_TIMEOUT",
+        type=_positive_seconds,
+        default=IDLE_TIMEOUT_S,
+        metavar="SECONDS",
+        help="close a gRPC connection to our sockets without a call in progress, and reset a "
+        "call whose request has not arrived, after this long",
+    )
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def configure(*, idle_timeout: float) -> None:
+    """Set the process's default idle timeout for the gRPC servers it starts afterwards (the
+    commands call this once, from their flags; a server given `idle_timeout` uses that)."""
+    if not idle_timeout > 0:
+        raise ValueError(f"the gRPC idle timeout must be positive, got {idle_timeout!r}")
+    _settings.idle_timeout = idle_timeout
+
+
 # A peer that is not a gRPC client (or a broken one): said in one line, no traceback.
 _PROTOCOL_ERRORS = (h2.exceptions.H2Error, ProtocolError)
 
@@ -116,6 +193,70 @@ class _DropCancelledWarnings(logging.Filter):
         return True
 
 
+class CorruptMessageError(ProtocolError):  # type: ignore[misc]  # purerpc is untyped
+    """Compressed data that does not inflate."""
+
+
+def inflate_bounded(data: bytes, encoding: str | None, limit: int) -> bytes:
+    """A compressed gRPC message's payload, inflated to at most `limit` bytes.
+
+    gzip and deflate (zlib-wrapped, as gRPC means it) are told apart by their header. Raises
+    MessageTooLargeError past `limit` (never inflating more than `limit + 1` bytes),
+    UnsupportedMessageEncodingError for another encoding, CorruptMessageError for data that
+    is not one whole compressed stream.
+    """
+    if encoding not in ("gzip", "deflate"):
+        raise UnsupportedMessageEncodingError(f"unsupported grpc-encoding {encoding!r}")
+    inflater = zlib.decompressobj(wbits=32 + zlib.MAX_WBITS)  # zlib or gzip header
+    try:
+        out = inflater.decompress(data, limit + 1)
+    except zlib.error as exc:
+        raise CorruptMessageError(f"bad {encoding} data: {exc}") from None
+    if len(out) > limit:
+        raise MessageTooLargeError(
+            f"{encoding} message inflates past the limit of {limit} bytes "
+            f"({len(data)} bytes compressed)"
+        )
+    if not inflater.eof or inflater.unused_data:
+        raise CorruptMessageError(f"bad {encoding} data: not one whole compressed stream")
+    return out
+
+
+class _BoundedReadBuffer(MessageReadBuffer):  # type: ignore[misc]  # purerpc is untyped
+    """purerpc's per-stream message parser with a bounded inflater, counting the flow-control
+    credit it holds (received, not yet handed on as a message) so a refusal can return it."""
+
+    def __init__(self, message_encoding: str | None = None, max_message_length: int = 0) -> None:
+        super().__init__(message_encoding, max_message_length)
+        self.credit_held = 0
+
+    def data_received(self, data: bytes, flow_controlled_length: int | None = None) -> None:
+        self.credit_held += len(data) if flow_controlled_length is None else flow_controlled_length
+        super().data_received(data, flow_controlled_length)
+
+    def decompress(self, data: bytes) -> bytes:
+        return inflate_bounded(data, self._message_encoding, self._max_message_length)
+
+    def read_all_complete_messages_flowcontrol(self) -> Any:
+        messages = super().read_all_complete_messages_flowcontrol()
+        self.credit_held -= sum(length for _, length in messages)
+        return messages
+
+
+def _refuse_stream(conn: GRPCConnection, stream_id: int, reason: str) -> list[Any]:
+    """End one stream whose message we will not read; the connection carries on."""
+    buffer = conn.message_read_buffers.pop(stream_id, None)
+    credit = buffer.credit_held if isinstance(buffer, _BoundedReadBuffer) else 0
+    log.warning("refused a gRPC message on stream %d: %s", stream_id, reason)
+    conn.reset_stream(stream_id, ErrorCodes.ENHANCE_YOUR_CALM)
+    if credit:
+        conn.acknowledge_received_data(stream_id, credit)  # the connection's window
+    hook = getattr(conn, "on_stream_reset", None)
+    if hook is None:
+        return []
+    return list(hook(stream_id, ErrorCodes.ENHANCE_YOUR_CALM, f"message refused: {reason}") or ())
+
+
 def _apply_patches() -> None:
     if getattr(GRPCConnection, _PATCH_MARK, False):
         return
@@ -137,8 +278,34 @@ def _apply_patches() -> None:
         hook = getattr(self, "on_stream_reset", None)
         return list(hook(event.stream_id, event.error_code) or ()) if hook is not None else []
 
+    def data_received(self: GRPCConnection, event: Any) -> list[Any]:
+        buffer = self.message_read_buffers.get(event.stream_id)
+        if buffer is None:  # no request/response headers on this stream: purerpc's answer
+            self.h2_connection.reset_stream(event.stream_id, ErrorCodes.PROTOCOL_ERROR)
+            return []
+        try:
+            buffer.data_received(event.data, event.flow_controlled_length)
+        except ProtocolError as exc:
+            return _refuse_stream(self, event.stream_id, str(exc))
+        return [
+            MessageReceived(event.stream_id, message, length)
+            for message, length in buffer.read_all_complete_messages_flowcontrol()
+        ]
+
+    stream_ended = GRPCConnection._stream_ended
+
+    def stream_ended_with_hook(self: GRPCConnection, event: Any) -> list[Any]:
+        events: list[Any] = stream_ended(self, event)
+        hook = getattr(self, "on_request_ended", None)
+        if hook is not None and events:
+            hook(event.stream_id)
+        return events
+
     grpc_socket.SocketWrapper._set_socket_options = staticmethod(set_socket_options)
     GRPCConnection._stream_reset = stream_reset
+    GRPCConnection._data_received = data_received
+    GRPCConnection._stream_ended = stream_ended_with_hook
+    grpc_connection_module.MessageReadBuffer = _BoundedReadBuffer
     logging.getLogger("purerpc.server").addFilter(_DropCancelledWarnings())
     setattr(GRPCConnection, _PATCH_MARK, True)
 
@@ -168,33 +335,59 @@ class _ConnectionHandler(ConnectionHandler):  # type: ignore[misc]  # purerpc is
     """purerpc's per-connection handler with per-stream cancellation, contained failures and
     an idle timeout."""
 
-    def __init__(self, services: Any, server: Any, idle_timeout: float = IDLE_TIMEOUT_S) -> None:
+    def __init__(self, services: Any, server: Any, idle_timeout: float) -> None:
         super().__init__(services, server)
         self.idle_timeout = idle_timeout
 
     async def __call__(self, conn: anyio.abc.SocketStream) -> None:
         scopes: dict[int, trio.CancelScope] = {}
+        # Per call until its request is complete: cancelled at the deadline (a stalled call).
+        # The hook runs while purerpc parses, possibly before the call's task has started.
+        awaiting_request: dict[int, trio.CancelScope] = {}
+        request_complete: set[int] = set()
         idle = trio.CancelScope(deadline=trio.current_time() + self.idle_timeout)
 
-        def on_stream_reset(stream_id: int, error_code: int) -> None:
+        def on_stream_reset(stream_id: int, error_code: int, reason: str = "") -> None:
             scope = scopes.get(stream_id)
             if scope is not None:
                 scope.cancel()
 
+        def on_request_ended(stream_id: int) -> None:
+            stall = awaiting_request.pop(stream_id, None)
+            if stall is None:
+                request_complete.add(stream_id)
+            else:
+                stall.deadline = math.inf
+
         async def run_stream(stream: Any) -> None:
-            with trio.CancelScope() as scope:
-                scopes[stream.stream_id] = scope
+            sid = stream.stream_id
+            stall = trio.CancelScope(deadline=trio.current_time() + self.idle_timeout)
+            with trio.CancelScope() as scope, stall:
+                scopes[sid] = scope
+                if sid in request_complete:
+                    request_complete.discard(sid)
+                    stall.deadline = math.inf
+                else:
+                    awaiting_request[sid] = stall
                 idle.deadline = math.inf  # a call in progress: never idle
                 try:
                     await self.request_received(stream)
                 finally:
-                    del scopes[stream.stream_id]
+                    del scopes[sid]
+                    awaiting_request.pop(sid, None)
                     if not scopes:
                         idle.deadline = trio.current_time() + self.idle_timeout
+            # purerpc's handler swallows the Cancelled (bare except), so ask the scope.
+            if stall.cancel_called:
+                log.debug("reset a gRPC call whose request stalled for %.0f s", self.idle_timeout)
+                with contextlib.suppress(h2.exceptions.H2Error):
+                    grpc_conn._grpc_connection.reset_stream(sid, ErrorCodes.CANCEL)
+                await grpc_conn._socket.flush()
 
         try:
             async with conn, GRPCProtoSocket(self.config, conn) as grpc_conn:
                 grpc_conn._grpc_connection.on_stream_reset = on_stream_reset
+                grpc_conn._grpc_connection.on_request_ended = on_request_ended
                 with idle:
                     async with trio.open_nursery() as nursery:
                         async for stream in grpc_conn.listen():
@@ -237,8 +430,10 @@ async def _accept_forever(
 
 
 async def _serve(
-    server: purerpc.Server, listener: anyio.abc.SocketListener, idle_timeout: float
+    server: purerpc.Server, listener: anyio.abc.SocketListener, idle_timeout: float | None
 ) -> None:
+    if idle_timeout is None:
+        idle_timeout = _settings.idle_timeout
     async with AsyncExitStack() as stack:
         services = {
             name: await stack.enter_async_context(cm) for name, cm in server.services.items()
@@ -292,7 +487,7 @@ async def serve_unix(
     path: str | os.PathLike[str],
     *servicers: HasService,
     mode: int | None = None,
-    idle_timeout: float = IDLE_TIMEOUT_S,
+    idle_timeout: float | None = None,
     task_status: trio.TaskStatus[Path] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve `servicers` over gRPC on a Unix socket at `path` until cancelled.
@@ -302,7 +497,8 @@ async def serve_unix(
     socket file at `path` is replaced; `mode` (e.g. 0o600) is in force before anyone can
     connect. The socket file is removed on the way out, cancellation included, unless someone
     else has replaced it meanwhile. Each call builds a fresh purerpc Server. A connection
-    without a call in progress for `idle_timeout` seconds is closed.
+    without a call in progress for `idle_timeout` seconds (default: the process's, see
+    `configure`) is closed, and so is a call whose request has not arrived by then.
     """
     sock_path = Path(path)
     server = make_server(*servicers)
@@ -325,7 +521,7 @@ async def serve_tcp(
     host: str,
     port: int,
     *servicers: HasService,
-    idle_timeout: float = IDLE_TIMEOUT_S,
+    idle_timeout: float | None = None,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve `servicers` over gRPC on TCP `host:port` (0 picks a free port) until cancelled.
@@ -353,6 +549,7 @@ async def serve_tcp(
 _RESET_STATUS = {
     0x7: purerpc.StatusCode.UNAVAILABLE,
     0x8: purerpc.StatusCode.CANCELLED,
+    0xB: purerpc.StatusCode.RESOURCE_EXHAUSTED,  # ENHANCE_YOUR_CALM
 }
 
 
@@ -362,6 +559,7 @@ class _Reset:
 
     stream_id: int
     error_code: int
+    message: str
 
 
 _REMOTE_OPEN = (GRPCStreamState.OPEN, GRPCStreamState.HALF_CLOSED_LOCAL)
@@ -379,8 +577,9 @@ class _ClientSocket(GRPCProtoSocket):  # type: ignore[misc]  # purerpc is untype
         self._grpc_connection.on_stream_reset = self._on_stream_reset
 
     @staticmethod
-    def _on_stream_reset(stream_id: int, error_code: int) -> list[_Reset]:
-        return [_Reset(stream_id, error_code)]
+    def _on_stream_reset(stream_id: int, error_code: int, reason: str = "") -> list[_Reset]:
+        message = reason or f"stream reset by the server (HTTP/2 error code {error_code})"
+        return [_Reset(stream_id, error_code, message)]
 
     async def _read_responses(self) -> None:
         while True:
@@ -404,8 +603,7 @@ class _ClientSocket(GRPCProtoSocket):  # type: ignore[misc]  # purerpc is untype
                     continue  # e.g. RST_STREAM(NO_ERROR) after the trailers
                 if isinstance(event, _Reset):
                     code = _RESET_STATUS.get(event.error_code, purerpc.StatusCode.INTERNAL)
-                    message = f"stream reset by the server (HTTP/2 error code {event.error_code})"
-                    event = ResponseEnded(event.stream_id, purerpc.Status(code, message))
+                    event = ResponseEnded(event.stream_id, purerpc.Status(code, event.message))
                 await stream._incoming_events[0].send(event)
                 if isinstance(event, ResponseEnded):
                     stream._close_remote()

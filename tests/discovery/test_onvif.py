@@ -42,14 +42,17 @@ from akri_trio.discovery.handlers.onvif_probe import (
     IFF_MULTICAST,
     IFF_RUNNING,
     IFF_UP,
+    MAX_XADDRS,
     Interface,
     ProbeMatch,
+    answers,
     choose_interfaces,
     from_source,
     merge_matches,
     multicast_addresses,
     normalize_uuid,
     parse_probe_matches,
+    parse_probe_reply,
     probe_message,
 )
 from akri_trio.discovery.interface import InvalidDetails
@@ -189,10 +192,24 @@ def test_upper_case_uuid_is_lowered() -> None:
     assert m.uuid == "4fe963b6-e06a-409b-8000-3c970e326186"
 
 
-def test_relates_to_is_not_held_against_a_camera() -> None:
-    [m] = parse_probe_matches(NVT_BROKEN_RELATES_TO)
+def test_a_reply_names_what_it_relates_to() -> None:
+    reply = parse_probe_reply(NVT_BROKEN_RELATES_TO)
+    assert reply.relates_to == "uuid:NetworkVideoTransmitter"
+    [m] = reply.matches
     assert m.uuid == "5928d907-1787-49f8-8000-002900004823"
     assert m.xaddrs == ("http://192.168.1.51:8004", "http://[fe80::1]:8004")
+    assert parse_probe_reply(DEFAULT_NAMESPACES).relates_to is None
+
+
+@given(st.uuids().map(str), st.sampled_from(["", "uuid:", "urn:uuid:", "URN:UUID:"]), st.booleans())
+def test_answers_compares_relates_to_as_uuids(u: str, prefix: str, upper: bool) -> None:
+    ours = f"urn:uuid:{u}"
+    assert answers(prefix + (u.upper() if upper else u), ours)
+    assert answers(f"uuid:{{{u}}}", ours)
+    assert not answers(None, ours)
+    assert not answers("", ours)
+    assert not answers("uuid:NetworkVideoTransmitter", ours)
+    assert not answers(f"urn:uuid:{u}0", ours)
 
 
 def test_match_without_endpoint_reference_is_skipped() -> None:
@@ -253,8 +270,13 @@ def test_merge_dedupes_by_uuid_keeping_first_reply(ms: list[ProbeMatch]) -> None
     assert set(merged) == {m.uuid for m in ms}
     for uuid, m in merged.items():
         firsts = [x for x in ms if x.uuid == uuid]
-        assert m.xaddrs[: len(firsts[0].xaddrs)] == firsts[0].xaddrs
-        assert set(m.xaddrs) == {x for f in firsts for x in f.xaddrs}
+        first = firsts[0].xaddrs[:MAX_XADDRS]
+        assert m.xaddrs[: len(first)] == first
+        assert len(m.xaddrs) <= MAX_XADDRS
+        everything = {x for f in firsts for x in f.xaddrs}
+        assert set(m.xaddrs) <= everything
+        if len(first) < MAX_XADDRS:  # room left: every other XAddr is appended
+            assert set(m.xaddrs) == everything
 
 
 # ---- interfaces ---------------------------------------------------------------------------------
@@ -587,6 +609,9 @@ def test_handler_identity_and_env() -> None:
         {"ONVIF_POLL_INTERVAL_SECONDS": "2.5", "ONVIF_DEVICE_TIMEOUT_SECONDS": "nope"}
     )
     assert (h.poll_interval, h.device_timeout) == (2.5, 5.0)
+    assert (h.max_matches, h.query_concurrency) == (256, 16)
+    h = Onvif.from_env({"ONVIF_MAX_MATCHES": "40", "ONVIF_QUERY_CONCURRENCY": "3"})
+    assert (h.max_matches, h.query_concurrency) == (40, 3)
 
 
 def test_builtin_factory_path_resolves(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -182,7 +182,6 @@ async def _probe_all(window: float) -> dict[str, object]:
     from akri_trio.discovery.handlers.onvif_probe import (
         ProbeReplies,
         local_interfaces,
-        merge_matches,
         multicast_addresses,
         new_message_id,
         probe_interfaces,
@@ -192,7 +191,7 @@ async def _probe_all(window: float) -> dict[str, object]:
     with trio.move_on_after(window):
         await probe_interfaces(multicast_addresses(local_interfaces()), replies)
     return {
-        "uuids": sorted(merge_matches(replies.matches)),
+        "uuids": sorted(replies.matches),
         "senders": sorted(map(list, set(replies.senders))),
     }
 

@@ -18,12 +18,14 @@ from akri_trio.discovery.handlers.opcua import (
     Application,
     Opcua,
     OpcuaDetails,
+    ServerPlan,
     devices_for,
     endpoint_of,
     host_allowed,
     merged,
     on_lds_host,
     parse_details,
+    plan_server,
     preferred_url,
     selected_urls,
 )
@@ -281,3 +283,68 @@ def test_allowed_hosts_in_details() -> None:
     with pytest.raises(InvalidDetails, match="allowedHosts"):
         parse_details("opcuaDiscoveryMethod: {standard: {}}\nallowedHosts: 5")
     assert Opcua.from_env({"OPCUA_PROBE_CONCURRENCY": "3"}).probe_concurrency == 3
+
+
+# ---- listed names are resolved only when they may be probed (issue 21 item 12) ----------------
+
+LDS = "opc.tcp://10.0.0.5:4840/"
+
+
+@pytest.mark.parametrize(
+    ("url", "allowed", "plan"),
+    [
+        # IP addresses and the discovery URL's own host need no lookup
+        ("opc.tcp://10.0.0.5:50000/a", (), ServerPlan("opc.tcp://10.0.0.5:50000/a")),
+        ("opc.tcp://10.0.0.6:50000/a", (), ServerPlan(None)),
+        ("opc.tcp://[fd00::6]:1/", ("fd00::6",), ServerPlan("opc.tcp://[fd00::6]:1/")),
+        ("opc.tcp://LDS.example:1/", (), ServerPlan("opc.tcp://LDS.example:1/")),
+        # a dotted name the filter does not allow: left out, never looked up
+        ("opc.tcp://exfil.attacker.example:1/", (), ServerPlan(None)),
+        ("opc.tcp://a.b:1/", ("c.d",), ServerPlan(None)),
+        # an allowed name: looked up; not resolving, it stands for the discovery server's host
+        (
+            "opc.tcp://plc.example:4841/x",
+            ("plc.example",),
+            ServerPlan("opc.tcp://plc.example:4841/x", "plc.example", "opc.tcp://10.0.0.5:4841/x"),
+        ),
+        (
+            "opc.tcp://any.where:1/",
+            ("*",),
+            ServerPlan("opc.tcp://any.where:1/", "any.where", "opc.tcp://10.0.0.5:1/"),
+        ),
+        # a container's hostname (one label, #624): looked up, used on the LDS host if unknown
+        (
+            "opc.tcp://9a0f4aa79791:50000/",
+            (),
+            ServerPlan(None, "9a0f4aa79791", "opc.tcp://10.0.0.5:50000/"),
+        ),
+        ("garbage", (), ServerPlan(None)),
+    ],
+)
+def test_plan_server_resolves_only_what_may_be_probed(
+    url: str, allowed: tuple[str, ...], plan: ServerPlan
+) -> None:
+    lds = "opc.tcp://lds.example/" if "LDS.example" in url else LDS
+    assert plan_server(url, lds, allowed) == plan
+
+
+async def test_listed_names_the_filter_drops_are_never_looked_up() -> None:
+    looked_up: list[str] = []
+
+    async def resolve(host: str) -> bool:
+        looked_up.append(host)
+        return host == "plc.example"
+
+    handler = Opcua(probe_servers=False, resolve=resolve)
+    details = OpcuaDetails(discovery_urls=(LDS,), allowed_hosts=("plc.example", "gone.example"))
+    listed = {
+        "opc.tcp://10.0.0.5:50000/": "opc.tcp://10.0.0.5:50000/",
+        "opc.tcp://plc.example:4840/": "opc.tcp://plc.example:4840/",
+        "opc.tcp://gone.example:4841/": "opc.tcp://10.0.0.5:4841/",
+        "opc.tcp://container1:4842/": "opc.tcp://10.0.0.5:4842/",
+        "opc.tcp://169.254.169.254:80/": None,
+        **{f"opc.tcp://n{i}.exfil.example:1/": None for i in range(100)},
+    }
+    for url, expected in listed.items():
+        assert await handler._usable_now(url, LDS, details) == expected
+    assert looked_up == ["plc.example", "gone.example", "container1"]

@@ -36,7 +36,8 @@ from akri_trio.discovery.interface import discover_changes
 from akri_trio.model.device import Device
 from tests.support.opcua_server import SERVER_SCRIPT
 
-UNRESOLVABLE = "akri-trio-test-no-such-host.invalid"
+# One label, as a container's hostname (a dotted name not allowed is never looked up).
+UNRESOLVABLE = "akri-trio-test-no-such-host"
 
 
 def free_port() -> int:

@@ -8,6 +8,7 @@ import os
 import socket
 import struct
 import threading
+import zlib
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -199,24 +200,31 @@ async def test_purerpcs_own_tcp_channel_works_against_serve_tcp() -> None:
 Ending = Callable[[socket.socket, h2.connection.H2Connection], None]
 
 
-def one_message_then(listener: socket.socket, consumed: threading.Event, ending: Ending) -> None:
-    """A raw HTTP/2 server for one call: reply headers and one gRPC message, then `ending`
-    once the client has taken the message (so the ending never races the client's read)."""
+def accept_one_call(
+    listener: socket.socket,
+) -> tuple[socket.socket, h2.connection.H2Connection, int]:
+    """A raw HTTP/2 server's start: accept one connection (closing the listener) and read until
+    a call opens. Returns the connection's socket, its h2 state and the call's stream."""
     with listener:
         listener.settimeout(10)
         conn_sock, _ = listener.accept()
+    conn_sock.settimeout(10)
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+    conn.initiate_connection()
+    conn_sock.sendall(conn.data_to_send())
+    while True:
+        data = conn_sock.recv(65536)
+        assert data
+        for event in conn.receive_data(data):
+            if isinstance(event, h2.events.RequestReceived):
+                return conn_sock, conn, event.stream_id
+
+
+def one_message_then(listener: socket.socket, consumed: threading.Event, ending: Ending) -> None:
+    """A raw HTTP/2 server for one call: reply headers and one gRPC message, then `ending`
+    once the client has taken the message (so the ending never races the client's read)."""
+    conn_sock, conn, stream_id = accept_one_call(listener)
     with conn_sock:
-        conn_sock.settimeout(10)
-        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
-        conn.initiate_connection()
-        conn_sock.sendall(conn.data_to_send())
-        stream_id = None
-        while stream_id is None:
-            data = conn_sock.recv(65536)
-            assert data
-            for event in conn.receive_data(data):
-                if isinstance(event, h2.events.RequestReceived):
-                    stream_id = event.stream_id
         conn.send_headers(stream_id, [(":status", "200"), ("content-type", "application/grpc")])
         body = disc.DiscoverResponse(devices=[disc.Device(id="only")]).SerializeToString()
         conn.send_data(stream_id, struct.pack(">BI", 0, len(body)) + body)
@@ -304,3 +312,41 @@ def test_open_channel_picks_the_transport() -> None:
     tcp = uds.open_channel("http://127.0.0.1:5000")
     assert isinstance(unix, uds.UnixChannel) and unix.path == "/run/dh.sock"
     assert isinstance(tcp, uds.TcpChannel)
+
+
+# ---- a server answering with a compressed bomb (issue 21 item 1) --------------------------------
+
+
+def one_compressed_bomb(listener: socket.socket, bomb: bytes) -> None:
+    """Answer one call with `grpc-encoding: deflate` and one message that inflates past the
+    limit, then wait for the client to hang up."""
+    conn_sock, conn, stream_id = accept_one_call(listener)
+    with conn_sock:
+        headers = [(":status", "200"), ("content-type", "application/grpc")]
+        conn.send_headers(stream_id, [*headers, ("grpc-encoding", "deflate")])
+        frame = struct.pack(">?I", True, len(bomb)) + bomb
+        for start in range(0, len(frame), 16384):
+            conn.send_data(stream_id, frame[start : start + 16384])
+        conn_sock.sendall(conn.data_to_send())
+        while data := conn_sock.recv(65536):
+            conn.receive_data(data)
+
+
+async def test_our_client_refuses_a_compressed_bomb_with_resource_exhausted(
+    sock_dir: Path,
+) -> None:
+    path = sock_dir / "handler.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(os.fspath(path))
+    listener.listen()
+    bomb = zlib.compress(b"\0" * (uds.MAX_MESSAGE_BYTES + 1), 9)
+    server = threading.Thread(target=one_compressed_bomb, args=(listener, bomb), daemon=True)
+    server.start()
+    with trio.fail_after(30):
+        async with uds.UnixChannel(path) as channel:
+            stub = discovery_grpc.DiscoveryHandlerStub(channel)
+            with pytest.raises(purerpc.ResourceExhaustedError, match="inflates past"):
+                async for _ in stub.Discover(discover_request()):
+                    pass
+        await trio.to_thread.run_sync(server.join, 30)
+    assert not server.is_alive()

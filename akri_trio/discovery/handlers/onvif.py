@@ -9,8 +9,10 @@ rather than stalling the round (#659).
 Layout: the decisions (details, filters, ids, properties) are pure functions here; the probe
 lives in `onvif_probe`, the device service and credentials in `onvif_device`. `Onvif.discover`
 is the loop: probe for `discoveryTimeoutSeconds` (the protocol's own window, the only timeout we
-own), query the survivors concurrently (each bounded by `device_timeout`), send the full list,
-sleep `poll_interval`. Between rounds nothing runs: one sleeping task, ~0 % CPU.
+own), query the survivors concurrently (`query_concurrency` at a time, each on an HTTP
+connection of its own and bounded by `device_timeout`: a round with hundreds of answers never
+builds one connection pool holding them all), send the full list, sleep `poll_interval`.
+Between rounds nothing runs: one sleeping task, ~0 % CPU.
 """
 
 from __future__ import annotations
@@ -32,16 +34,17 @@ from akri_trio.discovery.handlers.onvif_device import (
     DeviceClient,
     DeviceFacts,
     credential_for,
+    device_document,
     open_device_client,
     resolve_credentials,
 )
 from akri_trio.discovery.handlers.onvif_probe import (
     CONTAINER_INTERFACES,
+    DEFAULT_MAX_MATCHES,
     ProbeMatch,
     ProbeReplies,
     choose_interfaces,
     local_interfaces,
-    merge_matches,
     multicast_addresses,
     new_message_id,
     normalize_uuid,
@@ -71,6 +74,10 @@ MAC_ADDRESS: Final = "ONVIF_DEVICE_MAC_ADDRESS"
 POLL_INTERVAL_ENV: Final = "ONVIF_POLL_INTERVAL_SECONDS"
 DEVICE_TIMEOUT_ENV: Final = "ONVIF_DEVICE_TIMEOUT_SECONDS"
 MAX_RESPONSE_BYTES_ENV: Final = "ONVIF_MAX_RESPONSE_BYTES"
+MAX_MATCHES_ENV: Final = "ONVIF_MAX_MATCHES"
+QUERY_CONCURRENCY_ENV: Final = "ONVIF_QUERY_CONCURRENCY"
+# Cameras whose device service is queried at once, each on a connection of its own.
+DEFAULT_QUERY_CONCURRENCY: Final = 16
 # Comma-separated interface-name globs: probe only from these / never from these.
 INTERFACES_ENV: Final = "ONVIF_INTERFACES"
 EXCLUDE_INTERFACES_ENV: Final = "ONVIF_EXCLUDE_INTERFACES"
@@ -183,17 +190,86 @@ async def query_camera(
     client: DeviceClient, match: ProbeMatch, credential: Credential | None
 ) -> DeviceFacts | None:
     """Try the camera's XAddrs in order; the first that answers is its service URL. None when
-    none answers, or when the camera rejects our credentials (logged: a misconfigured Secret
-    should be visible, but must not cost us the other cameras)."""
+    none answers. Raises AuthenticationFailed when the camera rejects our credentials: the
+    caller reports it (a misconfigured Secret should be visible, but must not cost us the
+    other cameras)."""
     for url in match.xaddrs:
         try:
             return await client.query(url, credential)
-        except (AuthenticationFailed, AnswerTooLarge) as exc:
+        except AuthenticationFailed:
+            raise
+        except AnswerTooLarge as exc:
             log.warning("onvif: skipping camera %s: %s", match.uuid, exc)
             return None
         except Exception as exc:
             log.debug("onvif: %s (camera %s) did not answer: %r", url, match.uuid, exc)
     return None
+
+
+@attrs.frozen
+class RefusalChanges:
+    """Between two rounds: cameras that began refusing our credentials (or now say so
+    differently), with how; and cameras that no longer refuse them."""
+
+    refusing: dict[str, str]
+    recovered: tuple[str, ...]
+
+
+def refusal_changes(before: Mapping[str, str], now: Mapping[str, str]) -> RefusalChanges:
+    """What to log after a round, given each round's {camera uuid: how it refused}. A camera
+    not heard from this round is no news: it is neither refusing anew nor recovered."""
+    return RefusalChanges(
+        refusing={uuid: how for uuid, how in sorted(now.items()) if before.get(uuid) != how},
+        recovered=tuple(sorted(set(before) - set(now))),
+    )
+
+
+@attrs.define
+class Refusals:
+    """The cameras refusing the configured credentials, kept across one `discover`'s rounds
+    so each camera is logged once per change, not once per round."""
+
+    current: dict[str, str] = attrs.field(factory=dict)
+
+    def update(self, refused: Mapping[str, str], answered: Iterable[str]) -> None:
+        """After a round: `refused` {uuid: how} this round, `answered` the uuids that did
+        answer (a camera that did neither keeps its state)."""
+        heard = set(answered)
+        now = {u: h for u, h in self.current.items() if u not in heard} | dict(refused)
+        changes = refusal_changes(self.current, now)
+        self.current = now
+        for uuid, how in changes.refusing.items():
+            log.warning(
+                "onvif: camera %s refuses the configured credentials, skipped: %s "
+                "(%d camera(s) refusing them)",
+                uuid, how, len(now),
+            )  # fmt: skip
+        for uuid in changes.recovered:
+            log.info("onvif: camera %s accepts the configured credentials again", uuid)
+
+
+def report_refused(replies: ProbeReplies) -> None:
+    """One line per kind of reply a round refused, after the round."""
+    if replies.unsolicited:
+        log.warning(
+            "onvif: ignored %d ProbeMatches that answer no probe of this round (RelatesTo is "
+            "not our MessageID)",
+            replies.unsolicited,
+        )
+    if replies.foreign:
+        log.warning(
+            "onvif: ignored %d XAddrs on other hosts than the reply's sender: %s",
+            replies.foreign,
+            " ".join(replies.foreign_xaddrs),
+        )
+    if replies.over_cap:
+        log.warning(
+            "onvif: %d ProbeMatches past the cap of %d cameras a round (%s) left out: %s",
+            replies.over_cap,
+            replies.max_matches,
+            MAX_MATCHES_ENV,
+            " ".join(replies.over_cap_uuids),
+        )
 
 
 def _globs(raw: str) -> tuple[str, ...]:
@@ -213,6 +289,8 @@ class Onvif:
     interfaces: Callable[[], Sequence[str]] | None = None
     max_details_bytes: int = MAX_DETAILS_BYTES
     max_response_bytes: int = MAX_RESPONSE_BYTES
+    max_matches: int = DEFAULT_MAX_MATCHES
+    query_concurrency: int = DEFAULT_QUERY_CONCURRENCY
     name: str = NAME
     shared: bool = True
 
@@ -229,6 +307,10 @@ class Onvif:
             max_response_bytes=positive_int_setting(
                 env, MAX_RESPONSE_BYTES_ENV, MAX_RESPONSE_BYTES
             ),
+            max_matches=positive_int_setting(env, MAX_MATCHES_ENV, DEFAULT_MAX_MATCHES),
+            query_concurrency=positive_int_setting(
+                env, QUERY_CONCURRENCY_ENV, DEFAULT_QUERY_CONCURRENCY
+            ),
         )
 
     def parse_details(self, text: str) -> OnvifDetails:
@@ -236,7 +318,7 @@ class Onvif:
 
     async def probe(self, details: OnvifDetails) -> dict[str, ProbeMatch]:
         """One WS-Discovery round: the deduplicated matches heard within the window."""
-        replies = ProbeReplies(new_message_id())
+        replies = ProbeReplies(new_message_id(), self.max_matches)
         if self.interfaces is not None:
             addresses = list(self.interfaces())
         else:  # getifaddrs: microseconds, no thread hop needed
@@ -248,39 +330,56 @@ class Onvif:
             addresses = multicast_addresses(chosen)
         with trio.move_on_after(details.discovery_timeout_seconds):
             await probe_interfaces(addresses, replies)
-        return merge_matches(replies.matches)
+        report_refused(replies)
+        return replies.matches
 
     async def confirm(
         self,
         details: OnvifDetails,
         matches: Iterable[ProbeMatch],
         credentials: Mapping[str, Credential],
-        client: DeviceClient,
+        refusals: Refusals | None = None,
     ) -> list[Device]:
         """The devices among `matches` that pass the filters and answer their device service,
-        queried concurrently, each within `device_timeout`."""
+        queried `query_concurrency` at a time, each on a connection of its own and within
+        `device_timeout`. Cameras refusing the credentials are left out and reported through
+        `refusals` (kept across rounds by the caller)."""
         found: list[Device] = []
+        refused: dict[str, str] = {}
+        answered: list[str] = []
+        limiter = trio.CapacityLimiter(self.query_concurrency)
 
         async def one(match: ProbeMatch) -> None:
-            with trio.move_on_after(self.device_timeout) as scope:
-                facts = await query_camera(client, match, credential_for(credentials, match.uuid))
+            facts = None
+            async with limiter, open_device_client(self.max_response_bytes) as client:
+                with trio.move_on_after(self.device_timeout) as scope:
+                    try:
+                        credential = credential_for(credentials, match.uuid)
+                        facts = await query_camera(client, match, credential)
+                    except AuthenticationFailed as exc:
+                        refused[match.uuid] = str(exc)
+                        return
             if scope.cancelled_caught:
                 log.info("onvif: camera %s did not answer within %ss", match.uuid,
                          self.device_timeout)  # fmt: skip
                 return
-            if facts is not None and facts_filter(details, facts):
-                found.append(to_device(match, facts))
+            if facts is not None:
+                answered.append(match.uuid)
+                if facts_filter(details, facts):
+                    found.append(to_device(match, facts))
 
         async with trio.open_nursery() as nursery:
             for match in matches:
                 if probe_filter(details, match):
                     nursery.start_soon(one, match)
+        (refusals if refusals is not None else Refusals()).update(refused, answered)
         return found
 
     async def discover(self, details: OnvifDetails, properties: Properties, send: Send) -> None:
         credentials = resolve_credentials(properties)
-        async with open_device_client(self.max_response_bytes) as client:
-            while True:
-                matches = await self.probe(details)
-                await send(await self.confirm(details, matches.values(), credentials, client))
-                await trio.sleep(self.poll_interval)
+        refusals = Refusals()
+        await device_document()  # parsed once per process, off the event loop
+        while True:
+            matches = await self.probe(details)
+            await send(await self.confirm(details, matches.values(), credentials, refusals))
+            await trio.sleep(self.poll_interval)

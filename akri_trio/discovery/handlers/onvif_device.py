@@ -18,7 +18,8 @@ cause of "auth timeouts" such as upstream #659.
 
 Anything on the LAN can answer a probe, so an answer is read through `BoundedTransport`: at
 most `max_response_bytes` (default 1 MiB) per HTTP response, refused up front when its
-Content-Length says more and cut off when the body runs past it, never buffered whole.
+Content-Length says more and cut off when the body runs past it, never buffered whole. It asks
+for no content encoding and refuses an answer in one (a 0.5 MB gzip body can decode to GBs).
 """
 
 from __future__ import annotations
@@ -185,8 +186,24 @@ class AuthenticationFailed(Exception):
     """The camera rejected our credentials (or demands some we do not have)."""
 
 
+class CameraRefused(Exception):
+    """A camera answered HTTP 401 or 403, whatever the body (a SOAP Fault, HTML, nothing)
+    and whether or not it challenges for Digest or Basic authentication."""
+
+    def __init__(self, url: str, status: int, challenge: str) -> None:
+        scheme = challenge.split(None, 1)[0][:20] if challenge.strip() else ""
+        asked = f" (asks for {scheme} authentication)" if scheme else ""
+        super().__init__(f"{url} answered HTTP {status}{asked}")
+        self.status = status
+
+
 class AnswerTooLarge(Exception):
     """A device answered with more bytes than we read from one response."""
+
+
+class AnswerEncoded(AnswerTooLarge):
+    """A device answered in a content encoding (gzip, ...) we did not ask for: what it decodes
+    to is not bounded by what came over the wire, so it is not read."""
 
 
 def clock_offset(device_utc: dt.datetime | None, local_utc: dt.datetime) -> dt.timedelta:
@@ -268,9 +285,12 @@ _AUTH_SUBCODES: Final = frozenset({"NotAuthorized", "FailedAuthentication", "Inv
 
 def is_authentication_failure(exc: BaseException) -> bool:
     """ONVIF signals bad credentials as a SOAP fault (ter:NotAuthorized, or WS-Security's
-    wsse:FailedAuthentication) or, on some cameras, as a bare HTTP 401/403."""
+    wsse:FailedAuthentication, under any HTTP status) or, on many cameras, as HTTP 401/403
+    with or without a body or an HTTP authentication challenge."""
     from zeep.exceptions import Fault, TransportError
 
+    if isinstance(exc, CameraRefused):
+        return True
     if isinstance(exc, TransportError):
         return exc.status_code in (401, 403)
     if isinstance(exc, Fault):
@@ -361,25 +381,57 @@ class DeviceClient:
         """Ask one device service address. Raises when the camera does not answer
         GetSystemDateAndTime (not a camera for us) or `AuthenticationFailed` when it rejects
         the credential we were given. No timeout here: the caller owns it."""
+        from zeep.exceptions import Fault
+
         answer = await self._service(url, None, dt.timedelta(0)).GetSystemDateAndTime()
         offset = clock_offset(device_utc(answer), dt.datetime.now(dt.UTC))
         service = self._service(url, credential, offset)
         try:
+            # The first call that carries the credential: with GetSystemDateAndTime answered,
+            # any Fault here is the camera turning the credential down.
             await service.GetDeviceInformation()
-            interfaces = network_interfaces(await service.GetNetworkInterfaces())
         except AnswerTooLarge:
             raise  # not a camera we can talk to safely: skip it, do not half-report it
         except Exception as exc:
-            if not is_authentication_failure(exc):
-                log.info("onvif: %s answered, but not its network interfaces: %r", url, exc)
-                return DeviceFacts(url)
-            if credential is not None:
-                raise AuthenticationFailed(f"{url} rejected user {credential.username!r}") from exc
-            # No credential configured: upstream still reports the camera, without IP/MAC.
-            log.info("onvif: %s requires credentials; reporting it without IP/MAC", url)
+            refused = is_authentication_failure(exc) or isinstance(exc, Fault)
+            if refused and credential is not None:
+                raise AuthenticationFailed(
+                    f"{url} rejected user {credential.username!r}: {_refusal(exc)}"
+                ) from exc
+            if refused:  # no credential configured: upstream reports it, without IP/MAC
+                log.info("onvif: %s requires credentials; reporting it without IP/MAC", url)
+            else:
+                log.info("onvif: %s answered, but not its device information: %r", url, exc)
+            return DeviceFacts(url)
+        try:
+            interfaces = network_interfaces(await service.GetNetworkInterfaces())
+        except AnswerTooLarge:
+            raise
+        except Exception as exc:
+            if is_authentication_failure(exc) and credential is not None:
+                raise AuthenticationFailed(
+                    f"{url} rejected user {credential.username!r}: {_refusal(exc)}"
+                ) from exc
+            log.info("onvif: %s answered, but not its network interfaces: %r", url, exc)
             return DeviceFacts(url)
         ip, mac = choose_address(interfaces, url)
         return DeviceFacts(url, ip, mac)
+
+
+def _refusal(exc: BaseException) -> str:
+    """How a camera said no, in a few words for the log."""
+    if isinstance(exc, CameraRefused):
+        return str(exc).split(" answered ", 1)[-1]
+    message = " ".join(str(getattr(exc, "message", None) or exc).split())[:120]
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+async def _refuse_unauthorized(response: httpx.Response) -> None:
+    """httpx response hook: 401/403 is a refusal whatever the body says (zeep would read a
+    Fault body as an ordinary Fault and lose the status)."""
+    if response.status_code in (401, 403):
+        challenge = response.headers.get("www-authenticate", "")
+        raise CameraRefused(str(response.request.url), response.status_code, challenge)
 
 
 class _NoWsdlClient:
@@ -418,9 +470,19 @@ class BoundedTransport(httpx.AsyncBaseTransport):
         self.limit = limit
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        # httpx offers "gzip, deflate" (and br/zstd when installed) and decodes without a
+        # bound after the body was counted: ask for the body as it is, and read nothing else.
+        request.headers["accept-encoding"] = "identity"
         response = await self._inner.handle_async_request(request)
         url = str(request.url)
         length = response.headers.get("content-length", "")
+        encoding = response.headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            await response.aclose()
+            raise AnswerEncoded(
+                f"{url} answered in content encoding {encoding[:40]!r}, which we do not accept "
+                "(its decoded size is unbounded)"
+            )
         if length.isdigit() and int(length) > self.limit:
             await response.aclose()
             raise AnswerTooLarge(f"{url} announced {length} bytes; the limit is {self.limit}")
@@ -440,5 +502,10 @@ async def open_device_client(
     transport = BoundedTransport(httpx.AsyncHTTPTransport(trust_env=False), max_response_bytes)
     # trust_env=False: cameras are on the local network; a cluster-wide HTTP(S)_PROXY must not
     # capture LAN camera traffic. Timeouts are the caller's (trio cancel scopes).
-    async with httpx.AsyncClient(timeout=None, trust_env=False, transport=transport) as http:
+    async with httpx.AsyncClient(
+        timeout=None,
+        trust_env=False,
+        transport=transport,
+        event_hooks={"response": [_refuse_unauthorized]},
+    ) as http:
         yield DeviceClient(http, document)

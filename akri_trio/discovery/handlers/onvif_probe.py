@@ -10,15 +10,18 @@ built with a declared prefix, replies are parsed by namespace (not prefix: real 
 Probe with IP_MULTICAST_IF set to that address.
 
 Anyone on the LAN can answer a Probe, and whatever XAddrs a reply lists is where the handler
-then sends the camera's credentials. So a reply only vouches for its own address: XAddrs on
-any other host are dropped (and logged) as it arrives (`from_source`), and a host name,
-which we cannot tie to the sender, counts as another host. Probes leave only from the node's
+then sends the camera's credentials. So a reply counts only when it answers this round's Probe
+(its RelatesTo names our MessageID, `answers`) on a socket of this round (closed when the
+window ends), and it only vouches for its own address: XAddrs on any other host are dropped as
+it arrives (`from_source`), and a host name, which we cannot tie to the sender, counts as
+another host. A round keeps at most `max_matches` devices (`merge_match`); what it refused is
+counted in `ProbeReplies` for the caller to report once per round. Probes leave only from the node's
 own interfaces: container bridges and veths (docker0, cni0, veth*, ...) are skipped unless
 named in an include list (`choose_interfaces`), since a pod network is not a camera LAN.
 
-Pure: `probe_message`, `parse_probe_matches`, `from_source`, `choose_interfaces`,
-`multicast_addresses`, `merge_matches`, `normalize_uuid`. I/O: `local_interfaces`
-(getifaddrs) and `probe_interfaces` (trio sockets).
+Pure: `probe_message`, `parse_probe_reply`, `answers`, `from_source`, `ProbeReplies.add`,
+`choose_interfaces`, `multicast_addresses`, `merge_match`, `normalize_uuid`. I/O:
+`local_interfaces` (getifaddrs) and `probe_interfaces` (trio sockets).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import ipaddress
 import logging
 import os
 import socket
+import sys
 import uuid as uuid_module
 from collections.abc import Iterable, Sequence
 from typing import Final
@@ -56,6 +60,9 @@ DISCOVERY_TO: Final = "urn:schemas-xmlsoap-org:ws:2005:04:discovery"
 ANONYMOUS: Final = f"{NS_ADDRESSING}/role/anonymous"
 
 _DISCOVERY_NAMESPACES: Final = (NS_DISCOVERY, NS_DISCOVERY_11)
+# Devices one round keeps (ONVIF_MAX_MATCHES), and XAddrs per device.
+DEFAULT_MAX_MATCHES: Final = 256
+MAX_XADDRS: Final = 8
 
 
 @attrs.frozen
@@ -131,25 +138,53 @@ def _tokens(element: etree._Element | None) -> tuple[str, ...]:
     return tuple(element.text.split())
 
 
+@attrs.frozen
+class ProbeReply:
+    """A WS-Discovery reply: what it says it answers (its RelatesTo header, if any) and its
+    ProbeMatch entries."""
+
+    relates_to: str | None
+    matches: list[ProbeMatch]
+
+
 def parse_probe_matches(data: bytes) -> list[ProbeMatch]:
     """The ProbeMatch entries of a WS-Discovery reply; [] for anything else (Hello, Bye, a
+    Probe, garbage). Whether the reply answers our Probe is not looked at: see
+    `parse_probe_reply` and `answers`."""
+    return parse_probe_reply(data).matches
+
+
+def answers(relates_to: str | None, message_id: str) -> bool:
+    """Whether a reply's RelatesTo names our Probe's MessageID. Compared as uuids (prefix
+    `urn:uuid:` / `uuid:`, case and braces aside), as cameras write it in assorted forms; one
+    that names anything else (a camera that writes `uuid:NetworkVideoTransmitter`) does not
+    answer us: an unsolicited ProbeMatches is how a host that never saw our Probe would get
+    a camera's credentials."""
+    if relates_to is None:
+        return False
+    ours = normalize_uuid(message_id).strip("{}")
+    return bool(ours) and normalize_uuid(relates_to).strip("{}") == ours
+
+
+def parse_probe_reply(data: bytes) -> ProbeReply:
+    """A WS-Discovery reply's RelatesTo and ProbeMatch entries (none for a Hello, Bye, a
     Probe, garbage).
 
     Matching is by namespace and local name, never by prefix. A match without an
-    EndpointReference address or without XAddrs is useless to us and skipped. RelatesTo is
-    deliberately not checked: real cameras send `uuid:{...}`, a bare uuid, even
-    `uuid:NetworkVideoTransmitter`; and since every round probes from fresh ephemeral ports,
-    anything arriving there is an answer to us.
+    EndpointReference address or without XAddrs is useless to us and skipped.
     """
     try:
         root = etree.fromstring(data, _PARSER)
     except etree.XMLSyntaxError:
-        return []
+        return ProbeReply(None, [])
     if _local(root.tag) != "Envelope":
-        return []
+        return ProbeReply(None, [])
+    header = _child(root, "Header")
+    relates_el = _child(header, "RelatesTo") if header is not None else None
+    relates_to = (relates_el.text or "").strip() if relates_el is not None else None
     body = _child(root, "Body")
     if body is None:
-        return []
+        return ProbeReply(relates_to, [])
     matches: list[ProbeMatch] = []
     for container in body:
         if _local(container.tag) != "ProbeMatches":
@@ -162,7 +197,7 @@ def parse_probe_matches(data: bytes) -> list[ProbeMatch]:
             match = _probe_match(entry)
             if match is not None:
                 matches.append(match)
-    return matches
+    return ProbeReply(relates_to, matches)
 
 
 def _probe_match(entry: etree._Element) -> ProbeMatch | None:
@@ -206,18 +241,29 @@ def from_source(matches: Iterable[ProbeMatch], source: str) -> tuple[list[ProbeM
     return kept, dropped
 
 
+def merge_match(merged: dict[str, ProbeMatch], match: ProbeMatch, max_devices: int) -> bool:
+    """Merge one match into `merged`, deduplicated by uuid. A camera that answers on two
+    interfaces (or repeats its reply, as WS-Discovery recommends) is one device: the first
+    reply wins, later XAddrs are appended, up to MAX_XADDRS. False when the match is a new
+    device and `merged` already holds `max_devices` (it is left out)."""
+    seen = merged.get(match.uuid)
+    if seen is None:
+        if len(merged) >= max_devices:
+            return False
+        merged[match.uuid] = attrs.evolve(match, xaddrs=match.xaddrs[:MAX_XADDRS])
+        return True
+    extra = tuple(x for x in match.xaddrs if x not in seen.xaddrs)
+    if extra and len(seen.xaddrs) < MAX_XADDRS:
+        xaddrs = (seen.xaddrs + extra)[:MAX_XADDRS]
+        merged[match.uuid] = attrs.evolve(seen, xaddrs=xaddrs)
+    return True
+
+
 def merge_matches(matches: Iterable[ProbeMatch]) -> dict[str, ProbeMatch]:
-    """Dedupe by uuid. A camera that answers on two interfaces (or repeats its reply, as
-    WS-Discovery recommends) is one device: the first reply wins, later XAddrs are appended."""
+    """`merge_match` over a whole list, without a device cap."""
     merged: dict[str, ProbeMatch] = {}
     for match in matches:
-        seen = merged.get(match.uuid)
-        if seen is None:
-            merged[match.uuid] = match
-            continue
-        extra = tuple(x for x in match.xaddrs if x not in seen.xaddrs)
-        if extra:
-            merged[match.uuid] = attrs.evolve(seen, xaddrs=seen.xaddrs + extra)
+        merge_match(merged, match, max_devices=sys.maxsize)
     return merged
 
 
@@ -343,12 +389,44 @@ def local_interfaces() -> list[Interface]:
 
 @attrs.define
 class ProbeReplies:
-    """Where `probe_interfaces` puts what it hears; kept by the caller, so a cancelled window
-    loses nothing. `matches` may hold duplicates: see `merge_matches`."""
+    """One round's Probe (its MessageID) and what `probe_interfaces` heard in answer; kept by
+    the caller, so a cancelled window loses nothing. `matches` holds the devices (merged by
+    uuid, at most `max_matches`); the counters say what was refused, for one report a round."""
 
     message_id: str
-    matches: list[ProbeMatch] = attrs.field(factory=list)
-    senders: list[tuple[str, str]] = attrs.field(factory=list)  # (from address, via local addr)
+    max_matches: int = DEFAULT_MAX_MATCHES
+    matches: dict[str, ProbeMatch] = attrs.field(factory=dict)
+    senders: set[tuple[str, str]] = attrs.field(factory=set)  # (from address, via local addr)
+    unsolicited: int = 0  # replies that answer no Probe of this round
+    foreign: int = 0  # XAddrs on another host than their reply's sender (the first few below)
+    foreign_xaddrs: list[str] = attrs.field(factory=list)
+    over_cap: int = 0  # ProbeMatches of devices past max_matches (the first few uuids below)
+    over_cap_uuids: list[str] = attrs.field(factory=list)
+
+    def add(self, reply: ProbeReply, sender: str, local_address: str) -> None:
+        """Take in one datagram's reply from `sender`, heard on `local_address` (pure)."""
+        if not reply.matches:
+            return
+        if not answers(reply.relates_to, self.message_id):
+            self.unsolicited += 1
+            return
+        matches, dropped = from_source(reply.matches, sender)
+        self.foreign += len(dropped)
+        _keep_a_few(self.foreign_xaddrs, dropped)
+        for match in matches:
+            if merge_match(self.matches, match, self.max_matches):
+                self.senders.add((sender, local_address))
+            else:
+                self.over_cap += 1
+                _keep_a_few(self.over_cap_uuids, [match.uuid])
+
+
+def _keep_a_few(sample: list[str], more: Iterable[str], few: int = 4) -> None:
+    for item in more:
+        if len(sample) >= few:
+            return
+        if item not in sample:
+            sample.append(item)
 
 
 async def _open_probe_socket(local_address: str) -> trio.socket.SocketType:
@@ -404,13 +482,4 @@ async def _receive(local_address: str, sock: trio.socket.SocketType, replies: Pr
         except OSError as exc:  # the interface went away mid-window: stop listening on it
             log.warning("onvif: receiving on %s failed: %s", local_address, exc)
             return
-        matches, dropped = from_source(parse_probe_matches(data), str(sender[0]))
-        if dropped:
-            log.warning(
-                "onvif: %s answered with XAddrs on other hosts; not using them: %s",
-                sender[0],
-                " ".join(dropped[:4]),
-            )
-        if matches:
-            replies.matches.extend(matches)
-            replies.senders.append((str(sender[0]), local_address))
+        replies.add(parse_probe_reply(data), str(sender[0]), local_address)

@@ -43,11 +43,13 @@ is aborted past `max_response_bytes` (default 1 MiB, env `OPCUA_MAX_RESPONSE_BYT
 its answer turn the handler into a port scanner: the servers it lists are resolved and
 probed at most `probe_concurrency` at a time (default 8, env `OPCUA_PROBE_CONCURRENCY`), and
 only on hosts the Configuration allows: the discovery URL's own host, plus `allowedHosts`.
-A listed server elsewhere is left out, unprobed, with a log line.
+A listed server elsewhere is left out, unprobed, with a log line, and its host name is looked
+up in DNS only when the answer could make it one we probe (`plan_server`).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import socket
@@ -240,6 +242,53 @@ def host_allowed(url: str, lds_url: str, allowed_hosts: Iterable[str]) -> bool:
     )
 
 
+@attrs.frozen
+class ServerPlan:
+    """What to do with a server URL a discovery server listed: use `url` (None: leave it
+    out), unless `lookup` is set: then look that host name up first, and if it does not
+    resolve use `fallback` instead."""
+
+    url: str | None
+    lookup: str | None = None
+    fallback: str | None = None
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def plan_server(url: str, lds_url: str, allowed_hosts: Iterable[str]) -> ServerPlan:
+    """Decide on a listed server URL before any DNS lookup, so only what may be probed is
+    resolved (a discovery server may list any name: each lookup is a DNS query it chose).
+
+    A host that does not resolve stands for the discovery server's own host (#624: a
+    container's hostname); a lookup is made only where its answer can matter: for a name the
+    filter allows as it is (resolving: kept; not: on the discovery URL's host), and for a
+    single-label name it does not allow (a container's hostname is one label: not resolving,
+    it is put on the discovery URL's host; resolving, it is left out). A dotted name that is
+    not allowed is left out unresolved; an IP address or the discovery URL's own host needs
+    no lookup.
+    """
+    allowed = tuple(allowed_hosts)
+    host = host_of(url)
+    if not host:
+        return ServerPlan(None)
+    as_is = host_allowed(url, lds_url, allowed)
+    if _is_ip(host) or host.lower() == (host_of(lds_url) or "").lower():
+        return ServerPlan(url if as_is else None)
+    rebuilt = on_lds_host(url, lds_url)
+    fallback = rebuilt if host_allowed(rebuilt, lds_url, allowed) else None
+    if as_is:
+        return ServerPlan(url, lookup=host, fallback=fallback)
+    if "." not in host.rstrip("."):
+        return ServerPlan(None, lookup=host, fallback=fallback)
+    return ServerPlan(None)
+
+
 def merged(url_lists: Iterable[Iterable[str]]) -> list[str]:
     """All URLs, first occurrence wins (a server registered with two LDSes is one device)."""
     return list(dict.fromkeys(url for urls in url_lists for url in urls))
@@ -356,6 +405,7 @@ class Opcua:
     max_response_bytes: int = MAX_RESPONSE_BYTES
     probe_concurrency: int = PROBE_CONCURRENCY
     bridge: AioBridge = attrs.field(factory=aio_bridge.shared)
+    resolve: Callable[[str], Awaitable[bool]] = resolves  # does a host name resolve?
     shared: bool = True
     name: str = NAME
 
@@ -440,17 +490,17 @@ class Opcua:
         async with limiter:
             return await self._usable_now(url, lds_url, details)
 
-    async def _usable_now(self, url: str, lds_url: str, details: OpcuaDetails) -> str | None:
-        host = host_of(url)
-        if host and not await resolves(host):
-            rebuilt = on_lds_host(url, lds_url)
-            log.debug("opcua: %s does not resolve; using %s", url, rebuilt)
-            url = rebuilt
-        if not host_allowed(url, lds_url, details.allowed_hosts):
+    async def _usable_now(self, listed: str, lds_url: str, details: OpcuaDetails) -> str | None:
+        plan = plan_server(listed, lds_url, details.allowed_hosts)
+        url = plan.url
+        if plan.lookup is not None and not await self.resolve(plan.lookup):
+            log.debug("opcua: %s does not resolve; using %s", listed[:200], plan.fallback)
+            url = plan.fallback
+        if url is None:
             log.info(
                 "opcua: %s (listed by %s) is not on an allowed host; left out unprobed "
                 "(allowedHosts widens this)",
-                url[:200],
+                listed[:200],
                 lds_url,
             )
             return None
