@@ -1,4 +1,5 @@
-# akri-trio tasks. `scripts/just <recipe>` bootstraps .venv first on a fresh machine.
+# akri-trio tasks. `scripts/just <recipe>` bootstraps .venv first on a fresh machine. Recipes run
+# from the repository root, where Python finds the development package akri_trio_dev (not installed).
 set shell := ["bash", "-euo", "pipefail", "-c"]
 
 # list recipes
@@ -7,7 +8,7 @@ default:
 
 # end-to-end demo on a real local cluster
 demo:
-    python -m akri_trio.demo
+    python -m akri_trio_dev.demo
 
 # lint, types, and the whole test suite (real control plane and node included)
 test: lint test-deps
@@ -26,14 +27,14 @@ lint:
 
 # benchmarks on the real local cluster; results with ratios are appended to bench/RESULTS.md
 bench:
-    python -m akri_trio cluster up
+    python -m akri_trio_dev cluster up
     python -m bench.allocate_latency
     python -m bench.discovery_latency
     python -m bench.scale
 
 # build the container image offline (podman + a debootstrap base) and import it into the node
 image:
-    python -m akri_trio.cluster.image
+    python -m akri_trio_dev.cluster.image
 
 # pin the image's Python packages: constraints.txt from a fresh venv holding only the runtime deps
 lock:
@@ -47,15 +48,15 @@ lock:
 
 # start the local control plane and a Ready node (builds Kubernetes, etcd, containerd once)
 cluster-up:
-    python -m akri_trio cluster up --node
+    python -m akri_trio_dev cluster up --node
 
-# after editing akri_trio/cluster/gobuild/versions.env: rewrite the wrapper modules' go.mod/go.sum
+# after editing akri_trio_dev/cluster/gobuild/versions.env: rewrite the wrapper modules' go.mod/go.sum
 pin-cluster:
-    bash akri_trio/cluster/gobuild/pin.sh
+    bash akri_trio_dev/cluster/gobuild/pin.sh
 
 # stop everything cluster-up started and clean up
 cluster-down:
-    python -m akri_trio cluster down
+    python -m akri_trio_dev cluster down
 
 # regenerate the protobuf / purerpc / grpcio stubs from protos/
 protos:

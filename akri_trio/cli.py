@@ -1,7 +1,7 @@
 """`akri-trio` command line: one entry point, one module per subcommand.
 
 Each subcommand lives in the package that owns it and is imported only when chosen, so
-`akri-trio cluster status` never pays for importing purerpc or zeep.
+`akri-trio status` never pays for importing purerpc or zeep.
 
 A problem the user must fix is not a crash: a bad kubeconfig (`ConfigError`), the akri.sh CRDs
 not installed (a 404 for the resource type itself), RBAC refusing a request (403), bad
@@ -26,7 +26,6 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "akri_trio.controller.cli:main",
         "the controller (Deployment): broker Pods, Jobs and Services; lost nodes",
     ),
-    "cluster": ("akri_trio.cluster.cli:main", "a real local Kubernetes: up | down | status | env"),
     "dashboard": (
         "akri_trio.observe.dashboard:dashboard_main",
         "a live web page of the same picture as status (--host 127.0.0.1 --port 8090)",

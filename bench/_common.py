@@ -18,16 +18,15 @@ import math
 import os
 import platform
 import statistics
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from akri_trio.cluster.exports import parse_exports
 from akri_trio.discovery.handlers.debug_echo import DebugEcho
 from akri_trio.kube.client import JSON, Client
 from akri_trio.kube.config import load_config
+from akri_trio_dev import run_cluster_command
+from akri_trio_dev.cluster.exports import parse_exports
 from tests.support.akri_cluster import NAMESPACES
 from tests.support.akri_cluster import purge_namespace as purge_akri_namespace
 
@@ -41,10 +40,8 @@ HANDLER = "benchEcho"
 
 def cluster_env() -> dict[str, str]:
     """`cluster up` (idempotent) then `cluster env` as a dict."""
-    py = [sys.executable, "-m", "akri_trio", "cluster"]
-    subprocess.run([*py, "up"], cwd=REPO, check=True, capture_output=True, text=True)
-    out = subprocess.run([*py, "env"], cwd=REPO, check=True, capture_output=True, text=True)
-    return parse_exports(out.stdout)
+    run_cluster_command("up", check=True, capture_output=True)
+    return parse_exports(run_cluster_command("env", check=True, capture_output=True).stdout)
 
 
 @asynccontextmanager

@@ -1,27 +1,23 @@
 """Shared fixtures: the real local cluster, started once per test session.
 
 Tests that need Kubernetes take `cluster` (control plane) or `node_cluster` (plus kubelet and
-containerd). Both run `akri-trio cluster up` (which builds the binaries on a new machine) and
-never skip: a cluster that cannot start fails the tests that need it. A cluster that was already
-running (a developer's) is left running; one this session started is stopped at its end, so a CI
-run leaves no processes, mounts or bridges behind — unless AKRI_TRIO_KEEP_CLUSTER is set, for
-machines where several test sessions share one cluster.
+containerd). Both run `python -m akri_trio_dev cluster up` (which builds the binaries on a new
+machine) and never skip: a cluster that cannot start fails the tests that need it. A cluster that
+was already running (a developer's) is left running; one this session started is stopped at its end,
+so a CI run leaves no processes, mounts or bridges behind — unless AKRI_TRIO_KEEP_CLUSTER is set,
+for machines where several test sessions share one cluster.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from hypothesis import settings
 
-from akri_trio.cluster.exports import parse_exports
-
-REPO = Path(__file__).resolve().parent.parent
+from akri_trio_dev import run_cluster_command
+from akri_trio_dev.cluster.exports import parse_exports
 
 # Property tests assert behaviour, not speed (bench/ measures that): on two cores shared with the
 # cluster, one slow example must not fail a test on hypothesis's default 200 ms deadline.
@@ -30,15 +26,10 @@ settings.load_profile("akri-trio")
 
 
 def _cli(*args: str) -> str:
-    proc = subprocess.run(
-        [sys.executable, "-m", "akri_trio", "cluster", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-    )
+    proc = run_cluster_command(*args, capture_output=True)
     if proc.returncode != 0:
         pytest.fail(
-            f"akri-trio cluster {' '.join(args)} failed ({proc.returncode}):\n"
+            f"python -m akri_trio_dev cluster {' '.join(args)} failed ({proc.returncode}):\n"
             f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}",
             pytrace=False,
         )
@@ -46,19 +37,12 @@ def _cli(*args: str) -> str:
 
 
 def _env() -> dict[str, str]:
-    """`akri-trio cluster env` prints `export KEY='value'` lines (KUBECONFIG, ...)."""
+    """`python -m akri_trio_dev cluster env` prints `export KEY='value'` lines (KUBECONFIG, ...)."""
     return parse_exports(_cli("env"))
 
 
 def _running() -> bool:
-    return (
-        subprocess.run(
-            [sys.executable, "-m", "akri_trio", "cluster", "status"],
-            cwd=REPO,
-            capture_output=True,
-        ).returncode
-        == 0
-    )
+    return run_cluster_command("status", capture_output=True).returncode == 0
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,6 @@
-"""Every flag of every `akri-trio` command says in --help where its value comes from: the env
-var it reads (if any) and its default (or that it is required) — akri_trio.flaghelp.
+"""Every flag of every `akri-trio` command (and of `python -m akri_trio_dev cluster`) says in --help
+where its value comes from: the env var it reads (if any) and its default (or that it is required)
+— akri_trio.flaghelp.
 
 The walk runs each command's real entry point with --help, keeps the parsers it built (and
 their subcommands'), and checks what --help printed; meanwhile os.environ records every
@@ -11,7 +12,7 @@ import argparse
 import importlib
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from akri_trio.flaghelp import (
     subparsers,
     truthy,
 )
+from akri_trio_dev import cli as dev_cli
 
 COMMANDS = [
     ["agent"],
@@ -38,8 +40,9 @@ COMMANDS = [
     ["status"],
     ["dashboard"],
     ["teardown"],
-    ["cluster"],
 ]
+# The development tools' command line (python -m akri_trio_dev) keeps the same promise.
+WALKS = [(cli.main, argv) for argv in COMMANDS] + [(dev_cli.main, ["cluster"])]
 
 
 def test_every_command_is_walked() -> None:
@@ -83,9 +86,12 @@ def squeeze(text: str) -> str:
     return "".join(text.split())
 
 
-@pytest.mark.parametrize("argv", COMMANDS, ids=" ".join)
+@pytest.mark.parametrize(("main", "argv"), WALKS, ids=[" ".join(argv) for _, argv in WALKS])
 def test_every_flag_names_its_default_and_env_var(
-    argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    main: Callable[[list[str]], int],
+    argv: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     for module_function, _ in cli.SUBCOMMANDS.values():  # imports read no flags
         importlib.import_module(module_function.partition(":")[0])
@@ -100,7 +106,7 @@ def test_every_flag_names_its_default_and_env_var(
     env = RecordingEnv(dict(os.environ))
     monkeypatch.setattr(os, "environ", env)
     with pytest.raises(SystemExit) as exited:
-        cli.main([*argv, "--help"])
+        main([*argv, "--help"])
     assert exited.value.code == 0
     printed = squeeze(capsys.readouterr().out)
     assert built, "the command built no flaghelp.Parser"

@@ -10,8 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -23,9 +21,10 @@ import pytest
 import trio
 
 from akri_trio.agent.run import Agent, AgentSettings, run_agent
-from akri_trio.cluster import procs
 from akri_trio.kube.client import Client
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
+from akri_trio_dev import run_cluster_command
+from akri_trio_dev.cluster import procs
 from tests.support.akri_cluster import (
     debug_echo_config,
     ensure_namespace,
@@ -365,7 +364,7 @@ def _kill_apiserver(cluster_dir: Path) -> None:
 
 
 def _cluster_up() -> None:
-    subprocess.run([sys.executable, "-m", "akri_trio", "cluster", "up"], check=True, timeout=300)
+    run_cluster_command("up", check=True, timeout=300)
 
 
 async def test_api_server_outage_serves_from_cache_and_recovers(

@@ -16,7 +16,7 @@ import akri_trio
 
 PACKAGES = ("controller", "webhook", "dra", "model")
 IO = ("trio", "httpx", "purerpc", "akri_trio.runtime", "akri_trio.kube", "akri_trio.rpc")
-FORBIDDEN = (*IO, "akri_trio.agent", "akri_trio.cluster")
+FORBIDDEN = (*IO, "akri_trio.agent", "akri_trio_dev")
 
 
 def _imports(path: Path) -> set[str]:

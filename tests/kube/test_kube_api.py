@@ -1,4 +1,4 @@
-"""The client, watch and store against the real kube-apiserver (`akri-trio cluster up`).
+"""The client, watch and store against the real kube-apiserver (the local cluster's).
 
 Each test module run gets its own namespace (deleted at the end); the CRD `widgets.test.akri.sh`
 is applied idempotently (server-side apply) so reruns and parallel sessions coexist.

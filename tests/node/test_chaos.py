@@ -31,10 +31,11 @@ import grpc
 import pytest
 import yaml
 
-from akri_trio.cluster import procs
 from akri_trio.model import naming
 from akri_trio.rpc.gen import podresources_v1_pb2 as pr
 from akri_trio.rpc.gen import podresources_v1_pb2_grpc
+from akri_trio_dev import run_cluster_command
+from akri_trio_dev.cluster import procs
 from tests.support.kubectl import Kubectl, busybox_pod, free_port
 from tests.support.polling import until
 
@@ -263,12 +264,7 @@ class Chaos:
         until(lambda: not procs.is_alive(rec), seconds=30, what=f"{name} gone")
 
     def _cluster_up(self) -> None:
-        subprocess.run(
-            [sys.executable, "-m", "akri_trio", "cluster", "up", "--node"],
-            check=True,
-            capture_output=True,
-            timeout=300,
-        )
+        run_cluster_command("up", "--node", check=True, capture_output=True, timeout=300)
 
     def clean(self) -> None:
         self.kubectl(

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 from google.protobuf import descriptor
 
-from akri_trio.cluster.layout import K8S_VERSION, Layout
 from akri_trio.rpc import generate
 from akri_trio.rpc.gen import deviceplugin_v1beta1_pb2 as dp
 from akri_trio.rpc.gen import discovery_pb2 as disc
 from akri_trio.rpc.gen import podresources_v1_pb2 as pr
+from akri_trio_dev.cluster.layout import K8S_VERSION, Layout
 
 
 def test_committed_stubs_are_current(tmp_path: Path) -> None:

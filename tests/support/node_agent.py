@@ -19,6 +19,7 @@ import yaml
 from akri_trio import dra
 from akri_trio.agent.run import Agent, AgentSettings, run_agent
 from akri_trio.kube import Client, load_config
+from akri_trio_dev import run_cluster_command
 from tests.support.kubectl import Kubectl
 from tests.support.polling import until, until_api
 
@@ -71,17 +72,13 @@ def process_alive(pid: int) -> bool:
 
 
 def restart_kubelet(cluster: Mapping[str, str]) -> None:
-    """Stop the node's kubelet (SIGTERM) and start it again through `akri-trio cluster up`.
+    """Stop the node's kubelet (SIGTERM) and start it again through the local cluster's `up`.
     Destructive on a shared cluster: every session's Pods and plugins on the node notice."""
     run_dir = Path(cluster["AKRI_TRIO_CLUSTER_DIR"])
     pid = int(next(run_dir.rglob("kubelet.pid")).read_text().split()[0])
     os.kill(pid, signal.SIGTERM)
     until(lambda: not process_alive(pid), seconds=30, what="kubelet exited")
-    subprocess.run(
-        [sys.executable, "-m", "akri_trio", "cluster", "up", "--node"],
-        check=True,
-        capture_output=True,
-    )
+    run_cluster_command("up", "--node", check=True, capture_output=True)
 
 
 @asynccontextmanager

@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 import helm_python
 
-from akri_trio.cluster.image import ensure_image
+from akri_trio_dev.cluster.image import ensure_image
 from tests.support.chart import CHART
 from tests.support.kubectl import Kubectl, free_port
 from tests.support.polling import until

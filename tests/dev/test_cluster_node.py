@@ -1,4 +1,5 @@
-"""`akri-trio cluster up --node`: a real kubelet on containerd that runs pods from local images.
+"""`python -m akri_trio_dev cluster up --node`: a real kubelet on containerd that runs pods from
+local images.
 
 Shares the session's node (conftest `node_cluster`) and never stops it.
 """

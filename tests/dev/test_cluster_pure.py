@@ -1,4 +1,5 @@
-"""The pure parts of `akri-trio cluster`: config text, flags, PKI, OCI images, cleanup plans.
+"""The pure parts of `python -m akri_trio_dev cluster`: config text, flags, PKI, OCI images, cleanup
+plans.
 
 No cluster needed; these run in well under a second (PKI generation aside).
 """
@@ -22,9 +23,9 @@ import yaml
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from akri_trio.cluster import cleanup, configs, flags, oci, pki, procs, runner
-from akri_trio.cluster.exports import export_lines, parse_exports
-from akri_trio.cluster.layout import (
+from akri_trio_dev.cluster import cleanup, configs, flags, oci, pki, procs, runner
+from akri_trio_dev.cluster.exports import export_lines, parse_exports
+from akri_trio_dev.cluster.layout import (
     COMPONENTS,
     K8S_VERSION,
     VERSIONS,

@@ -1,4 +1,5 @@
-"""The I/O shell of `akri-trio cluster`: build, install, write files, start, wait, stop, clean.
+"""The I/O shell of `python -m akri_trio_dev cluster`: build, install, write files, start, wait,
+stop, clean.
 
 Synchronous on purpose: `up` is a short-lived script that starts detached daemons and polls a
 few health endpoints with deadlines of its own; there is no concurrency to structure. All the
@@ -26,9 +27,9 @@ from typing import IO
 
 import httpx
 
-from akri_trio.cluster import cleanup, configs, flags, oci, pki, procs, progress
-from akri_trio.cluster.exports import export_lines
-from akri_trio.cluster.layout import (
+from akri_trio_dev.cluster import cleanup, configs, flags, oci, pki, procs, progress
+from akri_trio_dev.cluster.exports import export_lines
+from akri_trio_dev.cluster.layout import (
     BUSYBOX_IMAGE,
     CNI_BRIDGE,
     COMPONENTS,
@@ -311,7 +312,9 @@ def write_node_files(lay: Layout, node: str, node_ip: str | None) -> None:
 def _client(lay: Layout, who: str = "admin") -> httpx.Client:
     tokens = _read_tokens(lay)
     if tokens is None:
-        raise ClusterError(f"no tokens in {lay.tokens_json}: run `akri-trio cluster up`")
+        raise ClusterError(
+            f"no tokens in {lay.tokens_json}: run `python -m akri_trio_dev cluster up`"
+        )
     token = tokens[who]
     ctx = ssl.create_default_context(cafile=str(lay.pki / "ca.crt"))
     return httpx.Client(
@@ -507,7 +510,9 @@ def up_node(lay: Layout, node: str) -> None:
         raise ClusterError("`up --node` needs root (containerd, kubelet, mounts and CNI)")
     current = running_node(lay)
     if current is not None and current != node:
-        raise ClusterError(f"a node named {current!r} is running; `akri-trio cluster down` first")
+        raise ClusterError(
+            f"a node named {current!r} is running; `python -m akri_trio_dev cluster down` first"
+        )
     ensure_packages(NODE_PACKAGES)
     node_ip = None
     if not flags.is_ip_node_name(node):
@@ -675,7 +680,7 @@ def state_lock(lay: Layout) -> Iterator[None]:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            say("waiting for another `akri-trio cluster up/down` to finish")
+            say("waiting for another `python -m akri_trio_dev cluster up/down` to finish")
             fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield

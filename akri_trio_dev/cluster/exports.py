@@ -1,8 +1,10 @@
-"""The format of `akri-trio cluster env`: shell `export KEY='value'` lines, and reading them back.
+"""The format of `python -m akri_trio_dev cluster env`: shell `export KEY='value'` lines, and
+reading them back.
 
-People run `eval "$(akri-trio cluster env)"`, so a value must survive the shell whatever it holds
-(a space in a path, a quote); single quotes keep everything literal. Tests, the benchmarks and
-the demo read the same output back into a dict with `parse_exports`, the one parser of it.
+People run `eval "$(python -m akri_trio_dev cluster env)"`, so a value must survive the shell
+whatever it holds (a space in a path, a quote); single quotes keep everything literal. Tests, the
+benchmarks and the demo read the same output back into a dict with `parse_exports`, the one parser
+of it.
 """
 
 from __future__ import annotations

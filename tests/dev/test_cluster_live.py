@@ -1,4 +1,5 @@
-"""`akri-trio cluster` against the real thing: the control plane it starts must be usable.
+"""`python -m akri_trio_dev cluster` against the real thing: the control plane it starts must be
+usable.
 
 These share the session's cluster (conftest `cluster` fixture) and never stop it.
 """
@@ -9,7 +10,6 @@ import os
 import re
 import ssl
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -18,22 +18,15 @@ import httpx
 import pytest
 import yaml
 
-from akri_trio.cluster import cli as cluster_cli
-from akri_trio.cluster.layout import CONTROL_PLANE, K8S_VERSION, Layout
+from akri_trio_dev import run_cluster_command
+from akri_trio_dev.cluster import cli as cluster_cli
+from akri_trio_dev.cluster.layout import CONTROL_PLANE, K8S_VERSION, Layout
 
 pytestmark = pytest.mark.k8s
-REPO = Path(__file__).resolve().parent.parent
 
 
 def _run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "akri_trio", "cluster", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+    return run_cluster_command(*args, capture_output=True, env=env, timeout=300)
 
 
 def _client_from(kubeconfig: str) -> httpx.Client:
@@ -161,7 +154,7 @@ def test_down_stops_only_its_own_home_and_keeps_the_pki(
 ) -> None:
     """`down` on another cluster home: its processes stop, runtime state goes, PKI stays,
     and the shared cluster (and its node's host paths) is untouched."""
-    from akri_trio.cluster import procs
+    from akri_trio_dev.cluster import procs
 
     lay = Layout(home=tmp_path)
     (lay.pki).mkdir(parents=True)

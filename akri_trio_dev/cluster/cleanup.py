@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from pathlib import PurePosixPath
 
-from akri_trio.cluster.layout import CONTROL_PLANE, NODE_PROCESSES
+from akri_trio_dev.cluster.layout import CONTROL_PLANE, NODE_PROCESSES
 
 # Reverse start order: node first (its pods, then kubelet, then containerd), control plane last.
 STOP_ORDER: tuple[str, ...] = ("kubelet", "containerd", *reversed(CONTROL_PLANE))

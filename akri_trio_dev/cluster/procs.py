@@ -1,10 +1,10 @@
 """Detached processes tracked by PID file: start, find, stop.
 
-The cluster outlives the `akri-trio cluster up` that started it, so each process runs in its own
-session (start_new_session) with output to a log file, and a PID file records it. A PID file holds
-"<pid> <start time>" (field 22 of /proc/<pid>/stat): a recycled PID has another start time, so
-`down` can never signal a stranger. Zombies count as dead: once the CLI exits, our children are
-reparented to an init that may not reap them.
+The cluster outlives the `python -m akri_trio_dev cluster up` that started it, so each process runs
+in its own session (start_new_session) with output to a log file, and a PID file records it. A PID
+file holds "<pid> <start time>" (field 22 of /proc/<pid>/stat): a recycled PID has another start
+time, so `down` can never signal a stranger. Zombies count as dead: once the CLI exits, our children
+are reparented to an init that may not reap them.
 """
 
 from __future__ import annotations

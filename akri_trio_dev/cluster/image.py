@@ -10,7 +10,7 @@ docker-archive and `ctr images import` puts it where the kubelet looks.
 
 The image is tagged with a hash of everything that goes into it (`content_hash`), so a second
 `just image` or a test fixture asking for the image finds it already imported and builds nothing.
-Like the rest of `cluster/`, this is test-bed tooling and is left out of the image itself.
+Like the rest of `akri_trio_dev`, this is development tooling and is not in the image it builds.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from akri_trio.cluster.layout import Layout
+from akri_trio_dev.cluster.layout import Layout
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGE_REPOSITORY = "localhost/akri-trio"
@@ -52,7 +52,6 @@ HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 # The build context as .dockerignore leaves it: the files whose bytes decide the image.
 CONTEXT_FILES = ("Dockerfile", ".dockerignore", "constraints.txt", "pyproject.toml", "README.md")
 PACKAGE = "akri_trio"
-PACKAGE_EXCLUDED = ("akri_trio/cluster", "akri_trio/demo.py")
 
 
 class ImageError(Exception):
@@ -65,10 +64,7 @@ def say(msg: str) -> None:
 
 # -- pure --------------------------------------------------------------------------------------
 def _excluded(rel: str) -> bool:
-    parts = rel.split("/")
-    if "__pycache__" in parts or rel.endswith((".pyc", ".pyo")):
-        return True
-    return any(rel == ex or rel.startswith(ex + "/") for ex in PACKAGE_EXCLUDED)
+    return "__pycache__" in rel.split("/") or rel.endswith((".pyc", ".pyo"))
 
 
 def context_files(repo: Path) -> list[str]:
@@ -213,7 +209,9 @@ def node_has(lay: Layout, ref: str) -> bool:
 def import_into_node(lay: Layout, ref: str) -> None:
     """`podman save` (docker-archive, the format `ctr images import` reads) and import."""
     if not lay.containerd_socket.exists():
-        raise ImageError(f"no containerd at {lay.containerd_socket}: `akri-trio cluster up --node`")
+        raise ImageError(
+            f"no containerd at {lay.containerd_socket}: `python -m akri_trio_dev cluster up --node`"
+        )
     with tempfile.TemporaryDirectory(prefix="akri-trio-image-", dir="/var/tmp") as tmp:
         archive = Path(tmp) / "image.tar"
         _run(
@@ -240,7 +238,7 @@ def ensure_image(*, repo: Path = REPO, into_node: bool = True, lay: Layout | Non
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m akri_trio.cluster.image", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m akri_trio_dev.cluster.image", description=__doc__)
     p.add_argument("--no-import", action="store_true", help="build only; leave the node alone")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     try:

@@ -5,5 +5,5 @@ those binaries, so this package builds them (and etcd and containerd) from Go mo
 versions pinned in gobuild/versions.env, and runs etcd, kube-apiserver, kube-controller-manager,
 kube-scheduler and, with `--node`, containerd plus a kubelet with offline images. Pure modules
 (layout, flags, configs, pki, oci, cleanup) decide; runner.py and procs.py act; cli.py is
-`akri-trio cluster up|down|status|env`.
+`python -m akri_trio_dev cluster up|down|status|env`.
 """

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from akri_trio import demo
+from akri_trio_dev import demo
 
 
 def _instance(namespace: str, config: str, deleting: bool = False) -> dict[str, Any]:

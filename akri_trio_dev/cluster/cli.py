@@ -1,4 +1,5 @@
-"""`akri-trio cluster up | down | status | env`: a real single-node Kubernetes on loopback.
+"""`python -m akri_trio_dev cluster up | down | status | env`: a real single-node Kubernetes on
+loopback.
 
 Tests and developers share one cluster: `up` is idempotent (it adopts what already runs), `env`
 tells every consumer where the kubeconfigs and endpoints are, and `down` removes only what
@@ -10,13 +11,13 @@ from __future__ import annotations
 import argparse
 import os
 
-from akri_trio.cluster import runner
-from akri_trio.cluster.layout import DEFAULT_NODE_NAME, Layout
 from akri_trio.flaghelp import Parser
+from akri_trio_dev.cluster import runner
+from akri_trio_dev.cluster.layout import DEFAULT_NODE_NAME, Layout
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = Parser(prog="akri-trio cluster", description=__doc__.splitlines()[0])
+    p = Parser(prog="python -m akri_trio_dev cluster", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     up = sub.add_parser("up", help="build if needed, start the control plane (and a node)")
     up.add_argument("--node", action="store_true", help="also containerd + kubelet (root)")

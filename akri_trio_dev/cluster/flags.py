@@ -8,7 +8,7 @@ KubeletConfiguration file (configs.kubelet_config); only what has no field there
 
 from __future__ import annotations
 
-from akri_trio.cluster.layout import KUBELET_ROOT, SERVICE_CIDR, Layout
+from akri_trio_dev.cluster.layout import KUBELET_ROOT, SERVICE_CIDR, Layout
 
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
 

@@ -1,6 +1,6 @@
 """The README's demo: the whole Akri flow on a real local Kubernetes node.
 
-Runs as `scripts/just demo` (or `python -m akri_trio.demo`):
+Runs as `scripts/just demo` (or `python -m akri_trio_dev.demo`):
 1. a real cluster with a node (etcd, apiserver, controller-manager, scheduler, containerd,
    kubelet), built from source on the first run; started if it is not running, left running;
 2. Akri's CRDs, then the akri-trio agent (embedded debugEcho discovery handler) and the
@@ -16,7 +16,7 @@ Runs as `scripts/just demo` (or `python -m akri_trio.demo`):
    Instances, the controller's brokers and Services go with them). The cluster keeps running
    (`scripts/just cluster-down` stops it).
 
-`python -m akri_trio.demo --allocation dra` runs the same story in DRA mode (issue 15): the
+`python -m akri_trio_dev.demo --allocation dra` runs the same story in DRA mode (issue 15): the
 agent serves the kubelet's DRA plugin instead of device plugins and publishes its node's
 ResourceSlice, the controller keeps the Configuration's DeviceClass and gives each broker a
 ResourceClaim, and the Pod of step 4 asks for any one device of the Configuration through a
@@ -44,7 +44,8 @@ from pathlib import Path
 from typing import Any
 
 from akri_trio import dra
-from akri_trio.cluster.exports import parse_exports
+from akri_trio_dev import run_cluster_command
+from akri_trio_dev.cluster.exports import parse_exports
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "k8s" / "examples" / "debug-echo-broker.yaml"
@@ -61,11 +62,11 @@ def _step(title: str) -> None:
 
 
 def _cluster(*args: str) -> str:
-    proc = subprocess.run(
-        [sys.executable, "-m", "akri_trio", "cluster", *args], stdout=subprocess.PIPE, text=True
-    )
+    proc = run_cluster_command(*args, stdout=subprocess.PIPE)
     if proc.returncode != 0:
-        raise SystemExit(f"akri-trio cluster {' '.join(args)} failed ({proc.returncode})")
+        raise SystemExit(
+            f"python -m akri_trio_dev cluster {' '.join(args)} failed ({proc.returncode})"
+        )
     return proc.stdout
 
 
@@ -252,7 +253,7 @@ def _process(name: str, args: list[str], env: dict[str, str], work: Path) -> Ite
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m akri_trio.demo", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m akri_trio_dev.demo", description=__doc__)
     p.add_argument(
         "--allocation",
         choices=("device-plugin", "dra"),

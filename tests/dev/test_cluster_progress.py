@@ -1,6 +1,6 @@
-"""Build progress of `akri-trio cluster up`: step n/total, elapsed, and the time left from the
-last build's recorded step durations (akri_trio.cluster.progress), and the runner driving the
-real gobuild/build.sh with a stand-in `go` that compiles nothing (no cluster, no Go)."""
+"""Build progress of `python -m akri_trio_dev cluster up`: step n/total, elapsed, and the time left
+from the last build's recorded step durations (akri_trio_dev.cluster.progress), and the runner
+driving the real gobuild/build.sh with a stand-in `go` that compiles nothing (no cluster, no Go)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from akri_trio.cluster import progress, runner
-from akri_trio.cluster.layout import COMPONENTS, Layout
-from akri_trio.cluster.progress import BuildMeter, Step
+from akri_trio_dev.cluster import progress, runner
+from akri_trio_dev.cluster.layout import COMPONENTS, Layout
+from akri_trio_dev.cluster.progress import BuildMeter, Step
 
 KUBERNETES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl")
 
