@@ -147,7 +147,11 @@ class ConfigurationReconciler:
     # --- discovery tasks -----------------------------------------------------------------------
 
     async def _stop(self, key: ObjectKey) -> None:
+        """Forget the Configuration's devices at once (its plugins stop now, not after the
+        streams have closed; a late result of the old discovery is ignored), then stop its
+        discovery and wait until its streams are closed."""
         self.running.pop(key, None)
+        self.view.set_devices(key, {})
         await self.discoveries.drop(key)
 
     async def _discover(self, key: ObjectKey, running: _Running) -> None:
@@ -230,7 +234,6 @@ class ConfigurationReconciler:
         obj = self.configs.get(key)
         if obj is None or (obj.get("metadata") or {}).get("deletionTimestamp"):
             await self._stop(key)
-            self.view.set_devices(key, {})
             await self._leave_all(namespace, name)
             if self.metrics is not None:
                 self.metrics.forget_configuration(key)
@@ -262,7 +265,6 @@ class ConfigurationReconciler:
                 extra=fields(configuration=key),
             )
             await self._stop(key)
-            self.view.set_devices(key, {})
             await self._leave_all(namespace, name)
             await self._write_status(config, None, None, refused=refused)
             return None
@@ -277,7 +279,6 @@ class ConfigurationReconciler:
                     "Configuration %s: %s", key, unsolvable, extra=fields(configuration=key)
                 )
             await self._stop(key)
-            self.view.set_devices(key, {})
             await self._write_status(config, None, unsolvable, unsolvable_reason=reason)
             return None if isinstance(exc, OtherNamespace) else Requeue(RETRY_UNSOLVABLE_S)
         handler = config.spec.discovery_handler
