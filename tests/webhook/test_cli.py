@@ -10,7 +10,8 @@ import pytest
 import yaml
 from cryptography import x509
 
-from akri_trio.webhook.cli import CERTS_FILES, main
+from akri_trio.webhook.cli import CERTS_FILES, main, parse_serve_args
+from akri_trio.webhook.server import IDLE_TIMEOUT, MAX_CONNECTIONS
 
 
 def run_certs(tmp_path: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> str:
@@ -70,3 +71,11 @@ def test_serve_fails_at_once_on_a_missing_certificate(
     err = capsys.readouterr().err
     assert err.startswith("akri-trio webhook: ")
     assert "No such file or directory" in err
+
+
+def test_connection_limits_are_flags_with_the_servers_defaults() -> None:
+    base = ["--tls-cert-file", "c", "--tls-key-file", "k"]
+    default = parse_serve_args(base)
+    assert (default.idle_timeout, default.max_connections) == (IDLE_TIMEOUT, MAX_CONNECTIONS)
+    given = parse_serve_args([*base, "--idle-timeout", "2.5", "--max-connections", "7"])
+    assert (given.idle_timeout, given.max_connections) == (2.5, 7)
