@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import logging
 import os
 from collections.abc import Mapping
@@ -369,6 +370,10 @@ def main(argv: list[str]) -> int:
     setup_logging(args.log_level, args.log_format, defaults={"node": settings.node})
     logs = {"log_level": args.log_level, "log_format": args.log_format}
     log_startup(log, "agent", {**attrs.asdict(settings, recurse=False), **logs})
+    # What exists by now (modules, settings, the kube config) lives as long as the process:
+    # leave it out of the garbage collector's full passes, whose pause stalls every task (and
+    # grows with the heap it walks) while a flood makes short-lived objects.
+    gc.freeze()
     trio.run(_main, settings, config)
     log.info("agent stopped")
     return 0

@@ -27,7 +27,6 @@ checkpoint file (the kubelet may ask to unprepare a claim the API server no long
 from __future__ import annotations
 
 import functools
-import gc
 import logging
 import os
 from collections.abc import Iterable, Mapping
@@ -232,10 +231,6 @@ async def run_agent(
         async with Client.open(load_config(settings.kubeconfig)) as owned:
             await run_agent(settings, api=owned, task_status=task_status)
         return
-    # What exists by now (modules, settings, the client) lives as long as the process: leave it
-    # out of the garbage collector's full passes, whose pause stalls every task (and grows with
-    # the heap it walks) while a flood makes short-lived objects.
-    gc.freeze()
     view = NodeView(settings.node, max_capacity=settings.limits.max_capacity)
     registry = Registry(clock=trio.current_time)
     if settings.enable_debug_echo:

@@ -15,6 +15,7 @@ answered.
 from __future__ import annotations
 
 import functools
+import gc
 import secrets
 import subprocess
 import sys
@@ -107,6 +108,7 @@ async def served(api: Client, short_tmp: Path) -> AsyncIterator[Served]:
             devices=DeviceRules(max_devices=KEPT, max_configuration_devices=KEPT)
         ),
     )
+    gc.freeze()  # as `akri-trio agent` does before it starts
     try:
         async with trio.open_nursery() as nursery:
             agent: Agent = await nursery.start(functools.partial(run_agent, settings, api=api))
