@@ -32,7 +32,7 @@ from akri_trio.flaghelp import (
 from akri_trio.kube.client import Client
 from akri_trio.kube.config import KubeConfig, load_config
 from akri_trio.model import limits as model_limits
-from akri_trio.observe.http import DEFAULT_MAX_CONNECTIONS
+from akri_trio.observe.http import add_metrics_max_connections
 from akri_trio.observe.lag import LAG_THRESHOLD_S
 from akri_trio.observe.logs import add_log_arguments, log_startup, setup_logging
 from akri_trio.shutdown import run_until_signalled
@@ -143,16 +143,7 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         help="/healthz fails while the event loop runs this late (akri_event_loop_lag_seconds "
         "has each sample)",
     )
-    add_env_argument(
-        p,
-        "--metrics-max-connections",
-        env=env,
-        var="METRICS_MAX_CONNECTIONS",
-        type=int,
-        default=DEFAULT_MAX_CONNECTIONS,
-        help="connections the health and metrics server serves at once (at most a quarter of "
-        "the file descriptor limit); one more takes the place of the one idle longest",
-    )
+    add_metrics_max_connections(p, env)
     add_env_argument(
         p,
         "--handler-group",
