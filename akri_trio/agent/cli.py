@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import logging
 import os
 from collections.abc import Mapping
@@ -32,7 +33,7 @@ from akri_trio.flaghelp import (
 from akri_trio.kube.client import Client
 from akri_trio.kube.config import KubeConfig, load_config
 from akri_trio.model import limits as model_limits
-from akri_trio.observe.http import DEFAULT_MAX_CONNECTIONS
+from akri_trio.observe.http import add_metrics_max_connections
 from akri_trio.observe.lag import LAG_THRESHOLD_S
 from akri_trio.observe.logs import add_log_arguments, log_startup, setup_logging
 from akri_trio.rpc import uds
@@ -144,16 +145,7 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         help="/healthz fails while the event loop runs this late (akri_event_loop_lag_seconds "
         "has each sample)",
     )
-    add_env_argument(
-        p,
-        "--metrics-max-connections",
-        env=env,
-        var="METRICS_MAX_CONNECTIONS",
-        type=int,
-        default=DEFAULT_MAX_CONNECTIONS,
-        help="connections the health and metrics server serves at once (at most a quarter of "
-        "the file descriptor limit); one more takes the place of the one idle longest",
-    )
+    add_metrics_max_connections(p, env)
     add_env_argument(
         p,
         "--handler-group",
@@ -393,6 +385,10 @@ def main(argv: list[str]) -> int:
     setup_logging(args.log_level, args.log_format, defaults={"node": settings.node})
     logs = {"log_level": args.log_level, "log_format": args.log_format}
     log_startup(log, "agent", {**attrs.asdict(settings, recurse=False), **logs})
+    # What exists by now (modules, settings, the kube config) lives as long as the process:
+    # leave it out of the garbage collector's full passes, whose pause stalls every task (and
+    # grows with the heap it walks) while a flood makes short-lived objects.
+    gc.freeze()
     trio.run(_main, settings, config)
     log.info("agent stopped")
     return 0

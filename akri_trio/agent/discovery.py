@@ -21,6 +21,7 @@ cancelled when the Configuration is deleted or changed.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import aclosing
@@ -51,6 +52,13 @@ from akri_trio.runtime import Backoff, Changed, TaskSet
 log = logging.getLogger(__name__)
 
 RECONNECT_BACKOFF: Final = Backoff(base=1.0, cap=30.0)
+# A list longer than this is decoded and checked in a worker thread: a handler's 20,000 devices
+# take half a second of CPU, which on the event loop would stall every other task (the kubelet's
+# Allocate among them); from a thread, the loop still gets the interpreter every few
+# milliseconds (the GIL's switch interval).
+INLINE_DEVICES: Final = 256
+# Turns one message of a handler into its devices (decoding is part of the cost of a list).
+Decode = Callable[[], list[Device]]
 
 
 @attrs.frozen
@@ -247,11 +255,18 @@ class _Discovery:
         got_messages = False
         outcome: Outcome | None = None
 
-        def accept(devices: list[Device]) -> None:
+        async def accept(decode: Decode, count: int) -> None:
             nonlocal got_messages
             got_messages = True
             host = host_check(self.rules.host_allowances, user.partition("/")[0])
-            kept, refused = check_devices(devices, self.rules, host)
+
+            def checked() -> tuple[list[Device], list[str]]:
+                return check_devices(decode(), self.rules, host)
+
+            if count <= INLINE_DEVICES:
+                kept, refused = checked()
+            else:
+                kept, refused = await trio.to_thread.run_sync(checked)
             if refused and refused != self.refused.get(endpoint):
                 log.warning(
                     "discovery handler %s at %s (%s): %s",
@@ -310,7 +325,7 @@ class _Discovery:
         return outcome, got_messages
 
     async def _embedded(
-        self, registration: Registration, accept: Callable[[list[Device]], None]
+        self, registration: Registration, accept: Callable[[Decode, int], Awaitable[None]]
     ) -> None:
         handler = registration.handler
         assert handler is not None, "embedded registrations carry their handler"
@@ -318,12 +333,12 @@ class _Discovery:
         self.registry.stream_opened(registration.name, registration.endpoint, self.request.key)
 
         async def send(devices: list[Device]) -> None:
-            accept(devices)
+            await accept(lambda: devices, len(devices))
 
         await discover_changes(handler, details, self.request.properties, send)
 
     async def _remote(
-        self, registration: Registration, accept: Callable[[list[Device]], None]
+        self, registration: Registration, accept: Callable[[Decode, int], Awaitable[None]]
     ) -> None:
         message = request_to_proto(self.request.details, self.request.properties)
         async with open_channel(registration.endpoint) as channel:
@@ -331,7 +346,9 @@ class _Discovery:
             stub = DiscoveryHandlerStub(channel)
             async with aclosing(stub.Discover(message)) as responses:  # type: ignore[type-var]
                 async for response in responses:
-                    accept(response_from_proto(response))
+                    await accept(
+                        functools.partial(response_from_proto, response), len(response.devices)
+                    )
 
 
 async def run_configuration_discovery(

@@ -39,6 +39,13 @@ log = logging.getLogger(__name__)
 MAX_REPORTED_KEYS: Final = 10_000
 
 
+def with_capacity_at_most(inst: Instance, most: int) -> Instance:
+    """`inst`, its capacity cut to `most` (the agent's --max-capacity) when over it."""
+    if inst.spec.capacity <= most:
+        return inst
+    return attrs.evolve(inst, spec=attrs.evolve(inst.spec, capacity=most))
+
+
 def config_key(inst: Instance) -> ObjectKey:
     """The key of the Configuration an Instance belongs to."""
     return ObjectKey(inst.metadata.namespace, inst.spec.configuration_name)
@@ -162,7 +169,7 @@ class NodeView:
                 self.max_capacity,
                 self.max_capacity,
             )
-        return attrs.evolve(inst, spec=attrs.evolve(inst.spec, capacity=self.max_capacity))
+        return with_capacity_at_most(inst, self.max_capacity)
 
     def _first_report(self, key: ObjectKey, kind: str, what: str) -> bool:
         """True the first time `what` of `kind` is reported of `key` (the memory of reports

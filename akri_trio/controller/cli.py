@@ -19,6 +19,7 @@ from akri_trio.controller.reconcilers import NODE_LOST_GRACE_S
 from akri_trio.controller.run import ControllerSettings, default_identity, run_controller
 from akri_trio.flaghelp import Parser, add_env_argument, add_kubeconfig_argument
 from akri_trio.kube import Client, KubeConfig, load_config
+from akri_trio.observe.http import add_metrics_max_connections
 from akri_trio.observe.logs import add_log_arguments, log_startup, setup_logging
 from akri_trio.shutdown import run_until_signalled
 
@@ -49,6 +50,7 @@ def _parse(
         default=8080,
         help="health and Prometheus metrics port; 0 picks one, -1 disables",
     )
+    add_metrics_max_connections(p, env)
     add_env_argument(
         p,
         "--namespace",
@@ -96,12 +98,15 @@ def _parse(
     )
     add_log_arguments(p, env)
     args = p.parse_args(argv)
+    if args.metrics_max_connections < 1:
+        p.error("--metrics-max-connections must be at least 1")
     if not args.node_lost_grace >= 0:
         p.error(f"--node-lost-grace must be >= 0 seconds, got {args.node_lost_grace}")
     settings = ControllerSettings(
         kubeconfig=args.kubeconfig,
         namespace=args.namespace,
         metrics_port=None if args.metrics_port < 0 else args.metrics_port,
+        metrics_max_connections=args.metrics_max_connections,
         leader_elect=args.leader_elect,
         lease_name=args.lease_name,
         lease_namespace=args.lease_namespace or _own_namespace(),

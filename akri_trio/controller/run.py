@@ -87,7 +87,7 @@ from akri_trio.kube import (
 )
 from akri_trio.model import naming
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
-from akri_trio.observe.http import serve_observe
+from akri_trio.observe.http import DEFAULT_MAX_CONNECTIONS, serve_observe
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +103,7 @@ class ControllerSettings:
     namespace: str | None = None  # watch this namespace only (Nodes are cluster-wide)
     metrics_port: int | None = 8080
     metrics_host: str = "0.0.0.0"
+    metrics_max_connections: int = DEFAULT_MAX_CONNECTIONS
     leader_elect: bool = True
     lease_name: str = "akri-controller"
     lease_namespace: str = "akri"
@@ -551,6 +552,7 @@ async def run_controller(
                     settings.metrics_port,
                     registry=metrics.registry,
                     ready=_ready_checks(running),
+                    max_connections=settings.metrics_max_connections,
                 )
             )
         if running.elector is not None:

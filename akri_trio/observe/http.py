@@ -25,6 +25,7 @@ whom to close is a pure function (`evictee`).
 
 from __future__ import annotations
 
+import argparse
 import functools
 import logging
 import resource
@@ -36,6 +37,7 @@ import attrs
 import h11
 import trio
 
+from akri_trio.flaghelp import add_env_argument
 from akri_trio.observe.metrics import CONTENT_TYPE, Registry, render
 
 __all__ = [
@@ -45,6 +47,7 @@ __all__ = [
     "Readiness",
     "Reply",
     "Respond",
+    "add_metrics_max_connections",
     "connection_cap",
     "evaluate_readiness",
     "evictee",
@@ -220,6 +223,20 @@ class ConnectionCap:
                 await handler(stream, activity)
             finally:
                 self.open.pop(scope, None)
+
+
+def add_metrics_max_connections(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+    """--metrics-max-connections (METRICS_MAX_CONNECTIONS): the observe endpoint's cap."""
+    add_env_argument(
+        parser,
+        "--metrics-max-connections",
+        env=env,
+        var="METRICS_MAX_CONNECTIONS",
+        type=int,
+        default=DEFAULT_MAX_CONNECTIONS,
+        help="connections the health and metrics server serves at once (at most a quarter of "
+        "the file descriptor limit); one more takes the place of the one idle longest",
+    )
 
 
 def fd_limit() -> int:

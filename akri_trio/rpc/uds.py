@@ -165,6 +165,9 @@ def configure(*, idle_timeout: float) -> None:
     _settings.idle_timeout = idle_timeout
 
 
+# Connections one server handles at once; more are closed as soon as accepted. Each costs the
+# event loop a task, so a flood of them must not become thousands of tasks run in one batch.
+MAX_CONNECTIONS = 64
 # A peer that is not a gRPC client (or a broken one): said in one line, no traceback.
 _PROTOCOL_ERRORS = (h2.exceptions.H2Error, ProtocolError)
 
@@ -416,6 +419,14 @@ async def _accept_forever(
     listener: anyio.abc.SocketListener,
     handle: Callable[[anyio.abc.SocketStream], Awaitable[None]],
 ) -> None:
+    slots = trio.Semaphore(MAX_CONNECTIONS)
+
+    async def handle_in_slot(conn: anyio.abc.SocketStream) -> None:
+        try:
+            await handle(conn)
+        finally:
+            slots.release()
+
     async with trio.open_nursery() as nursery:
         while True:
             try:
@@ -426,7 +437,13 @@ async def _accept_forever(
                 log.error("accept() failed, backing off: %s", exc)
                 await trio.sleep(_ACCEPT_BACKOFF_S)
                 continue
-            nursery.start_soon(handle, conn)
+            try:
+                slots.acquire_nowait()
+            except trio.WouldBlock:
+                log.debug("closed a gRPC connection: %d open", MAX_CONNECTIONS)
+                await conn.aclose()
+                continue
+            nursery.start_soon(handle_in_slot, conn)
 
 
 async def _serve(

@@ -8,12 +8,15 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import httpx
 import pytest
 import trio
 
 from akri_trio.address import ObjectKey
+from akri_trio.agent.dra.publisher import NodePoolPublisher
 from akri_trio.agent.plugins import slots
 from akri_trio.agent.view import NodeView
+from akri_trio.kube import Init, InitApply, InitDone, Store
 from akri_trio.kube.client import Client
 from akri_trio.kube.errors import Invalid
 from akri_trio.model.limits import MAX_CAPACITY
@@ -87,3 +90,16 @@ async def test_the_instance_crd_refuses_a_capacity_over_the_maximum(api: Client)
         assert created["spec"]["capacity"] == MAX_CAPACITY
     finally:
         await api.delete(INSTANCES, name, namespace=NS)
+
+
+async def test_dra_publishes_at_most_max_capacity_slots() -> None:
+    store = Store()
+    store.apply(Init())
+    store.apply(InitApply(_instance("cam-8120fe", HUGE)))
+    store.apply(InitDone())
+    async with httpx.AsyncClient(base_url="http://127.0.0.1:9") as http:  # never called
+        publisher = NodePoolPublisher(
+            Client(http), store, NODE, namespace=None, consumable=False, max_capacity=8
+        )
+        (inst,) = publisher._instances()
+    assert inst.spec.capacity == 8

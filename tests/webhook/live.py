@@ -8,6 +8,7 @@ never reach this webhook (and never fail while it is down).
 
 from __future__ import annotations
 
+import contextlib
 import re
 import ssl
 import subprocess
@@ -117,3 +118,35 @@ async def wait_enforced(api: Client, probe: dict[str, Any]) -> None:
                     return
                 raise
             await trio.sleep(0.1)
+
+
+async def hold_idle_and_slow(
+    port: int, trusted: ssl.SSLContext, count: int
+) -> list[trio.SSLStream[trio.SocketStream]]:
+    """`count` TLS connections to the webhook, opened one after another: half kept alive after
+    one request (idle), half stopped in the middle of a request head (slow)."""
+    held = []
+    for i in range(count):
+        stream = trio.SSLStream(
+            await trio.open_tcp_stream("127.0.0.1", port), trusted, server_hostname="127.0.0.1"
+        )
+        await stream.do_handshake()
+        if i % 2:
+            await stream.send_all(b"POST /validate HTTP/1.1\r\nHost: x\r\nContent-Le")
+        else:
+            await stream.send_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert (await stream.receive_some()).startswith(b"HTTP/1.1 200 ")
+        held.append(stream)
+    return held
+
+
+async def still_open(streams: list[trio.SSLStream[trio.SocketStream]]) -> int:
+    """How many of `streams` the server has not closed (each given 10 ms to show EOF)."""
+    count = 0
+    for stream in streams:
+        with trio.move_on_after(0.01):
+            with contextlib.suppress(trio.BrokenResourceError):  # a reset
+                await stream.receive_some()  # EOF: closed by the server
+            continue
+        count += 1
+    return count

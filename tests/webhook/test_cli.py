@@ -10,7 +10,8 @@ import pytest
 import yaml
 from cryptography import x509
 
-from akri_trio.webhook.cli import CERTS_FILES, main
+from akri_trio.webhook.cli import CERTS_FILES, main, parse_serve_args
+from akri_trio.webhook.server import IDLE_TIMEOUT, MAX_CONNECTIONS
 
 
 def run_certs(tmp_path: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> str:
@@ -99,3 +100,11 @@ def test_serve_refuses_an_incomplete_certificate_source(
     with pytest.raises(SystemExit):
         main(argv)
     assert message in capsys.readouterr().err
+
+
+def test_connection_limits_are_flags_with_the_servers_defaults() -> None:
+    base = ["--tls-cert-file", "c", "--tls-key-file", "k"]
+    default = parse_serve_args(base)
+    assert (default.idle_timeout, default.max_connections) == (IDLE_TIMEOUT, MAX_CONNECTIONS)
+    given = parse_serve_args([*base, "--idle-timeout", "2.5", "--max-connections", "7"])
+    assert (given.idle_timeout, given.max_connections) == (2.5, 7)

@@ -3,7 +3,6 @@ under the autojump clock, and the HTTPS server on loopback with a self-made CA."
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import datetime as dt
 import functools
@@ -34,6 +33,7 @@ from akri_trio.webhook.server import (
     serve_webhook,
     server_ssl_context,
 )
+from tests.webhook import live
 from tests.webhook.schema import DOCUMENT
 from tests.webhook.test_validate import VALID
 
@@ -330,42 +330,23 @@ async def test_https_refuses_a_handler_outside_its_namespaces(
         assert allowed.json()["response"]["allowed"]
 
 
-async def _tls(port: int, trusted: ssl.SSLContext) -> trio.SSLStream[trio.SocketStream]:
-    stream = trio.SSLStream(await trio.open_tcp_stream(HOST, port), trusted, server_hostname=HOST)
-    await stream.do_handshake()
-    return stream
-
-
 async def test_a_review_is_answered_while_512_idle_and_slow_tls_connections_are_open(
     certs: ServingCerts, server_context: ssl.SSLContext
 ) -> None:
-    """Half the connections kept alive after a request, half dribbling a request head: more
-    than the cap (MAX_CONNECTIONS). The API server's AdmissionReview on a new connection is
-    still answered, and the process never holds more connections than the cap."""
-    trusted = ssl.create_default_context(cadata=certs.ca_pem.decode())
+    """More connections than the cap (MAX_CONNECTIONS), idle and slow: the API server's
+    AdmissionReview on a new connection is still answered, and the server never holds more
+    connections than the cap."""
     async with running(server_context) as served:
         await load(served)
-        held: list[trio.SSLStream[trio.SocketStream]] = []
+        trusted = ssl.create_default_context(cadata=certs.ca_pem.decode())
         with trio.fail_after(120):  # a hang guard for 512 handshakes on a loaded machine
-            for i in range(512):
-                stream = await _tls(served.port, trusted)
-                if i % 2:
-                    await stream.send_all(b"POST /validate HTTP/1.1\r\nHost: x\r\nContent-Le")
-                else:
-                    await stream.send_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-                    assert (await stream.receive_some()).startswith(b"HTTP/1.1 200 ")
-                held.append(stream)
-            async with client(served.port, certs) as http:
-                answer = await http.post("/validate", json=admission_review(VALID))
-            assert answer.status_code == 200
-            assert answer.json()["response"]["allowed"] is True
-            still_open = 0
-            for stream in held:
-                with trio.move_on_after(0.01):
-                    with contextlib.suppress(trio.BrokenResourceError):  # a reset
-                        await stream.receive_some()  # EOF: closed by the server
-                    continue
-                still_open += 1
-            assert still_open <= MAX_CONNECTIONS
-        for stream in held:
-            await trio.aclose_forcefully(stream)
+            held = await live.hold_idle_and_slow(served.port, trusted, 512)
+            try:
+                async with client(served.port, certs) as http:
+                    answer = await http.post("/validate", json=admission_review(VALID))
+                assert answer.status_code == 200
+                assert answer.json()["response"]["allowed"] is True
+                assert await live.still_open(held) <= MAX_CONNECTIONS
+            finally:
+                for stream in held:
+                    await trio.aclose_forcefully(stream)

@@ -46,6 +46,8 @@ class Webhook:
     hook_name: str
     kubectl: str
     kubeconfig: str
+    port: int = 0  # where the webhook process listens
+    ca_pem: bytes = b""  # the CA its serving certificate is signed by
 
     def apply(self, obj: dict[str, Any], *flags: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -145,7 +147,7 @@ def webhook(cluster: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -
         trio.run(live.wait_ready, port, (certs / "ca.crt").read_bytes(), log)
         registration = live.by_url(registration, port, (LABEL, token))
         trio.run(_register, cluster, hook, token, registration)
-        yield hook
+        yield attrs.evolve(hook, port=port, ca_pem=(certs / "ca.crt").read_bytes())
     finally:
         trio.run(_unregister, cluster, hook)
         live.stop_webhook(process)
@@ -270,3 +272,21 @@ def test_a_name_another_namespace_uses_is_refused(webhook: Webhook) -> None:
         f"metadata.name: a Configuration taken already exists in namespace {webhook.unjudged}"
         in stderr
     )
+
+
+async def test_the_api_servers_review_is_answered_while_512_connections_are_open(
+    webhook: Webhook,
+) -> None:
+    """Idle keep-alive and slow TLS connections, sixteen times the webhook's connection cap,
+    held open while the API server sends a review: the webhook still answers it (a denial
+    naming the reason), so writes are not refused for want of an answer."""
+    trusted = live.trusting(webhook.ca_pem)
+    with trio.fail_after(180):  # a hang guard for 512 handshakes on a loaded machine
+        held = await live.hold_idle_and_slow(webhook.port, trusted, 512)
+        try:
+            bad = refused_only_by_the_webhook(webhook.namespace, "flooded")
+            stderr = await trio.to_thread.run_sync(webhook.refused_by_webhook, bad)
+            assert "'kube-system' is not the Configuration's namespace" in stderr
+        finally:
+            for stream in held:
+                await trio.aclose_forcefully(stream)

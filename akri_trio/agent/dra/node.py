@@ -144,6 +144,7 @@ class DraNode:
             self.view.node,
             namespace=self.namespace,
             consumable=consumable,
+            max_capacity=self.view.max_capacity,
         )
         self.preparer = Preparer(
             self.api,

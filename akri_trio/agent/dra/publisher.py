@@ -25,6 +25,7 @@ import trio
 
 from akri_trio.address import ObjectKey
 from akri_trio.agent.dra.pools import node_pools
+from akri_trio.agent.view import with_capacity_at_most
 from akri_trio.dra import (
     DRIVER,
     LABEL_NAMESPACE,
@@ -41,6 +42,7 @@ from akri_trio.dra import (
 from akri_trio.kube import JSON, ApiError, Backoff, Client, NotFound, Store, drop_managed_fields
 from akri_trio.kube.store import reflect
 from akri_trio.model.convert import structure
+from akri_trio.model.limits import MAX_CAPACITY
 from akri_trio.model.resources import Instance
 from akri_trio.runtime import Changed
 
@@ -62,8 +64,10 @@ class NodePoolPublisher:
         *,
         namespace: str | None,
         consumable: bool,
+        max_capacity: int = MAX_CAPACITY,
     ) -> None:
         self.api = api
+        self.max_capacity = max_capacity  # an Instance over it is published with this many
         self.instances = instances
         self.node = node
         self.namespace = namespace
@@ -86,7 +90,9 @@ class NodePoolPublisher:
                 decoded[key] = held
                 continue
             try:
-                decoded[key] = (version, structure(obj, Instance))
+                inst = structure(obj, Instance)
+                # The node view logs the clamp; slot devices beyond it would be as many objects.
+                decoded[key] = (version, with_capacity_at_most(inst, self.max_capacity))
             except Exception as exc:  # one bad object must not stop the node's publishing
                 log.warning("skipping an Instance the model cannot read: %s", exc)
                 decoded[key] = (version, None)
