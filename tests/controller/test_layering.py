@@ -29,7 +29,7 @@ ROOT = Path(akri_trio.__file__).parent
 # I/O edges: everything they decide comes from the pure modules of their package.
 EDGES = {
     "controller": {"run.py", "reconcilers.py", "dra_reconcilers.py", "leader.py", "cli.py"},
-    "webhook": {"server.py", "cli.py"},
+    "webhook": {"server.py", "cli.py", "rotation.py"},
     "dra": set(),
 }
 MODULES = sorted(
