@@ -122,20 +122,17 @@ class SecretKeeper:
             await self._trust(held.ca_pem if held else b"")
             return secret
         await self._trust(new.ca_pem)  # trusted before anyone serves it
-        body: dict[str, object] = {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": self.secret.name, "namespace": self.secret.namespace},
-            "type": "kubernetes.io/tls",
-            "data": secret_data(new),
-        }
+        metadata: dict[str, object] = {"name": self.secret.name, "namespace": self.secret.namespace}
+        body = {"apiVersion": "v1", "kind": "Secret", "metadata": metadata}
+        body |= {"type": "kubernetes.io/tls", "data": secret_data(new)}
         try:
             if secret is None:
                 written = await self.api.create(SECRETS, body, namespace=self.secret.namespace)
             else:
+                # only over the Secret read: a replica that renewed meanwhile wins (Conflict)
                 meta = secret.get("metadata")
                 version = meta.get("resourceVersion") if isinstance(meta, dict) else None
-                body["metadata"] = {**body["metadata"], "resourceVersion": version}  # type: ignore[dict-item]
+                metadata["resourceVersion"] = version
                 written = await self.api.replace(SECRETS, body, namespace=self.secret.namespace)
         except (AlreadyExists, Conflict):
             log.info("another replica renewed the webhook certificate first; reading it")

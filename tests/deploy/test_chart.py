@@ -441,7 +441,13 @@ def test_webhook_makes_and_renews_its_own_certificate_and_a_render_makes_none() 
         "akri-webhook-configuration.akri.sh", b"", service=("akri-webhook-configuration", "akri")
     )["webhooks"]
     del expected["clientConfig"]["caBundle"]
-    assert hook == expected
+    # the chart's sample Configurations are created with it, before it answers: not sent to it
+    sample = {"key": "akri-trio.akri.sh/chart-sample", "operator": "DoesNotExist"}
+    assert hook == {**expected, "objectSelector": {"matchExpressions": [sample]}}
+    config = one(
+        render({"udev": {"configuration": {"enabled": True}}}), "Configuration", "akri-udev"
+    )
+    assert config["metadata"]["labels"]["akri-trio.akri.sh/chart-sample"] == "akri"
     deploy = one(objects, "Deployment", "akri-webhook-configuration")
     (c,) = pod_spec(deploy)["containers"]
     assert c["args"] == [

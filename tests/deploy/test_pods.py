@@ -40,8 +40,8 @@ def values(rel: Release) -> dict[str, Any]:
         # the full agent embeds debugEcho (allowDebugEcho alone embeds nothing, as upstream)
         "agent": {"full": True, "allowDebugEcho": True},
         # by URL: this API server cannot reach Services; only this run's namespace, and Ignore
-        # so the sample Configuration of this same install is not refused while the webhook Pod
-        # starts (a denial is still a denial)
+        # so that nothing this test writes while the webhook Pod (re)starts is refused (a denial
+        # is still a denial; the install's sample Configuration is not sent to it anyway)
         "webhookConfiguration": {
             "enabled": True,
             "replicas": 1,

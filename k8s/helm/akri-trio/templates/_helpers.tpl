@@ -206,3 +206,9 @@ resources:
 volumeMounts: {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end }}
+
+{{/* The label of the chart's sample Configurations, which the webhook does not judge (they are
+created in the same install as the webhook, before it can answer). */}}
+{{- define "akri-trio.sampleLabel" -}}
+akri-trio.akri.sh/chart-sample
+{{- end }}
