@@ -345,12 +345,18 @@ class _ConnectionHandler(ConnectionHandler):  # type: ignore[misc]  # purerpc is
         # The hook runs while purerpc parses, possibly before the call's task has started.
         awaiting_request: dict[int, trio.CancelScope] = {}
         request_complete: set[int] = set()
+        # Stream ids only grow, so a reset of a stream above the last started one is a reset of
+        # a call whose task has yet to start.
+        last_started = 0
+        reset_before_start: set[int] = set()
         idle = trio.CancelScope(deadline=trio.current_time() + self.idle_timeout)
 
         def on_stream_reset(stream_id: int, error_code: int, reason: str = "") -> None:
             scope = scopes.get(stream_id)
             if scope is not None:
                 scope.cancel()
+            elif stream_id > last_started:  # reset in the batch that opened it: never start it
+                reset_before_start.add(stream_id)
 
         def on_request_ended(stream_id: int) -> None:
             stall = awaiting_request.pop(stream_id, None)
@@ -360,7 +366,13 @@ class _ConnectionHandler(ConnectionHandler):  # type: ignore[misc]  # purerpc is
                 stall.deadline = math.inf
 
         async def run_stream(stream: Any) -> None:
+            nonlocal last_started
             sid = stream.stream_id
+            last_started = max(last_started, sid)
+            if sid in reset_before_start:
+                reset_before_start.discard(sid)
+                request_complete.discard(sid)
+                return
             stall = trio.CancelScope(deadline=trio.current_time() + self.idle_timeout)
             with trio.CancelScope() as scope, stall:
                 scopes[sid] = scope
