@@ -13,9 +13,14 @@ the letters are shared with the glue below):
 (a) `SocketWrapper._set_socket_options` sets TCP options unconditionally, which fail with
     EOPNOTSUPP on AF_UNIX: skipped for Unix sockets.
 (b) `GRPCConnection._stream_reset` drops RST_STREAM on the floor: it now calls the connection's
-    `on_stream_reset(stream_id, error_code)` hook when one is set (only our server and client
-    set one; purerpc's own classes behave as before). The server cancels that stream's
-    handler; the client ends the call with a status, in order with the batch's other events.
+    `on_stream_reset(stream_id, error_code, reason="")` hook when one is set (only our server
+    and client set one; purerpc's own classes behave as before; (h) calls it too). The server
+    cancels that stream's handler (or never starts it, when the reset came in the batch that
+    opened the stream); the client ends the call with a status, in order with the batch's
+    other events.
+(e) purerpc's server catches everything with bare `except:` and logs "Got exception ..." at
+    WARNING even for trio's `Cancelled`, i.e. every time we cancel a handler on purpose: a
+    filter on the `purerpc.server` logger drops exactly those records; real errors still log.
 (h) A message marked compressed (`grpc-encoding: gzip` / `deflate`) is inflated with a bound:
     purerpc checked only the compressed size and then inflated without limit (a 0.5 MB
     message made 1.6 GiB). `inflate_bounded` stops at the same limit as an uncompressed
@@ -28,9 +33,6 @@ the letters are shared with the glue below):
 (i) `GRPCConnection._stream_ended` now tells the server (`on_request_ended(stream_id)`, when
     set) that a call's request is complete, so a call whose request never completes can be
     timed out ((g) below).
-(e) purerpc's server catches everything with bare `except:` and logs "Got exception ..." at
-    WARNING even for trio's `Cancelled`, i.e. every time we cancel a handler on purpose: a
-    filter on the `purerpc.server` logger drops exactly those records; real errors still log.
 
 Glue (subclasses, not patches):
 
