@@ -13,9 +13,14 @@ the letters are shared with the glue below):
 (a) `SocketWrapper._set_socket_options` sets TCP options unconditionally, which fail with
     EOPNOTSUPP on AF_UNIX: skipped for Unix sockets.
 (b) `GRPCConnection._stream_reset` drops RST_STREAM on the floor: it now calls the connection's
-    `on_stream_reset(stream_id, error_code)` hook when one is set (only our server and client
-    set one; purerpc's own classes behave as before). The server cancels that stream's
-    handler; the client ends the call with a status, in order with the batch's other events.
+    `on_stream_reset(stream_id, error_code, reason="")` hook when one is set (only our server
+    and client set one; purerpc's own classes behave as before; (h) calls it too). The server
+    cancels that stream's handler (or never starts it, when the reset came in the batch that
+    opened the stream); the client ends the call with a status, in order with the batch's
+    other events.
+(e) purerpc's server catches everything with bare `except:` and logs "Got exception ..." at
+    WARNING even for trio's `Cancelled`, i.e. every time we cancel a handler on purpose: a
+    filter on the `purerpc.server` logger drops exactly those records; real errors still log.
 (h) A message marked compressed (`grpc-encoding: gzip` / `deflate`) is inflated with a bound:
     purerpc checked only the compressed size and then inflated without limit (a 0.5 MB
     message made 1.6 GiB). `inflate_bounded` stops at the same limit as an uncompressed
@@ -28,9 +33,6 @@ the letters are shared with the glue below):
 (i) `GRPCConnection._stream_ended` now tells the server (`on_request_ended(stream_id)`, when
     set) that a call's request is complete, so a call whose request never completes can be
     timed out ((g) below).
-(e) purerpc's server catches everything with bare `except:` and logs "Got exception ..." at
-    WARNING even for trio's `Cancelled`, i.e. every time we cancel a handler on purpose: a
-    filter on the `purerpc.server` logger drops exactly those records; real errors still log.
 
 Glue (subclasses, not patches):
 
@@ -348,12 +350,18 @@ class _ConnectionHandler(ConnectionHandler):  # type: ignore[misc]  # purerpc is
         # The hook runs while purerpc parses, possibly before the call's task has started.
         awaiting_request: dict[int, trio.CancelScope] = {}
         request_complete: set[int] = set()
+        # Stream ids only grow, so a reset of a stream above the last started one is a reset of
+        # a call whose task has yet to start.
+        last_started = 0
+        reset_before_start: set[int] = set()
         idle = trio.CancelScope(deadline=trio.current_time() + self.idle_timeout)
 
         def on_stream_reset(stream_id: int, error_code: int, reason: str = "") -> None:
             scope = scopes.get(stream_id)
             if scope is not None:
                 scope.cancel()
+            elif stream_id > last_started:  # reset in the batch that opened it: never start it
+                reset_before_start.add(stream_id)
 
         def on_request_ended(stream_id: int) -> None:
             stall = awaiting_request.pop(stream_id, None)
@@ -363,7 +371,13 @@ class _ConnectionHandler(ConnectionHandler):  # type: ignore[misc]  # purerpc is
                 stall.deadline = math.inf
 
         async def run_stream(stream: Any) -> None:
+            nonlocal last_started
             sid = stream.stream_id
+            last_started = max(last_started, sid)
+            if sid in reset_before_start:
+                reset_before_start.discard(sid)
+                request_complete.discard(sid)
+                return
             stall = trio.CancelScope(deadline=trio.current_time() + self.idle_timeout)
             with trio.CancelScope() as scope, stall:
                 scopes[sid] = scope

@@ -33,9 +33,9 @@ from akri_trio.discovery.handlers.onvif import (
     Onvif,
     RefusalChanges,
     Refusals,
+    next_refusals,
     parse_details,
     query_camera,
-    refusal_changes,
     report_refused,
 )
 from akri_trio.discovery.handlers.onvif_device import (
@@ -369,10 +369,29 @@ async def test_a_camera_that_accepts_the_credentials_again_is_logged_once() -> N
 
 
 def test_refusal_changes_are_news_only() -> None:
-    assert refusal_changes({}, {"a": "401"}) == RefusalChanges({"a": "401"}, ())
-    assert refusal_changes({"a": "401"}, {"a": "401"}) == RefusalChanges({}, ())
-    assert refusal_changes({"a": "401"}, {"a": "403"}) == RefusalChanges({"a": "403"}, ())
-    assert refusal_changes({"a": "401", "b": "x"}, {"b": "x"}) == RefusalChanges({}, ("a",))
+    both = ("a", "b")
+    assert next_refusals({}, {"a": "401"}, (), both) == (
+        {"a": "401"},
+        RefusalChanges({"a": "401"}, ()),
+    )
+    assert next_refusals({"a": "401"}, {"a": "401"}, (), both) == (
+        {"a": "401"},
+        RefusalChanges({}, ()),
+    )
+    assert next_refusals({"a": "401"}, {"a": "403"}, (), both) == (
+        {"a": "403"},
+        RefusalChanges({"a": "403"}, ()),
+    )
+    # a answered: it accepts them again; b timed out: no news, still refusing
+    assert next_refusals({"a": "401", "b": "x"}, {}, ("a",), both) == (
+        {"b": "x"},
+        RefusalChanges({}, ("a",)),
+    )
+    # b is gone from the network: forgotten, without a line
+    assert next_refusals({"a": "401", "b": "x"}, {"a": "401"}, (), ("a",)) == (
+        {"a": "401"},
+        RefusalChanges({}, ()),
+    )
 
 
 async def test_auth_required_but_no_credentials_reports_without_ip_mac() -> None:

@@ -12,7 +12,8 @@ subprocess (`python -m tests.discovery.test_onvif_netns ...`), so the probe enum
 interfaces exactly as it would on a node.
 
 The control case proves the test can fail: a probe from a single default socket (what upstream
-and most ONVIF clients do) only hears D.
+and most ONVIF clients do) only hears D. An attacker in D that sprays unsolicited ProbeMatches
+at the Probe's source (issue 21 item 3) gets neither a query nor the credentials.
 """
 
 from __future__ import annotations
@@ -93,8 +94,13 @@ async def _responder(
     nursery: trio.Nursery, ns: str, uuid: str, ip: str, scope: str, serve_device: bool
 ) -> trio.Process:
     """Start a responder in `ns` and wait for it to say it is ready."""
+    return await _start(nursery, ns, "responder", uuid, ip, scope, "1" if serve_device else "0")
+
+
+async def _start(nursery: trio.Nursery, ns: str, *command: str) -> trio.Process:
+    """Start one of this module's entry points in `ns`; wait for it to say it is ready."""
     args = ["ip", "netns", "exec", ns, sys.executable, "-m", "tests.discovery.test_onvif_netns",
-            "responder", uuid, ip, scope, "1" if serve_device else "0"]  # fmt: skip
+            *command]  # fmt: skip
     run = functools.partial(
         trio.run_process, args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=REPO,
         check=False,
@@ -175,6 +181,40 @@ async def test_handler_end_to_end(netns: Namespaces) -> None:
     ]
 
 
+async def test_sprayed_probe_matches_get_no_credentials(netns: Namespaces) -> None:
+    """An attacker in D never reads our Probe's MessageID: it answers the Probe's source port
+    with ProbeMatches that relate to nothing (or to a MessageID of its own), listing its own
+    device service, and one with the right MessageID naming R's camera from D's address. The
+    handler in C (with credentials) still finds R's camera only, and the attacker's device
+    service never hears from it."""
+    async with trio.open_nursery() as nursery:
+        camera = await _responder(nursery, netns.other_side, CAMERA_R, "10.231.2.2",
+                                  "onvif://www.onvif.org/location/second-nic", True)  # fmt: skip
+        attacker = await _start(nursery, netns.default_side, "sprayer", "10.231.1.2")
+        try:
+            devices = await _client(
+                netns.client, "handler", "discoveryTimeoutSeconds: 2", "admin:s3cret"
+            )
+        finally:
+            for proc in (camera, attacker):
+                assert proc.stdin is not None
+                await proc.stdin.aclose()
+        assert attacker.stdout is not None
+        with trio.fail_after(20):
+            report = b""
+            while chunk := await attacker.stdout.receive_some():
+                report += chunk
+        with trio.move_on_after(10):
+            await camera.wait()
+        if camera.returncode is None:
+            camera.kill()
+    sprayed = json.loads(report.decode().strip().splitlines()[-1])
+    assert sprayed["sprayed"] == 4  # it did answer our Probe
+    assert sprayed["calls"] == []  # and nothing came to its device service
+    assert isinstance(devices, list)
+    assert [d["properties"]["ONVIF_DEVICE_UUID"] for d in devices] == [CAMERA_R]
+
+
 # ---- subprocess entry points (run inside the namespaces) ----------------------------------------
 
 
@@ -219,11 +259,15 @@ async def _probe_default_route(window: float) -> dict[str, object]:
     return {"uuids": sorted(merge_matches(matches))}
 
 
-async def _handler(details_text: str) -> list[dict[str, object]]:
+async def _handler(details_text: str, credential: str = "") -> list[dict[str, object]]:
     from akri_trio.discovery.handlers.onvif import Onvif
     from akri_trio.discovery.interface import discover_changes
     from akri_trio.model.device import Device
 
+    user, _, password = credential.partition(":")
+    properties: dict[str, bytes | None] = {}
+    if credential:
+        properties = {"username_default": user.encode(), "password_default": password.encode()}
     handler = Onvif(poll_interval=3600)
     got: list[list[Device]] = []
 
@@ -232,7 +276,8 @@ async def _handler(details_text: str) -> list[dict[str, object]]:
         nursery.cancel_scope.cancel()
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(discover_changes, handler, handler.parse_details(details_text), {}, send)
+        details = handler.parse_details(details_text)
+        nursery.start_soon(discover_changes, handler, details, properties, send)
     return [{"id": d.id, "properties": d.properties} for d in got[0]]
 
 
@@ -259,6 +304,63 @@ async def _respond(uuid: str, ip: str, scope: str, serve_device: bool) -> None:
             nursery.cancel_scope.cancel()
 
 
+SPRAY = (
+    '<?xml version="1.0" encoding="UTF-8"?>'
+    '<s:Envelope xmlns:s="http://www.w3.org/2003/05/soap-envelope"'
+    ' xmlns:a="http://schemas.xmlsoap.org/ws/2004/08/addressing"'
+    ' xmlns:d="http://schemas.xmlsoap.org/ws/2005/04/discovery">{header}'
+    "<s:Body><d:ProbeMatches><d:ProbeMatch>"
+    "<a:EndpointReference><a:Address>urn:uuid:{uuid}</a:Address></a:EndpointReference>"
+    "<d:Types>dn:NetworkVideoTransmitter</d:Types><d:XAddrs>{xaddrs}</d:XAddrs>"
+    "</d:ProbeMatch></d:ProbeMatches></s:Body></s:Envelope>"
+)
+
+
+async def _spray(ip: str) -> None:
+    """The attacker: a device service of its own on `ip`:8080 (recording what reaches it),
+    and on the WS-Discovery group, answering each Probe's source without reading it. At EOF
+    on stdin it prints what it sprayed and the calls its device service got."""
+    import socket
+    import uuid as uuid_module
+
+    from akri_trio.discovery.handlers.onvif_probe import MULTICAST_GROUP, WS_DISCOVERY_PORT
+    from tests.discovery.test_onvif_device import OnvifDeviceService
+
+    trap = OnvifDeviceService(ip=ip, credential=("admin", "s3cret"))
+    trap_url = f"http://{ip}:8080/onvif/device_service"
+    sprayed = 0
+    sock = trio.socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    await sock.bind(("0.0.0.0", WS_DISCOVERY_PORT))
+    membership = socket.inet_aton(MULTICAST_GROUP) + socket.inet_aton(ip)
+    sock.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, membership)
+
+    async def answer_probes() -> None:
+        nonlocal sprayed
+        while True:
+            _, prober = await sock.recvfrom(65535)
+            fake = str(uuid_module.uuid4())
+            for header, xaddrs in (
+                ("", trap_url),
+                (f"<a:RelatesTo>urn:uuid:{uuid_module.uuid4()}</a:RelatesTo>", trap_url),
+                ("<a:RelatesTo>uuid:NetworkVideoTransmitter</a:RelatesTo>", trap_url),
+                # a guess at the right MessageID is as good as none; XAddrs on R, sent from D
+                ("", "http://10.231.2.2:8080/onvif/device_service"),
+            ):
+                datagram = SPRAY.format(header=header, uuid=fake, xaddrs=xaddrs)
+                await sock.sendto(datagram.encode(), prober)
+                sprayed += 1
+
+    with sock:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(functools.partial(trio.serve_tcp, trap.handle, 8080, host=ip))
+            nursery.start_soon(answer_probes)
+            print("ready", flush=True)
+            await trio.to_thread.run_sync(sys.stdin.buffer.read, abandon_on_cancel=True)
+            nursery.cancel_scope.cancel()
+    print(json.dumps({"sprayed": sprayed, "calls": trap.calls}), flush=True)
+
+
 def main(argv: list[str]) -> None:
     command, *rest = argv
     if command == "probe":
@@ -266,7 +368,10 @@ def main(argv: list[str]) -> None:
     elif command == "probe-default-route":
         print(json.dumps(trio.run(_probe_default_route, float(rest[0]))))
     elif command == "handler":
-        print(json.dumps(trio.run(_handler, rest[0])))
+        details_text, credential = rest[0], rest[1] if len(rest) > 1 else ""
+        print(json.dumps(trio.run(_handler, details_text, credential)))
+    elif command == "sprayer":
+        trio.run(_spray, rest[0])
     elif command == "responder":
         uuid, ip, scope, serve = rest
         trio.run(_respond, uuid, ip, scope, serve == "1")

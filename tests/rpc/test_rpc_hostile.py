@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import gzip
+import logging
 import os
 import socket
 import zlib
@@ -79,56 +80,58 @@ def test_inflate_bounded_refuses_unknown_encodings_and_corrupt_data() -> None:
 # ---- bombs sent to our servers by grpcio clients ------------------------------------------------
 
 
-def grpcio_status(path: Path, call: Callable[[grpc.Channel], object]) -> grpc.StatusCode:
-    """Make one blocking grpcio call on a channel to `path`: its status."""
-    with grpc.insecure_channel(f"unix://{path}") as channel:
-        try:
-            call(channel)
-        except grpc.RpcError as err:
-            assert isinstance(err, grpc.Call)
-            return err.code()
+def grpcio_status(call: Callable[[], object]) -> grpc.StatusCode:
+    """Make one blocking grpcio call: its status."""
+    try:
+        call()
+    except grpc.RpcError as err:
+        assert isinstance(err, grpc.Call)
+        return err.code()
     return grpc.StatusCode.OK
 
 
-def grpcio_allocate(path: Path, ids: list[str], compression: Any) -> grpc.StatusCode:
+def grpcio_allocate(channel: grpc.Channel, ids: list[str], compression: Any) -> grpc.StatusCode:
     request = dp.AllocateRequest(container_requests=[dp.ContainerAllocateRequest(devices_ids=ids)])
-    return grpcio_status(
-        path,
-        lambda channel: dp_grpcio.DevicePluginStub(channel).Allocate(
-            request, timeout=30, compression=compression
-        ),
-    )
+    stub = dp_grpcio.DevicePluginStub(channel)
+    return grpcio_status(lambda: stub.Allocate(request, timeout=30, compression=compression))
 
 
-def grpcio_register(path: Path, name: str, compression: Any) -> grpc.StatusCode:
+def grpcio_register(channel: grpc.Channel, name: str, compression: Any) -> grpc.StatusCode:
     request = pb.RegisterDiscoveryHandlerRequest(
         name=name,
         endpoint="/var/lib/akri/h.sock",
         endpoint_type=pb.RegisterDiscoveryHandlerRequest.UDS,
     )
+    stub = pb_grpcio.RegistrationStub(channel)
     return grpcio_status(
-        path,
-        lambda channel: pb_grpcio.RegistrationStub(channel).RegisterDiscoveryHandler(
-            request, timeout=30, compression=compression
-        ),
+        lambda: stub.RegisterDiscoveryHandler(request, timeout=30, compression=compression)
     )
 
 
 @pytest.mark.parametrize("encoding", sorted(COMPRESSIONS))
 async def test_compressed_bomb_to_a_device_plugin_is_refused_and_it_serves_on(
-    plugin: Plugin, sock_dir: Path, encoding: str
+    plugin: Plugin, sock_dir: Path, encoding: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     compression = COMPRESSIONS[encoding]
     async with trio.open_nursery() as nursery:
         path = await nursery.start(uds.serve_unix, sock_dir / "dp.sock", plugin)
-        code = await trio.to_thread.run_sync(grpcio_allocate, path, ["b" * BOMB_BYTES], compression)
-        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert plugin.allocations == []  # the handler never saw it
-        # A compressed message within the limit is read (grpcio compresses only on request).
-        code = await trio.to_thread.run_sync(grpcio_allocate, path, ["a" * 100_000], compression)
-        assert code == grpc.StatusCode.OK
-        assert plugin.allocations == [["a" * 100_000]]
+        # One channel, one connection: the refusal ends that call only.
+        with grpc.insecure_channel(f"unix://{path}") as channel:
+            bomb = ["b" * BOMB_BYTES]
+            code = await trio.to_thread.run_sync(grpcio_allocate, channel, bomb, compression)
+            assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert plugin.allocations == []  # the handler never saw it
+            # A compressed message within the limit is read (grpcio compresses on request).
+            fits = ["a" * 100_000]
+            code = await trio.to_thread.run_sync(grpcio_allocate, channel, fits, compression)
+            assert code == grpc.StatusCode.OK
+            assert plugin.allocations == [fits]
         nursery.cancel_scope.cancel()
+    # The stream was refused, the connection never failed.
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1
+    assert warnings[0].startswith("refused a gRPC message on stream 1: ")
+    assert "inflates past the limit of 33554432 bytes" in warnings[0]
 
 
 @pytest.mark.parametrize("encoding", sorted(COMPRESSIONS))
@@ -139,10 +142,12 @@ async def test_compressed_bomb_to_the_registration_socket_is_refused_and_it_serv
     compression = COMPRESSIONS[encoding]
     async with trio.open_nursery() as nursery:
         path = await nursery.start(serve_registration, registry, sock_dir / "reg.sock")
-        code = await trio.to_thread.run_sync(grpcio_register, path, "h" * BOMB_BYTES, compression)
-        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
-        code = await trio.to_thread.run_sync(grpcio_register, path, "zipped", compression)
-        assert code == grpc.StatusCode.OK
+        with grpc.insecure_channel(f"unix://{path}") as channel:
+            bomb = "h" * BOMB_BYTES
+            code = await trio.to_thread.run_sync(grpcio_register, channel, bomb, compression)
+            assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+            code = await trio.to_thread.run_sync(grpcio_register, channel, "zipped", compression)
+            assert code == grpc.StatusCode.OK
         assert registry.names() == ["zipped"]
         nursery.cancel_scope.cancel()
 

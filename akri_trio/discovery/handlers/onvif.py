@@ -208,20 +208,30 @@ async def query_camera(
 
 @attrs.frozen
 class RefusalChanges:
-    """Between two rounds: cameras that began refusing our credentials (or now say so
-    differently), with how; and cameras that no longer refuse them."""
+    """After a round: cameras that began refusing our credentials (or now say so
+    differently), with how; and cameras that accept them again."""
 
     refusing: dict[str, str]
     recovered: tuple[str, ...]
 
 
-def refusal_changes(before: Mapping[str, str], now: Mapping[str, str]) -> RefusalChanges:
-    """What to log after a round, given each round's {camera uuid: how it refused}. A camera
-    not heard from this round is no news: it is neither refusing anew nor recovered."""
-    return RefusalChanges(
-        refusing={uuid: how for uuid, how in sorted(now.items()) if before.get(uuid) != how},
-        recovered=tuple(sorted(set(before) - set(now))),
+def next_refusals(
+    before: Mapping[str, str],
+    refused: Mapping[str, str],
+    answered: Iterable[str],
+    queried: Iterable[str],
+) -> tuple[dict[str, str], RefusalChanges]:
+    """The cameras refusing after a round ({uuid: how}) and what changed, given those refusing
+    before, this round's refusals, the uuids that answered and those queried at all. A camera
+    queried that did neither (it timed out) keeps its state; one not queried (gone from the
+    network) is forgotten without a word, so the count is of cameras present."""
+    answered, queried = set(answered), set(queried)
+    kept = {u: h for u, h in before.items() if u in queried and u not in answered}
+    changes = RefusalChanges(
+        refusing={u: h for u, h in sorted(refused.items()) if before.get(u) != h},
+        recovered=tuple(sorted(u for u in before if u in answered)),
     )
+    return kept | dict(refused), changes
 
 
 @attrs.define
@@ -231,18 +241,16 @@ class Refusals:
 
     current: dict[str, str] = attrs.field(factory=dict)
 
-    def update(self, refused: Mapping[str, str], answered: Iterable[str]) -> None:
-        """After a round: `refused` {uuid: how} this round, `answered` the uuids that did
-        answer (a camera that did neither keeps its state)."""
-        heard = set(answered)
-        now = {u: h for u, h in self.current.items() if u not in heard} | dict(refused)
-        changes = refusal_changes(self.current, now)
-        self.current = now
+    def update(
+        self, refused: Mapping[str, str], answered: Iterable[str], queried: Iterable[str]
+    ) -> None:
+        """Take in a round (see `next_refusals`) and log what changed."""
+        self.current, changes = next_refusals(self.current, refused, answered, queried)
         for uuid, how in changes.refusing.items():
             log.warning(
                 "onvif: camera %s refuses the configured credentials, skipped: %s "
                 "(%d camera(s) refusing them)",
-                uuid, how, len(now),
+                uuid, how, len(self.current),
             )  # fmt: skip
         for uuid in changes.recovered:
             log.info("onvif: camera %s accepts the configured credentials again", uuid)
@@ -368,11 +376,13 @@ class Onvif:
                 if facts_filter(details, facts):
                     found.append(to_device(match, facts))
 
+        queried = [match for match in matches if probe_filter(details, match)]
         async with trio.open_nursery() as nursery:
-            for match in matches:
-                if probe_filter(details, match):
-                    nursery.start_soon(one, match)
-        (refusals if refusals is not None else Refusals()).update(refused, answered)
+            for match in queried:
+                nursery.start_soon(one, match)
+        (refusals if refusals is not None else Refusals()).update(
+            refused, answered, [match.uuid for match in queried]
+        )
         return found
 
     async def discover(self, details: OnvifDetails, properties: Properties, send: Send) -> None:
