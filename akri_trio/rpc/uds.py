@@ -28,6 +28,13 @@ the letters are shared with the glue below):
 (i) `GRPCConnection._stream_ended` now tells the server (`on_request_ended(stream_id)`, when
     set) that a call's request is complete, so a call whose request never completes can be
     timed out ((g) below).
+(j) purerpc advertises, and h2 enforces, 65,536 concurrent streams per connection, and h2 ends
+    the whole connection (GOAWAY) when a peer opens one more. Our servers advertise
+    `MAX_CONCURRENT_STREAMS` (SETTINGS_MAX_CONCURRENT_STREAMS; well-behaved clients such as
+    grpcio queue their calls past it) and refuse a stream past it with
+    RST_STREAM(REFUSED_STREAM) (RFC 9113 §5.1.2), which gRPC clients report as UNAVAILABLE; the
+    connection and its other calls carry on. One connection thus holds at most that many calls'
+    tasks.
 (e) purerpc's server catches everything with bare `except:` and logs "Got exception ..." at
     WARNING even for trio's `Cancelled`, i.e. every time we cancel a handler on purpose: a
     filter on the `purerpc.server` logger drops exactly those records; real errors still log.
@@ -78,7 +85,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol, Self
+from typing import Any, Final, Protocol, Self
 from urllib.parse import urlsplit
 
 import anyio
@@ -86,6 +93,7 @@ import anyio.abc
 import h2.exceptions
 import purerpc
 import trio
+from h2.connection import AllowedStreamIDs, HeadersFrame  # h2 3.x has no types
 from h2.errors import ErrorCodes
 from purerpc import grpc_socket
 from purerpc.client import _Channel
@@ -119,6 +127,10 @@ _ACCEPT_BACKOFF_S = 0.1
 # A connection without any call in progress is closed after this long; a call whose request
 # has not arrived this long after it opened is reset. `configure` sets the process's value.
 IDLE_TIMEOUT_S = 300.0
+# Calls one connection to our servers may have open at once ((j) above): the kubelet holds a
+# ListAndWatch and a few Allocates on a plugin's socket, the agent one Discover stream per
+# connection, so no legitimate client comes near it.
+MAX_CONCURRENT_STREAMS: Final = 128
 # The largest gRPC message read, before and after decompression: purerpc's limit (32 MiB).
 MAX_MESSAGE_BYTES: int = GRPCConfiguration(client_side=False).max_message_length
 
@@ -257,6 +269,26 @@ def _refuse_stream(conn: GRPCConnection, stream_id: int, reason: str) -> list[An
     return list(hook(stream_id, ErrorCodes.ENHANCE_YOUR_CALM, f"message refused: {reason}") or ())
 
 
+def _refuse_streams_past_the_limit(h2c: Any) -> None:
+    """Make a server's h2 connection refuse a stream past its MAX_CONCURRENT_STREAMS with
+    RST_STREAM(REFUSED_STREAM) instead of ending the connection ((j) above)."""
+    receive_headers = h2c._frame_dispatch_table[HeadersFrame]
+
+    def receive(frame: Any) -> tuple[list[Any], list[Any]]:
+        limit = h2c.local_settings.max_concurrent_streams
+        if frame.stream_id in h2c.streams or h2c.open_inbound_streams < limit:
+            return receive_headers(frame)  # type: ignore[no-any-return]
+        # Opened first, so h2 reads the headers as usual (the HPACK state both sides share
+        # stays in step), then refused; the call's events never reach purerpc.
+        h2c._begin_new_stream(frame.stream_id, AllowedStreamIDs.ODD)
+        frames, _events = receive_headers(frame)
+        h2c.reset_stream(frame.stream_id, ErrorCodes.REFUSED_STREAM)
+        log.debug("refused gRPC stream %d: %d calls already open", frame.stream_id, limit)
+        return frames, []
+
+    h2c._frame_dispatch_table[HeadersFrame] = receive
+
+
 def _apply_patches() -> None:
     if getattr(GRPCConnection, _PATCH_MARK, False):
         return
@@ -302,6 +334,7 @@ def _apply_patches() -> None:
         return events
 
     grpc_socket.SocketWrapper._set_socket_options = staticmethod(set_socket_options)
+    GRPCConnection.MAX_CONCURRENT_STREAMS = MAX_CONCURRENT_STREAMS
     GRPCConnection._stream_reset = stream_reset
     GRPCConnection._data_received = data_received
     GRPCConnection._stream_ended = stream_ended_with_hook
@@ -388,6 +421,7 @@ class _ConnectionHandler(ConnectionHandler):  # type: ignore[misc]  # purerpc is
             async with conn, GRPCProtoSocket(self.config, conn) as grpc_conn:
                 grpc_conn._grpc_connection.on_stream_reset = on_stream_reset
                 grpc_conn._grpc_connection.on_request_ended = on_request_ended
+                _refuse_streams_past_the_limit(grpc_conn._grpc_connection.h2_connection)
                 with idle:
                     async with trio.open_nursery() as nursery:
                         async for stream in grpc_conn.listen():
