@@ -3,7 +3,9 @@
 purerpc advertised 65,536 streams per connection, each a task of ours. Our servers advertise
 `MAX_CONCURRENT_STREAMS`: a hand-rolled HTTP/2 peer that ignores the setting has the stream past
 it refused while its other calls, its connection and other clients are served on; grpcio, which
-honours the setting, queues its calls past it instead of failing them.
+honours the setting, queues its calls past it instead of failing them; and ten times the cap
+opened at once on the kubelet's own device plugin socket leaves its event loop under the lag
+bound and its Allocate calls answered (tests/support/flood.py).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import trio
 from akri_trio.rpc import uds
 from akri_trio.rpc.gen import deviceplugin_v1beta1_pb2 as dp
 from tests.rpc.rpc_testing import Plugin, dp_grpcio, grpcio_allocate, request_headers
+from tests.support.flood import watched_loop
 
 CAP = uds.MAX_CONCURRENT_STREAMS
 LIST_AND_WATCH = request_headers("/v1beta1.DevicePlugin/ListAndWatch")
@@ -140,3 +143,19 @@ async def test_grpcio_queues_calls_past_the_cap_instead_of_failing_them(
     assert answered == CAP + 2
     assert ended == [grpc.StatusCode.CANCELLED] * 2
     assert held == [CAP, CAP]
+
+
+async def test_ten_times_the_cap_at_once_keeps_the_loop_responsive() -> None:
+    ids = [2 * n + 1 for n in range(10 * CAP)]
+    with trio.fail_after(60):  # a hang guard, not a timing
+        async with watched_loop() as watch:
+            with trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                await sock.connect(os.fspath(watch.plugin_socket))
+                peer = RawPeer(sock)
+                for stream_id in ids:
+                    peer.open(stream_id)
+                await peer.flush()
+                await peer.read_until(answered=set(ids[:CAP]), reset=set(ids[CAP:]))
+    watch.assert_held_up()
+    assert peer.answered == set(ids[:CAP])
+    assert set(peer.resets.values()) == {h2.errors.ErrorCodes.REFUSED_STREAM}

@@ -38,6 +38,7 @@ class LoopWatch:
     """What was seen of the loop while a flood ran."""
 
     monitor: LagMonitor
+    plugin_socket: Path  # the device plugin the kubelet calls
     codes: list[grpc.StatusCode] = attrs.field(factory=list)  # one per Allocate, in order
     flood_began_at: int = 0  # how many Allocates had been answered when the flood began
 
@@ -68,12 +69,12 @@ def _allocate_until(path: Path, stop: threading.Event, watch: LoopWatch, answere
 async def watched_loop() -> AsyncIterator[LoopWatch]:
     """The lag sampler and a device plugin in this loop, a kubelet allocating from a thread;
     the block is the flood. Call `assert_held_up` on the watch after the block."""
-    watch = LoopWatch(LagMonitor(LAG_BOUND_S, period=SAMPLE_PERIOD_S))
     answered = Changed()
     stop = threading.Event()
     with tempfile.TemporaryDirectory(prefix="flood-", dir="/tmp") as sock_dir:
         async with trio.open_nursery() as nursery:
             path = await nursery.start(uds.serve_unix, Path(sock_dir) / "dp.sock", Plugin())
+            watch = LoopWatch(LagMonitor(LAG_BOUND_S, period=SAMPLE_PERIOD_S), path)
             kubelet_gone = trio.Event()
 
             async def kubelet() -> None:
