@@ -30,11 +30,11 @@ the letters are shared with the glue below):
     timed out ((g) below).
 (j) purerpc advertises, and h2 enforces, 65,536 concurrent streams per connection, and h2 ends
     the whole connection (GOAWAY) when a peer opens one more. Our servers advertise
-    `MAX_CONCURRENT_STREAMS` (SETTINGS_MAX_CONCURRENT_STREAMS; well-behaved clients such as
-    grpcio queue their calls past it) and refuse a stream past it with
-    RST_STREAM(REFUSED_STREAM) (RFC 9113 §5.1.2), which gRPC clients report as UNAVAILABLE; the
-    connection and its other calls carry on. One connection thus holds at most that many calls'
-    tasks.
+    `MAX_CONCURRENT_STREAMS` (or what `configure` set: `--grpc-max-streams`) as
+    SETTINGS_MAX_CONCURRENT_STREAMS (well-behaved clients such as grpcio queue their calls past
+    it) and refuse a stream past it with RST_STREAM(REFUSED_STREAM) (RFC 9113 §5.1.2), which
+    gRPC clients report as UNAVAILABLE; the connection and its other calls carry on. One
+    connection thus holds at most that many calls' tasks.
 (e) purerpc's server catches everything with bare `except:` and logs "Got exception ..." at
     WARNING even for trio's `Cancelled`, i.e. every time we cancel a handler on purpose: a
     filter on the `purerpc.server` logger drops exactly those records; real errors still log.
@@ -129,7 +129,7 @@ _ACCEPT_BACKOFF_S = 0.1
 IDLE_TIMEOUT_S = 300.0
 # Calls one connection to our servers may have open at once ((j) above): the kubelet holds a
 # ListAndWatch and a few Allocates on a plugin's socket, the agent one Discover stream per
-# connection, so no legitimate client comes near it.
+# connection, so no legitimate client comes near it. `configure` sets the process's value.
 MAX_CONCURRENT_STREAMS: Final = 128
 # The largest gRPC message read, before and after decompression: purerpc's limit (32 MiB).
 MAX_MESSAGE_BYTES: int = GRPCConfiguration(client_side=False).max_message_length
@@ -143,9 +143,9 @@ class _Settings:
 _settings = _Settings()
 
 
-def add_idle_timeout_argument(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
-    """`--grpc-idle-timeout` (env AKRI_GRPC_IDLE_TIMEOUT), for every command serving gRPC;
-    pass its value to `configure`."""
+def add_server_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+    """`--grpc-idle-timeout` (env AKRI_GRPC_IDLE_TIMEOUT) and `--grpc-max-streams` (env
+    AKRI_GRPC_MAX_STREAMS), for every command serving gRPC; pass their values to `configure`."""
     add_env_argument(
         parser,
         "--grpc-idle-timeout",
@@ -156,6 +156,17 @@ def add_idle_timeout_argument(parser: argparse.ArgumentParser, env: Mapping[str,
         metavar="SECONDS",
         help="close a gRPC connection to our sockets without a call in progress, and reset a "
         "call whose request has not arrived, after this long",
+    )
+    add_env_argument(
+        parser,
+        "--grpc-max-streams",
+        env=env,
+        var="AKRI_GRPC_MAX_STREAMS",
+        type=_positive_int,
+        default=MAX_CONCURRENT_STREAMS,
+        metavar="N",
+        help="calls one gRPC connection to our sockets may have open at once (HTTP/2 "
+        "SETTINGS_MAX_CONCURRENT_STREAMS); one more is refused, the connection goes on",
     )
 
 
@@ -169,12 +180,27 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
-def configure(*, idle_timeout: float) -> None:
-    """Set the process's default idle timeout for the gRPC servers it starts afterwards (the
-    commands call this once, from their flags; a server given `idle_timeout` uses that)."""
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
+    return value
+
+
+def configure(*, idle_timeout: float, max_streams: int = MAX_CONCURRENT_STREAMS) -> None:
+    """Set the process's default idle timeout and its calls per connection for the gRPC
+    servers it starts afterwards (the commands call this once, from their flags; a server
+    given `idle_timeout` uses that)."""
     if not idle_timeout > 0:
         raise ValueError(f"the gRPC idle timeout must be positive, got {idle_timeout!r}")
+    if max_streams < 1:
+        raise ValueError(f"the gRPC calls per connection must be at least 1, got {max_streams!r}")
     _settings.idle_timeout = idle_timeout
+    # purerpc reads it as each connection starts (its local HTTP/2 settings).
+    GRPCConnection.MAX_CONCURRENT_STREAMS = max_streams
 
 
 # A peer that is not a gRPC client (or a broken one): said in one line, no traceback.

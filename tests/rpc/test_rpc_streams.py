@@ -10,8 +10,11 @@ bound and its Allocate calls answered (tests/support/flood.py).
 
 from __future__ import annotations
 
+import argparse
 import os
 import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import grpc
@@ -19,6 +22,7 @@ import h2.connection  # h2 3.x has no types
 import h2.errors
 import h2.events
 import h2.settings
+import pytest
 import trio
 
 from akri_trio.rpc import uds
@@ -29,6 +33,18 @@ from tests.support.flood import watched_loop
 CAP = uds.MAX_CONCURRENT_STREAMS
 LIST_AND_WATCH = request_headers("/v1beta1.DevicePlugin/ListAndWatch")
 EMPTY_MESSAGE = b"\0\0\0\0\0"  # a gRPC frame: uncompressed, length 0 (dp.Empty)
+
+
+@asynccontextmanager
+async def raw_peer(path: Path, ids: list[int]) -> AsyncIterator[RawPeer]:
+    """A RawPeer connected to `path` that has opened ListAndWatch calls on `ids` at once."""
+    with trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        await sock.connect(os.fspath(path))
+        peer = RawPeer(sock)
+        for stream_id in ids:
+            peer.open(stream_id)
+        await peer.flush()
+        yield peer
 
 
 class RawPeer:
@@ -78,12 +94,7 @@ async def test_a_stream_past_the_cap_is_refused_and_everything_else_is_served(
     with trio.fail_after(60):  # a hang guard, not a timing
         async with trio.open_nursery() as nursery:
             path = await nursery.start(uds.serve_unix, sock_dir / "dp.sock", plugin)
-            with trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-                await sock.connect(os.fspath(path))
-                peer = RawPeer(sock)
-                for stream_id in ids:
-                    peer.open(stream_id)
-                await peer.flush()
+            async with raw_peer(path, ids) as peer:
                 await peer.read_until(answered=held, reset={past})
                 assert peer.advertised == CAP
                 assert peer.resets == {past: h2.errors.ErrorCodes.REFUSED_STREAM}
@@ -102,6 +113,37 @@ async def test_a_stream_past_the_cap_is_refused_and_everything_else_is_served(
                 await peer.read_until(answered={past + 2}, reset=set())
                 assert set(peer.resets) == {past}
             nursery.cancel_scope.cancel()
+
+
+async def test_the_cap_is_the_process_setting(plugin: Plugin, sock_dir: Path) -> None:
+    ids = [1, 3, 5, 7, 9]
+    uds.configure(idle_timeout=uds.IDLE_TIMEOUT_S, max_streams=4)
+    try:
+        with trio.fail_after(60):  # a hang guard, not a timing
+            async with trio.open_nursery() as nursery:
+                path = await nursery.start(uds.serve_unix, sock_dir / "dp.sock", plugin)
+                async with raw_peer(path, ids) as peer:
+                    await peer.read_until(answered=set(ids[:4]), reset={9})
+                nursery.cancel_scope.cancel()
+    finally:
+        uds.configure(idle_timeout=uds.IDLE_TIMEOUT_S)
+    assert peer.advertised == 4
+    assert peer.resets == {9: h2.errors.ErrorCodes.REFUSED_STREAM}
+
+
+def test_the_flag_and_its_environment_variable() -> None:
+    def parse(argv: list[str], env: dict[str, str]) -> argparse.Namespace:
+        parser = argparse.ArgumentParser(exit_on_error=False)
+        uds.add_server_arguments(parser, env)
+        return parser.parse_args(argv)
+
+    assert parse([], {}).grpc_max_streams == CAP == 128
+    assert parse([], {"AKRI_GRPC_MAX_STREAMS": "16"}).grpc_max_streams == 16
+    assert parse(["--grpc-max-streams", "8"], {"AKRI_GRPC_MAX_STREAMS": "16"}).grpc_max_streams == 8
+    with pytest.raises(argparse.ArgumentError, match="expected a positive whole number"):
+        parse(["--grpc-max-streams", "0"], {})
+    with pytest.raises(ValueError, match="at least 1"):
+        uds.configure(idle_timeout=1.0, max_streams=0)
 
 
 async def test_grpcio_queues_calls_past_the_cap_instead_of_failing_them(
@@ -148,14 +190,8 @@ async def test_grpcio_queues_calls_past_the_cap_instead_of_failing_them(
 async def test_ten_times_the_cap_at_once_keeps_the_loop_responsive() -> None:
     ids = [2 * n + 1 for n in range(10 * CAP)]
     with trio.fail_after(60):  # a hang guard, not a timing
-        async with watched_loop() as watch:
-            with trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-                await sock.connect(os.fspath(watch.plugin_socket))
-                peer = RawPeer(sock)
-                for stream_id in ids:
-                    peer.open(stream_id)
-                await peer.flush()
-                await peer.read_until(answered=set(ids[:CAP]), reset=set(ids[CAP:]))
+        async with watched_loop() as watch, raw_peer(watch.plugin_socket, ids) as peer:
+            await peer.read_until(answered=set(ids[:CAP]), reset=set(ids[CAP:]))
     watch.assert_held_up()
     assert peer.answered == set(ids[:CAP])
     assert set(peer.resets.values()) == {h2.errors.ErrorCodes.REFUSED_STREAM}
