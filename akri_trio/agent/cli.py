@@ -278,7 +278,7 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         ("--broker-info-period", float, BROKER_INFO_PERIOD_S, "seconds between looks"),
     ):
         p.add_argument(flag, type=kind, default=default, help=f"brokerInfo: {what}")
-    uds.add_idle_timeout_argument(p, env)
+    uds.add_server_arguments(p, env)
     add_log_arguments(p, env)
     args = p.parse_args(argv)
     if not args.node_name:
@@ -378,7 +378,7 @@ async def _main(settings: AgentSettings, config: KubeConfig) -> None:
 
 def main(argv: list[str]) -> int:
     settings, args = _parse(argv, os.environ)
-    uds.configure(idle_timeout=args.grpc_idle_timeout)
+    uds.configure(idle_timeout=args.grpc_idle_timeout, max_streams=args.grpc_max_streams)
     # A bad kubeconfig is one error line, first.
     config = load_config(settings.kubeconfig, context=args.context)
     # Every line of an agent is about its node: the field lets one query span a DaemonSet.

@@ -63,7 +63,7 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
     parser.add_argument(
         "--advertise-host", help="host to register for --network (default: the bound host)"
     )
-    uds.add_idle_timeout_argument(parser, os.environ if env is None else env)
+    uds.add_server_arguments(parser, os.environ if env is None else env)
     add_log_arguments(parser, os.environ if env is None else env)
     return parser
 
@@ -72,7 +72,7 @@ def main(argv: list[str], env: Mapping[str, str] | None = None) -> int:
     environ = os.environ if env is None else env
     parser = build_parser(environ)
     args = parser.parse_args(argv)
-    uds.configure(idle_timeout=args.grpc_idle_timeout)
+    uds.configure(idle_timeout=args.grpc_idle_timeout, max_streams=args.grpc_max_streams)
     setup_logging(args.log_level, args.log_format, defaults={"handler": args.name})
     try:
         handler = load_handler(args.name, environ)

@@ -33,6 +33,13 @@ the letters are shared with the glue below):
 (i) `GRPCConnection._stream_ended` now tells the server (`on_request_ended(stream_id)`, when
     set) that a call's request is complete, so a call whose request never completes can be
     timed out ((g) below).
+(j) purerpc advertises, and h2 enforces, 65,536 concurrent streams per connection, and h2 ends
+    the whole connection (GOAWAY) when a peer opens one more. Our servers advertise
+    `MAX_CONCURRENT_STREAMS` (or what `configure` set: `--grpc-max-streams`) as
+    SETTINGS_MAX_CONCURRENT_STREAMS (well-behaved clients such as grpcio queue their calls past
+    it) and refuse a stream past it with RST_STREAM(REFUSED_STREAM) (RFC 9113 §5.1.2), which
+    gRPC clients report as UNAVAILABLE; the connection and its other calls carry on. One
+    connection thus holds at most that many calls' tasks.
 
 Glue (subclasses, not patches):
 
@@ -80,7 +87,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol, Self
+from typing import Any, Final, Protocol, Self
 from urllib.parse import urlsplit
 
 import anyio
@@ -88,6 +95,7 @@ import anyio.abc
 import h2.exceptions
 import purerpc
 import trio
+from h2.connection import AllowedStreamIDs, HeadersFrame  # h2 3.x has no types
 from h2.errors import ErrorCodes
 from purerpc import grpc_socket
 from purerpc.client import _Channel
@@ -121,6 +129,10 @@ _ACCEPT_BACKOFF_S = 0.1
 # A connection without any call in progress is closed after this long; a call whose request
 # has not arrived this long after it opened is reset. `configure` sets the process's value.
 IDLE_TIMEOUT_S = 300.0
+# Calls one connection to our servers may have open at once ((j) above): the kubelet holds a
+# ListAndWatch and a few Allocates on a plugin's socket, the agent one Discover stream per
+# connection, so no legitimate client comes near it. `configure` sets the process's value.
+MAX_CONCURRENT_STREAMS: Final = 128
 # The largest gRPC message read, before and after decompression: purerpc's limit (32 MiB).
 MAX_MESSAGE_BYTES: int = GRPCConfiguration(client_side=False).max_message_length
 
@@ -133,9 +145,9 @@ class _Settings:
 _settings = _Settings()
 
 
-def add_idle_timeout_argument(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
-    """`--grpc-idle-timeout` (env AKRI_GRPC_IDLE_TIMEOUT), for every command serving gRPC;
-    pass its value to `configure`."""
+def add_server_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+    """`--grpc-idle-timeout` (env AKRI_GRPC_IDLE_TIMEOUT) and `--grpc-max-streams` (env
+    AKRI_GRPC_MAX_STREAMS), for every command serving gRPC; pass their values to `configure`."""
     add_env_argument(
         parser,
         "--grpc-idle-timeout",
@@ -146,6 +158,17 @@ def add_idle_timeout_argument(parser: argparse.ArgumentParser, env: Mapping[str,
         metavar="SECONDS",
         help="close a gRPC connection to our sockets without a call in progress, and reset a "
         "call whose request has not arrived, after this long",
+    )
+    add_env_argument(
+        parser,
+        "--grpc-max-streams",
+        env=env,
+        var="AKRI_GRPC_MAX_STREAMS",
+        type=_positive_int,
+        default=MAX_CONCURRENT_STREAMS,
+        metavar="N",
+        help="calls one gRPC connection to our sockets may have open at once (HTTP/2 "
+        "SETTINGS_MAX_CONCURRENT_STREAMS); one more is refused, the connection goes on",
     )
 
 
@@ -159,12 +182,27 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
-def configure(*, idle_timeout: float) -> None:
-    """Set the process's default idle timeout for the gRPC servers it starts afterwards (the
-    commands call this once, from their flags; a server given `idle_timeout` uses that)."""
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
+    return value
+
+
+def configure(*, idle_timeout: float, max_streams: int = MAX_CONCURRENT_STREAMS) -> None:
+    """Set the process's default idle timeout and its calls per connection for the gRPC
+    servers it starts afterwards (the commands call this once, from their flags; a server
+    given `idle_timeout` uses that)."""
     if not idle_timeout > 0:
         raise ValueError(f"the gRPC idle timeout must be positive, got {idle_timeout!r}")
+    if max_streams < 1:
+        raise ValueError(f"the gRPC calls per connection must be at least 1, got {max_streams!r}")
     _settings.idle_timeout = idle_timeout
+    # purerpc reads it as each connection starts (its local HTTP/2 settings).
+    GRPCConnection.MAX_CONCURRENT_STREAMS = max_streams
 
 
 # Connections one server handles at once; more are closed as soon as accepted. Each costs the
@@ -262,6 +300,26 @@ def _refuse_stream(conn: GRPCConnection, stream_id: int, reason: str) -> list[An
     return list(hook(stream_id, ErrorCodes.ENHANCE_YOUR_CALM, f"message refused: {reason}") or ())
 
 
+def _refuse_streams_past_the_limit(h2c: Any) -> None:
+    """Make a server's h2 connection refuse a stream past its MAX_CONCURRENT_STREAMS with
+    RST_STREAM(REFUSED_STREAM) instead of ending the connection ((j) above)."""
+    receive_headers = h2c._frame_dispatch_table[HeadersFrame]
+
+    def receive(frame: Any) -> tuple[list[Any], list[Any]]:
+        limit = h2c.local_settings.max_concurrent_streams
+        if frame.stream_id in h2c.streams or h2c.open_inbound_streams < limit:
+            return receive_headers(frame)  # type: ignore[no-any-return]
+        # Opened first, so h2 reads the headers as usual (the HPACK state both sides share
+        # stays in step), then refused; the call's events never reach purerpc.
+        h2c._begin_new_stream(frame.stream_id, AllowedStreamIDs.ODD)
+        frames, _events = receive_headers(frame)
+        h2c.reset_stream(frame.stream_id, ErrorCodes.REFUSED_STREAM)
+        log.debug("refused gRPC stream %d: %d calls already open", frame.stream_id, limit)
+        return frames, []
+
+    h2c._frame_dispatch_table[HeadersFrame] = receive
+
+
 def _apply_patches() -> None:
     if getattr(GRPCConnection, _PATCH_MARK, False):
         return
@@ -307,6 +365,7 @@ def _apply_patches() -> None:
         return events
 
     grpc_socket.SocketWrapper._set_socket_options = staticmethod(set_socket_options)
+    GRPCConnection.MAX_CONCURRENT_STREAMS = MAX_CONCURRENT_STREAMS
     GRPCConnection._stream_reset = stream_reset
     GRPCConnection._data_received = data_received
     GRPCConnection._stream_ended = stream_ended_with_hook
@@ -405,6 +464,7 @@ class _ConnectionHandler(ConnectionHandler):  # type: ignore[misc]  # purerpc is
             async with conn, GRPCProtoSocket(self.config, conn) as grpc_conn:
                 grpc_conn._grpc_connection.on_stream_reset = on_stream_reset
                 grpc_conn._grpc_connection.on_request_ended = on_request_ended
+                _refuse_streams_past_the_limit(grpc_conn._grpc_connection.h2_connection)
                 with idle:
                     async with trio.open_nursery() as nursery:
                         async for stream in grpc_conn.listen():

@@ -1,19 +1,24 @@
-"""Test doubles for the purerpc glue tests: a tiny real DevicePlugin servicer and a handle on
-the grpcio kubelet stand-in process. Imported by conftest.py and the tests."""
+"""Test doubles for the purerpc glue tests: a tiny real DevicePlugin servicer, a handle on
+the grpcio kubelet stand-in process, and blocking grpcio calls. Imported by conftest.py and the
+tests."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import grpc
 import trio
 
 from akri_trio.rpc.gen import deviceplugin_v1beta1_grpc as dp_grpc
 from akri_trio.rpc.gen import deviceplugin_v1beta1_pb2 as dp
+from akri_trio.rpc.gen import deviceplugin_v1beta1_pb2_grpc
+
+dp_grpcio: Any = deviceplugin_v1beta1_pb2_grpc  # grpcio stubs are untyped
 
 KUBELET_SCRIPT = Path(__file__).with_name("grpcio_kubelet.py")
 
@@ -95,3 +100,37 @@ class Kubelet:
     async def next_register(self) -> dict[str, Any]:
         record: dict[str, Any] = json.loads(await self.next_line())
         return record
+
+
+def grpcio_status(path: Path, call: Callable[[grpc.Channel], object]) -> grpc.StatusCode:
+    """Make one blocking grpcio call on a channel to `path`: its status."""
+    with grpc.insecure_channel(f"unix://{path}") as channel:
+        try:
+            call(channel)
+        except grpc.RpcError as err:
+            assert isinstance(err, grpc.Call)
+            return err.code()
+    return grpc.StatusCode.OK
+
+
+def grpcio_allocate(path: Path, ids: list[str], compression: Any = None) -> grpc.StatusCode:
+    request = dp.AllocateRequest(container_requests=[dp.ContainerAllocateRequest(devices_ids=ids)])
+    return grpcio_status(
+        path,
+        lambda channel: dp_grpcio.DevicePluginStub(channel).Allocate(
+            request, timeout=30, compression=compression
+        ),
+    )
+
+
+def request_headers(method: str) -> list[tuple[str, str]]:
+    """The HTTP/2 headers of a gRPC call to `method` (`/package.Service/Method`), for the
+    hand-rolled HTTP/2 peers."""
+    return [
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", method),
+        (":authority", "localhost"),
+        ("te", "trailers"),
+        ("content-type", "application/grpc"),
+    ]

@@ -24,7 +24,7 @@ import trio
 from akri_trio.rpc import uds
 from akri_trio.rpc.gen import deviceplugin_v1beta1_pb2 as dp
 from akri_trio.rpc.gen import deviceplugin_v1beta1_pb2_grpc
-from tests.rpc.rpc_testing import Plugin
+from tests.rpc.rpc_testing import Plugin, request_headers
 
 dp_grpcio: Any = deviceplugin_v1beta1_pb2_grpc  # grpcio stubs are untyped
 
@@ -132,15 +132,7 @@ def h2_list_and_watch_until_first_message(
     sock.connect(os.fspath(path))
     conn = h2.connection.H2Connection()
     conn.initiate_connection()
-    headers = [
-        (":method", "POST"),
-        (":scheme", "http"),
-        (":path", "/v1beta1.DevicePlugin/ListAndWatch"),
-        (":authority", "localhost"),
-        ("te", "trailers"),
-        ("content-type", "application/grpc"),
-    ]
-    conn.send_headers(1, headers)
+    conn.send_headers(1, request_headers("/v1beta1.DevicePlugin/ListAndWatch"))
     conn.send_data(1, struct.pack(">BI", 0, 0), end_stream=True)  # one empty gRPC message
     sock.sendall(conn.data_to_send())
     while True:
