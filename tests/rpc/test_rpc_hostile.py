@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +34,11 @@ from akri_trio.discovery.registry import Registry
 from akri_trio.rpc import uds
 from akri_trio.rpc.gen import deviceplugin_v1beta1_grpc as dp_grpc
 from akri_trio.rpc.gen import deviceplugin_v1beta1_pb2 as dp
+from akri_trio.rpc.gen import deviceplugin_v1beta1_pb2_grpc, discovery_pb2_grpc
 from akri_trio.rpc.gen import discovery_pb2 as pb
-from akri_trio.rpc.gen import discovery_pb2_grpc
-from tests.rpc.rpc_testing import Plugin, grpcio_allocate, grpcio_status, request_headers
+from tests.rpc.rpc_testing import Plugin
 
+dp_grpcio: Any = deviceplugin_v1beta1_pb2_grpc  # grpcio stubs are untyped
 pb_grpcio: Any = discovery_pb2_grpc
 
 LIMIT = uds.MAX_MESSAGE_BYTES
@@ -78,7 +80,23 @@ def test_inflate_bounded_refuses_unknown_encodings_and_corrupt_data() -> None:
 # ---- bombs sent to our servers by grpcio clients ------------------------------------------------
 
 
-def grpcio_register(path: Path, name: str, compression: Any) -> grpc.StatusCode:
+def grpcio_status(call: Callable[[], object]) -> grpc.StatusCode:
+    """Make one blocking grpcio call: its status."""
+    try:
+        call()
+    except grpc.RpcError as err:
+        assert isinstance(err, grpc.Call)
+        return err.code()
+    return grpc.StatusCode.OK
+
+
+def grpcio_allocate(channel: grpc.Channel, ids: list[str], compression: Any) -> grpc.StatusCode:
+    request = dp.AllocateRequest(container_requests=[dp.ContainerAllocateRequest(devices_ids=ids)])
+    stub = dp_grpcio.DevicePluginStub(channel)
+    return grpcio_status(lambda: stub.Allocate(request, timeout=30, compression=compression))
+
+
+def grpcio_register(channel: grpc.Channel, name: str, compression: Any) -> grpc.StatusCode:
     request = pb.RegisterDiscoveryHandlerRequest(
         name=name,
         endpoint="/var/lib/akri/h.sock",
@@ -145,7 +163,15 @@ async def stall_a_call(path: Path) -> tuple[float | None, float]:
         await sock.connect(os.fspath(path))
         conn = h2.connection.H2Connection()
         conn.initiate_connection()
-        conn.send_headers(1, request_headers("/v1beta1.DevicePlugin/Allocate"))  # and then nothing
+        headers = [
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":path", "/v1beta1.DevicePlugin/Allocate"),
+            (":authority", "localhost"),
+            ("te", "trailers"),
+            ("content-type", "application/grpc"),
+        ]
+        conn.send_headers(1, headers)  # and then nothing: no request message, no end
         await sock.send(conn.data_to_send())
         start = trio.current_time()
         reset_at = None
