@@ -1,11 +1,11 @@
-"""The handler-writing example (k8s/examples/custom-handler/file_devices.py), as README tells a
-user to run it: stubs generated from protos/discovery.proto with grpc_tools, the handler a
-process of its own (grpcio, nothing of akri-trio), registering with a real agent process on the
-real control plane. Its devices become Instances; bad discoveryDetails reach the
-Configuration's status in the handler's own words.
+"""The handler-writing example (k8s/examples/custom-handler/file_devices.py), as
+docs/handlers.md tells a user to run it: stubs generated from protos/discovery.proto with
+grpc_tools, the handler a process of its own (grpcio, nothing of akri-trio), registering with a
+real agent process on the real control plane. Its devices become Instances; bad
+discoveryDetails reach the Configuration's status in the handler's own words.
 
 The agent watches only this test's namespace, for a made-up node, with a kubelet stand-in.
-README's Python handler runs as written too, against the agent's registration server."""
+docs/handlers.md's Python handler runs as written too, against the agent's registration server."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ WAIT_S = 60  # generous: the machine is shared; it takes seconds
 
 
 def generate_stubs(out: Path) -> None:
-    """The command the example's docstring and README give."""
+    """The command the example's docstring and docs/handlers.md give."""
     out.mkdir()
     subprocess.run(
         [
@@ -198,19 +198,19 @@ async def _when(get: Callable[[], Awaitable[T]], ok: Callable[[T], bool]) -> T |
     return value if ok(value) else None
 
 
-def readme_handler(directory: Path) -> str:
-    """The Python block of README's "Writing your own discovery handler", serving under
+def docs_handler(directory: Path) -> str:
+    """The Python block of docs/handlers.md's "Writing your own discovery handler", serving under
     `directory` instead of /var/lib/akri."""
-    readme = (REPO / "README.md").read_text()
-    section = readme.split("### Writing your own discovery handler", 1)[1]
+    page = (REPO / "docs" / "handlers.md").read_text()
+    section = page.split("### Writing your own discovery handler", 1)[1]
     code = section.split("```python\n", 1)[1].split("```", 1)[0]
     assert 'Path("/var/lib/akri")' in code
     return code.replace('Path("/var/lib/akri")', f"Path({str(directory)!r})")
 
 
-async def test_readme_python_handler_registers_and_discovers(sock_dir: Path) -> None:
+async def test_docs_python_handler_registers_and_discovers(sock_dir: Path) -> None:
     script = sock_dir / "thermometers.py"
-    script.write_text(readme_handler(sock_dir))
+    script.write_text(docs_handler(sock_dir))
     registry = Registry(clock=trio.current_time)
     async with trio.open_nursery() as nursery:
         await nursery.start(serve_registration, registry, sock_dir / "agent-registration.sock")
@@ -219,7 +219,7 @@ async def test_readme_python_handler_registers_and_discovers(sock_dir: Path) -> 
             async def registered() -> list[str] | None:
                 return list(registry.get("thermometers")) or None
 
-            (endpoint,) = await until(registered, "README's handler to register")
+            (endpoint,) = await until(registered, "docs/handlers.md's handler to register")
             assert registry.registrations("thermometers")[0].shared is True
             async with open_channel(endpoint) as channel:
                 stream = DiscoveryHandlerStub(channel).Discover(
