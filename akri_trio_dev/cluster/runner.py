@@ -372,12 +372,18 @@ def _pods_can_start(c: httpx.Client) -> bool:
     )
 
 
-def _node_ready(c: httpx.Client, node: str) -> bool:
+def _node_ready(c: httpx.Client, node: str, since: dt.datetime | None = None) -> bool:
+    """The node's Ready condition is True (and, with `since`, was posted at or after it: a
+    node started again must not pass on the status its previous kubelet left)."""
     r = c.get(f"/api/v1/nodes/{node}")
     if r.status_code != 200:
         return False
     conds = (r.json().get("status") or {}).get("conditions") or []
-    return any(x["type"] == "Ready" and x["status"] == "True" for x in conds)
+    ready = [x for x in conds if x["type"] == "Ready" and x["status"] == "True"]
+    if not ready or since is None:
+        return bool(ready)
+    beat = dt.datetime.fromisoformat(ready[0]["lastHeartbeatTime"].replace("Z", "+00:00"))
+    return beat >= since.replace(microsecond=0)
 
 
 def _https_ok(port: int) -> bool:
@@ -581,13 +587,14 @@ def _start_runtime(lay: Layout, node: NodeLayout) -> None:
     ensure_images(lay, node)
 
 
-def _start_kubelet(lay: Layout, node: NodeLayout, node_ip: str | None) -> None:
+def _start_kubelet(lay: Layout, node: NodeLayout, node_ip: str | None) -> bool:
+    """Start the node's kubelet unless it runs; True when started now."""
     if not node.is_first:
         iptables.add(netrules.api_link(node.address, lay.ports.apiserver))
     runtime = procs.running(lay.pid_file(node.containerd_process))
     if runtime is None:
         raise ClusterError(f"{node.containerd_process} is not running")
-    _start(
+    return _start(
         lay,
         node.kubelet_process,
         flags.kubelet_argv(lay, node, node_ip, runtime.pid),
@@ -596,12 +603,15 @@ def _start_kubelet(lay: Layout, node: NodeLayout, node_ip: str | None) -> None:
     )
 
 
-def _wait_ready(lay: Layout, nodes: Sequence[NodeLayout]) -> float:
+def _wait_ready(
+    lay: Layout, nodes: Sequence[NodeLayout], since: dt.datetime | None = None
+) -> float:
     with _client(lay) as c:
         return _wait(
             f"node(s) {', '.join(n.name for n in nodes)} Ready",
             lambda: all(
-                _check_alive(lay, n.kubelet_process) and _node_ready(c, n.name) for n in nodes
+                _check_alive(lay, n.kubelet_process) and _node_ready(c, n.name, since)
+                for n in nodes
             ),
             90,
             lay.log_file(nodes[-1].kubelet_process),
@@ -892,10 +902,11 @@ def node_stop(lay: Layout, name: str) -> None:
 def node_start(lay: Layout, name: str) -> None:
     """Start the extra node's containerd and kubelet again and wait for it to be Ready."""
     node = _extra(lay, name)
+    since = dt.datetime.now(dt.UTC)
     write_node_files(lay, node, None)
     _start_runtime(lay, node)
-    _start_kubelet(lay, node, None)
-    took = _wait_ready(lay, [node])
+    started = _start_kubelet(lay, node, None)
+    took = _wait_ready(lay, [node], since if started else None)
     say(f"node {name} Ready ({took:.1f} s)")
 
 
