@@ -4,8 +4,8 @@ loopback, with one node or several.
 Tests and developers share one cluster: `up` is idempotent (it adopts what already runs, and
 `up --nodes 3` on a running cluster only adds nodes 2 and 3), `env` tells every consumer where
 the kubeconfigs, endpoints and each node's sockets are, `node stop|start|partition|heal` loses
-and brings back one extra node the way a real one is lost, and `down` removes only what `up`
-made. See layout.py for where state lives.
+and brings back one extra node the way a real one is lost (`node remove` takes it away), and
+`down` removes only what `up` made. See layout.py for where state lives.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ NODE_ACTIONS = {
     "start": (runner.node_start, "start them again and wait for Ready"),
     "partition": (runner.node_partition, "cut its link to the API server (both ways)"),
     "heal": (runner.node_heal, "restore that link"),
+    "remove": (runner.node_remove, "remove the node and everything of it (`down` for one node)"),
 }
 
 

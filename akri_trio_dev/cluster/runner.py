@@ -910,6 +910,19 @@ def node_start(lay: Layout, name: str) -> None:
     say(f"node {name} Ready ({took:.1f} s)")
 
 
+def node_remove(lay: Layout, name: str) -> None:
+    """`down` for one extra node: its Pods, processes, mounts, bridge, link and state, and its
+    Node object; `up --nodes N` adds it again."""
+    node = _extra(lay, name)
+    _remove_extra_node(lay, node)
+    iptables.remove(netrules.partition(node.address, lay.ports.apiserver, lay.ports.kubelet))
+    iptables.remove(netrules.api_link(node.address, lay.ports.apiserver))
+    if lay.kubectl.is_file() and apiserver_ready(lay):
+        _kubectl(lay, "delete", "node", node.name, "--ignore-not-found")
+    shutil.rmtree(node.state, ignore_errors=True)
+    say(f"node {name} removed")
+
+
 def node_partition(lay: Layout, name: str) -> None:
     """Cut the extra node's link to the API server (both ways); its processes keep running."""
     node = _extra(lay, name)

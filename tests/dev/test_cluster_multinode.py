@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from akri_trio_dev import run_cluster_command
-from akri_trio_dev.cluster import procs
+from akri_trio_dev.cluster import iptables, netrules, procs
 from akri_trio_dev.cluster.layout import EXTRA_NODE_TOLERATION, Layout, NodeLayout
 from tests.support.kubectl import Kubectl, busybox_pod
 from tests.support.polling import until
@@ -150,3 +150,24 @@ def _kubelet_pid(node: str) -> int:
     rec = procs.running(lay.pid_file(extra.kubelet_process))
     assert rec is not None, f"{node}'s kubelet is not running"
     return rec.pid
+
+
+def test_a_fourth_node_joins_and_node_remove_leaves_nothing_of_it(
+    multi_node_cluster: list[dict[str, str]], kubectl: Kubectl
+) -> None:
+    """`up --nodes 4` adds only node 4; `node remove` takes away its processes, Node object,
+    API link, root dir and state, and leaves the other nodes as they were."""
+    proc = run_cluster_command("up", "--nodes", "4", capture_output=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "started kubelet-127.0.0.4" in proc.stdout
+    assert "started kubelet-127.0.0.2" not in proc.stdout  # the others were adopted
+    assert _ready(kubectl, "127.0.0.4") == "True"
+    lay, fourth = _extra("127.0.0.4")
+    _node_command("remove", "127.0.0.4")
+    assert kubectl("get", "node", "127.0.0.4", "--ignore-not-found") == ""
+    assert procs.running(lay.pid_file(fourth.kubelet_process)) is None
+    assert procs.running(lay.pid_file(fourth.containerd_process)) is None
+    assert not fourth.root_dir.exists() and not fourth.state.exists()
+    assert not iptables.present(netrules.api_link(fourth.address, lay.ports.apiserver))
+    for node in multi_node_cluster:
+        assert _ready(kubectl, node["AKRI_TRIO_NODE_NAME"]) == "True"
