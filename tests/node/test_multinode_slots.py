@@ -1,7 +1,8 @@
 """A shared device across three real kubelets: its slots are one budget for the whole fleet.
 
 One agent per real node runs as a process (debugEcho shared: every node sees the one device),
-with the node's own device-plugin dir and pod-resources socket from `cluster env --node`; the
+with the node's own device-plugin dir, pod-resources socket and API link (its kubeconfig) from
+`cluster env --node`; the
 controller runs too, with a short `--node-lost-grace`. The story runs in file order: of five
 Pods spread over the nodes exactly two run; deleting one lets exactly one more run; a node that
 is lost (`cluster node stop`, its agent gone with it) goes NotReady, the controller removes it
@@ -68,6 +69,8 @@ class Fleet:
         tmp.mkdir()
         args = [
             *("--node-name", node["AKRI_TRIO_NODE_NAME"], "--namespace", NS),
+            # The API server through the node's own link, as a node's agent would reach it.
+            *("--kubeconfig", node["AKRI_TRIO_NODE_KUBECONFIG"]),
             *("--device-plugin-dir", node["AKRI_TRIO_DEVICE_PLUGIN_DIR"]),
             *("--pod-resources-socket", node["AKRI_TRIO_POD_RESOURCES_SOCKET"]),
             *("--discovery-handlers-directory", str(tmp / "akri")),
