@@ -2,12 +2,12 @@
 
 One agent per real node runs as a process (debugEcho shared: every node sees the one device),
 with the node's own device-plugin dir, pod-resources socket and API link (its kubeconfig) from
-`cluster env --node`; the
-controller runs too, with a short `--node-lost-grace`. The story runs in file order: of five
-Pods spread over the nodes exactly two run; deleting one lets exactly one more run; a node that
-is lost (`cluster node stop`, its agent gone with it) goes NotReady, the controller removes it
-from the Instance and frees its slot, and a Pod then runs on a surviving node; `node start`
-brings the node back into the Instance.
+`cluster env --node`; the controller runs too, with a short `--node-lost-grace`. The story runs
+in file order: of five Pods spread over the nodes exactly two run; deleting one lets exactly one
+more run; after a partition (`cluster node partition`, then `heal`) every node's view of the
+slots converges; a node that is lost (`cluster node stop`, its agent gone with it) goes
+NotReady, the controller removes it from the Instance and frees its slot, and a Pod then runs on
+a surviving node; `node start` brings the node back into the Instance.
 
 Device plugins admit on each kubelet's own view: a Pod bound to a node in the moment a slot
 looks free everywhere can lose the race for it at its kubelet, which fails it with
@@ -240,6 +240,32 @@ def test_deleting_a_running_pod_lets_exactly_one_more_run(fleet: Fleet) -> None:
     assert newcomer <= {"p2", "p3", "p4"}, newcomer
     until(lambda: len(fleet.held()) == CAPACITY, 30, "the newcomer's slot claimed")
     fleet.check_budget()
+
+
+def test_after_a_partition_heals_every_nodes_view_converges(fleet: Fleet) -> None:
+    """Node 2 (its kubelet and its agent) is cut off from the API server while node 1's Pod is
+    deleted: nodes 1 and 3 see the slot come free, node 2 cannot; no more Pods run than the
+    capacity meanwhile; once healed, node 2's kubelet offers the freed slot too and its own Pod
+    still runs on the slot it holds."""
+    fleet.kubectl("delete", "pods", "--all", "-n", NS, "--wait=true", "--timeout=60s")
+    until(lambda: not fleet.held(), 30, "every slot free")
+    first, cut, third = fleet.names
+    fleet.pod("first", first)
+    fleet.pod("cut", cut)
+    until(lambda: {"first", "cut"} <= set(fleet.running()), 60, "both Pods running")
+    fleet.wait_converged()
+    _node_command("partition", cut)
+    try:
+        fleet.kubectl("delete", "pod", "first", "-n", NS, "--wait=true", "--timeout=60s")
+        until(lambda: first not in fleet.held().values(), 30, "node 1's slot freed")
+        for node in (first, third):
+            until(functools.partial(fleet.converged, node), 60, f"{node} sees the free slot")
+        fleet.check_budget()
+    finally:
+        _node_command("heal", cut)
+    fleet.wait_converged()  # node 2 too, now that its agent hears again
+    assert "cut" in fleet.running()
+    assert list(fleet.held().values()) == [cut]
 
 
 def test_a_lost_node_frees_its_slot_and_a_pod_then_runs_elsewhere(fleet: Fleet) -> None:
