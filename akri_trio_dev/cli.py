@@ -13,7 +13,7 @@ from akri_trio_dev.cluster import cli as cluster_cli
 USAGE = """usage: python -m akri_trio_dev <command> [args]
 
 commands:
-  cluster  a real local Kubernetes: up | down | status | env
+  cluster  a real local Kubernetes: up | down | status | env | node
 
 also: python -m akri_trio_dev.demo (the README's demo),
       python -m akri_trio_dev.cluster.image (the container image, built offline)"""

@@ -1,10 +1,11 @@
 """Shared fixtures: the real local cluster, started once per test session.
 
-Tests that need Kubernetes take `cluster` (control plane) or `node_cluster` (plus kubelet and
-containerd), and are marked `k8s` (and `node`) for it at collection (tests/support/tiers.py), so
-`pytest -m "not k8s"` runs the pure and local tests without starting Kubernetes.
+Tests that need Kubernetes take `cluster` (control plane), `node_cluster` (plus kubelet and
+containerd) or `multi_node_cluster` (three real nodes), and are marked `k8s` (and `node`) for it
+at collection (tests/support/tiers.py), so `pytest -m "not k8s"` runs the pure and local tests
+without starting Kubernetes.
 
-Both fixtures run `python -m akri_trio_dev cluster up` (which builds the binaries on a new
+These fixtures run `python -m akri_trio_dev cluster up` (which builds the binaries on a new
 machine) and never skip: a cluster that cannot start fails the tests that need it. A cluster that
 was already running (a developer's) is left running; one this session started is stopped at its
 end, so a CI run leaves no processes, mounts or bridges behind — unless AKRI_TRIO_KEEP_CLUSTER is
@@ -71,3 +72,17 @@ def node_cluster(cluster: dict[str, str]) -> Iterator[dict[str, str]]:
     """The control plane plus a Ready node (containerd, kubelet, CNI, local images)."""
     _cli("up", "--node")
     yield _env()
+
+
+MULTI_NODE_COUNT = 3
+
+
+@pytest.fixture(scope="session")
+def multi_node_cluster(node_cluster: dict[str, str]) -> Iterator[list[dict[str, str]]]:
+    """Three real nodes (`up --nodes 3` only adds what is missing): each node's `env --node`,
+    node 1 first. Nodes 2 and 3 carry the extra-node taint: a Pod meant for them tolerates it
+    (`akri_trio_dev.cluster.layout.EXTRA_NODE_TOLERATION`)."""
+    _cli("up", "--nodes", str(MULTI_NODE_COUNT))
+    names = _env()["AKRI_TRIO_NODES"].split()
+    assert len(names) >= MULTI_NODE_COUNT, names
+    yield [parse_exports(_cli("env", "--node", name)) for name in names[:MULTI_NODE_COUNT]]

@@ -57,6 +57,9 @@ class KubeConfig:
     namespace: str = "default"
     ca_pem: bytes | None = attrs.field(default=None, repr=False)
     insecure_skip_tls_verify: bool = False
+    # kubeconfig's tls-server-name: the name to check the serving certificate for (and send
+    # as SNI) when `server` is an address the certificate does not name.
+    tls_server_name: str | None = None
     client_cert_pem: bytes | None = attrs.field(default=None, repr=False)
     client_key_pem: bytes | None = attrs.field(default=None, repr=False)
     token: str | None = attrs.field(default=None, repr=False)
@@ -153,6 +156,7 @@ def parse_kubeconfig(
         namespace=str(ctx.get("namespace") or "default"),
         ca_pem=_data_or_file(cluster, "certificate-authority", base_dir, read),
         insecure_skip_tls_verify=skip_verify,
+        tls_server_name=str(cluster["tls-server-name"]) if cluster.get("tls-server-name") else None,
         client_cert_pem=_data_or_file(user, "client-certificate", base_dir, read),
         client_key_pem=_data_or_file(user, "client-key", base_dir, read),
         token=str(user["token"]) if user.get("token") else None,
@@ -349,20 +353,45 @@ class TokenFileAuth(httpx.Auth):
             yield request
 
 
+class _ServerNameContext(ssl.SSLContext):
+    """Checks the serving certificate for `server_name` (and sends it as SNI) whatever host the
+    connection dialled: kubeconfig's tls-server-name. httpx's transports start TLS through
+    `wrap_bio` (trio, anyio) or `wrap_socket` (sync), so both are covered."""
+
+    server_name: str
+
+    def wrap_bio(self, *args: Any, **kwargs: Any) -> ssl.SSLObject:
+        kwargs["server_hostname"] = self.server_name
+        return super().wrap_bio(*args, **kwargs)
+
+    def wrap_socket(self, *args: Any, **kwargs: Any) -> ssl.SSLSocket:
+        kwargs["server_hostname"] = self.server_name
+        return super().wrap_socket(*args, **kwargs)
+
+
 def ssl_context(cfg: KubeConfig) -> ssl.SSLContext:
-    """The TLS context: cluster CA (or system roots), optional client cert, optional no-verify.
+    """The TLS context: cluster CA (or system roots), optional client cert, optional no-verify,
+    optional tls-server-name.
 
     CA data or a client identity that OpenSSL cannot read is a `ConfigError` naming the field,
     not the raw `SSLError` (whose text is OpenSSL's, e.g. "[X509: NO_CERTIFICATE_OR_CRL_FOUND]")."""
-    if cfg.ca_pem:
-        try:
+    try:
+        if cfg.tls_server_name is not None:
+            named = _ServerNameContext(ssl.PROTOCOL_TLS_CLIENT)
+            named.server_name = cfg.tls_server_name
+            ctx: ssl.SSLContext = named
+            if cfg.ca_pem:
+                ctx.load_verify_locations(cadata=cfg.ca_pem.decode(errors="replace"))
+            else:
+                ctx.load_default_certs()
+        elif cfg.ca_pem:
             ctx = ssl.create_default_context(cadata=cfg.ca_pem.decode(errors="replace"))
-        except ssl.SSLError as exc:
-            raise ConfigError(
-                f"kubeconfig: certificate-authority data is not a PEM certificate{_why(exc)}"
-            ) from None
-    else:
-        ctx = ssl.create_default_context()
+        else:
+            ctx = ssl.create_default_context()
+    except ssl.SSLError as exc:
+        raise ConfigError(
+            f"kubeconfig: certificate-authority data is not a PEM certificate{_why(exc)}"
+        ) from None
     if cfg.insecure_skip_tls_verify:
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE

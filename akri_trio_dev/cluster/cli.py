@@ -1,9 +1,11 @@
-"""`python -m akri_trio_dev cluster up | down | status | env`: a real single-node Kubernetes on
-loopback.
+"""`python -m akri_trio_dev cluster up | down | status | env | node`: a real Kubernetes on
+loopback, with one node or several.
 
-Tests and developers share one cluster: `up` is idempotent (it adopts what already runs), `env`
-tells every consumer where the kubeconfigs and endpoints are, and `down` removes only what
-`up` made. See layout.py for where state lives.
+Tests and developers share one cluster: `up` is idempotent (it adopts what already runs, and
+`up --nodes 3` on a running cluster only adds nodes 2 and 3), `env` tells every consumer where
+the kubeconfigs, endpoints and each node's sockets are, `node stop|start|partition|heal` loses
+and brings back one extra node the way a real one is lost (`node remove` takes it away), and
+`down` removes only what `up` made. See layout.py for where state lives.
 """
 
 from __future__ import annotations
@@ -13,7 +15,22 @@ import os
 
 from akri_trio.flaghelp import Parser
 from akri_trio_dev.cluster import runner
-from akri_trio_dev.cluster.layout import DEFAULT_NODE_NAME, Layout
+from akri_trio_dev.cluster.layout import DEFAULT_NODE_NAME, MAX_NODES, Layout
+
+NODE_ACTIONS = {
+    "stop": (runner.node_stop, "stop its kubelet, containers and containerd"),
+    "start": (runner.node_start, "start them again and wait for Ready"),
+    "partition": (runner.node_partition, "cut its link to the API server (both ways)"),
+    "heal": (runner.node_heal, "restore that link"),
+    "remove": (runner.node_remove, "remove the node and everything of it (`down` for one node)"),
+}
+
+
+def _node_count(text: str) -> int:
+    n = int(text)
+    if not 1 <= n <= MAX_NODES:
+        raise argparse.ArgumentTypeError(f"between 1 and {MAX_NODES}")
+    return n
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -26,11 +43,26 @@ def _parser() -> argparse.ArgumentParser:
         default=DEFAULT_NODE_NAME,
         help=f"node name (default {DEFAULT_NODE_NAME}: kubectl logs works on loopback)",
     )
+    up.add_argument(
+        "--nodes",
+        type=_node_count,
+        default=1,
+        help="how many nodes (implies --node when above 1); nodes 2..N are named 127.0.0.<n> "
+        "and each has its own containerd and kubelet (default 1)",
+    )
     sub.add_parser("down", help="stop everything `up` started and clean up")
     sub.add_parser("status", help="show what runs; exit 0 when the control plane is up")
-    sub.add_parser(
+    env = sub.add_parser(
         "env", help="print `export KEY='value'` lines (KUBECONFIG, ...): eval \"$(... env)\""
     )
+    env.add_argument("--node", metavar="NAME", help="describe node NAME's sockets (default node 1)")
+    node = sub.add_parser("node", help="lose or restore one extra node (2..N)")
+    node.add_argument(
+        "action",
+        choices=list(NODE_ACTIONS),
+        help="; ".join(f"{k}: {v[1]}" for k, v in NODE_ACTIONS.items()),
+    )
+    node.add_argument("name", help="the extra node's name, e.g. 127.0.0.2")
     return p
 
 
@@ -39,14 +71,15 @@ def main(argv: list[str]) -> int:
     lay = Layout.default()
     try:
         if args.cmd == "up":
-            if args.node and os.geteuid() != 0:
+            with_node = args.node or args.nodes > 1
+            if with_node and os.geteuid() != 0:
                 raise runner.ClusterError(
                     "`up --node` needs root (containerd, kubelet, mounts, CNI)"
                 )
             with runner.state_lock(lay):
                 runner.up_control_plane(lay)
-                if args.node:
-                    runner.up_node(lay, args.node_name)
+                if with_node:
+                    runner.up_nodes(lay, args.node_name, args.nodes)
             return 0
         if args.cmd == "down":
             with runner.state_lock(lay):
@@ -54,8 +87,12 @@ def main(argv: list[str]) -> int:
             return 0
         if args.cmd == "status":
             return 0 if runner.status(lay) else 1
+        if args.cmd == "node":
+            with runner.state_lock(lay):
+                NODE_ACTIONS[args.action][0](lay, args.name)
+            return 0
         if args.cmd == "env":
-            for line in runner.env_lines(lay):
+            for line in runner.env_lines(lay, args.node):
                 print(line)
             return 0 if lay.kubeconfig("admin").is_file() else 1
     except runner.ClusterError as exc:

@@ -51,8 +51,16 @@ class Credentials:
 
 
 def kubeconfig(
-    *, server: str, ca: Path, user: str, creds: Credentials, cluster: str = "akri-trio"
+    *,
+    server: str,
+    ca: Path,
+    user: str,
+    creds: Credentials,
+    cluster: str = "akri-trio",
+    tls_server_name: str | None = None,
 ) -> str:
+    """A one-context kubeconfig. `tls_server_name`: the name to check the serving cert for when
+    `server` is an address the cert does not name (an extra node's own loopback address)."""
     user_entry: dict[str, str] = {}
     if creds.token is not None:
         user_entry["token"] = creds.token
@@ -61,12 +69,13 @@ def kubeconfig(
         user_entry["client-key"] = str(creds.client_key)
     if not user_entry:
         raise ValueError("a kubeconfig user needs a token or a client certificate and key")
+    cluster_entry = {"server": server, "certificate-authority": str(ca)}
+    if tls_server_name is not None:
+        cluster_entry["tls-server-name"] = tls_server_name
     doc = {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [
-            {"name": cluster, "cluster": {"server": server, "certificate-authority": str(ca)}}
-        ],
+        "clusters": [{"name": cluster, "cluster": cluster_entry}],
         "users": [{"name": user, "user": user_entry}],
         "contexts": [
             {
@@ -86,7 +95,8 @@ def containerd_config(
     """containerd 2 config (version 3) confined to our state directory, CDI on.
 
     restrict_oom_score_adj is REQUIRED where the process lacks CAP_SYS_RESOURCE (this VM):
-    without it every sandbox fails with "can't get final child's PID from pipe: EOF".
+    without it every sandbox fails with "can't get final child's PID from pipe: EOF". NRI is
+    off: its socket has one fixed host path, which a second node's containerd would take over.
     """
     runtime = "plugins.'io.containerd.cri.v1.runtime'"
     return f"""\
@@ -96,7 +106,7 @@ state = "{state}"
 # Plugins that would probe for filesystems or devices we never use.
 disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", \
 "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", \
-"io.containerd.snapshotter.v1.erofs"]
+"io.containerd.snapshotter.v1.erofs", "io.containerd.nri.v1.nri"]
 
 [grpc]
   address = "{socket}"
@@ -133,6 +143,15 @@ class KubeletSettings:
     port: int
     healthz_port: int
     volume_plugin_dir: Path
+    healthz_address: str = "127.0.0.1"
+    pod_logs_dir: Path | None = None  # None: the kubelet's default, /var/log/pods
+    register_with_taints: tuple[Mapping[str, str], ...] = ()
+
+
+# The node lease is the kubelet's heartbeat; it renews it every quarter of its duration. 12 s
+# (renewed every 3 s) lets the controller-manager's 16 s grace (flags.NODE_MONITOR_GRACE) mark a
+# lost node NotReady in seconds, where the defaults (40 s, 50 s) take most of a minute.
+NODE_LEASE_SECONDS = 12
 
 
 def kubelet_config(k: KubeletSettings) -> str:
@@ -150,7 +169,7 @@ def kubelet_config(k: KubeletSettings) -> str:
         "address": k.address,
         "port": k.port,
         "readOnlyPort": 0,
-        "healthzBindAddress": "127.0.0.1",
+        "healthzBindAddress": k.healthz_address,
         "healthzPort": k.healthz_port,
         "authentication": {
             "anonymous": {"enabled": False},
@@ -168,15 +187,21 @@ def kubelet_config(k: KubeletSettings) -> str:
         "evictionHard": {},
         "imageGCHighThresholdPercent": 100,
         "imageGCLowThresholdPercent": 99,
+        "nodeLeaseDurationSeconds": NODE_LEASE_SECONDS,
     }
+    if k.pod_logs_dir is not None:
+        doc["podLogsDir"] = str(k.pod_logs_dir)
+    if k.register_with_taints:
+        doc["registerWithTaints"] = [dict(t) for t in k.register_with_taints]
     return yaml.safe_dump(doc, sort_keys=False)
 
 
-def cni_conflist(*, bridge: str, subnet: str) -> str:
-    """bridge + loopback with host-local IPAM; no masquerade (pods only talk on this host)."""
+def cni_conflist(*, bridge: str, subnet: str, name: str = "akri-trio") -> str:
+    """bridge + loopback with host-local IPAM; no masquerade (pods only talk on this host).
+    Each node has its own bridge, subnet and network `name` (host-local's leases are per name)."""
     doc = {
         "cniVersion": "0.4.0",
-        "name": "akri-trio",
+        "name": name,
         "plugins": [
             {
                 "type": "bridge",

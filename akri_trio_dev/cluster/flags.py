@@ -8,9 +8,14 @@ KubeletConfiguration file (configs.kubelet_config); only what has no field there
 
 from __future__ import annotations
 
-from akri_trio_dev.cluster.layout import KUBELET_ROOT, SERVICE_CIDR, Layout
+from akri_trio_dev.cluster.layout import SERVICE_CIDR, Layout, NodeLayout
 
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
+# How often the node lifecycle controller looks at the nodes' heartbeats, and how long one may
+# be missing before the node is NotReady: a stopped or cut-off node shows within ~20 s, so
+# tests and demos of node loss take seconds (see configs.NODE_LEASE_SECONDS).
+NODE_MONITOR_PERIOD = "2s"
+NODE_MONITOR_GRACE = "16s"
 
 
 def etcd(lay: Layout) -> list[str]:
@@ -83,6 +88,8 @@ def kube_controller_manager(lay: Layout) -> list[str]:
         "--use-service-account-credentials=false",
         "--controllers=*",
         "--leader-elect=false",
+        f"--node-monitor-period={NODE_MONITOR_PERIOD}",
+        f"--node-monitor-grace-period={NODE_MONITOR_GRACE}",
         f"--cert-dir={lay.run / 'kcm-certs'}",
         # Its default, /usr/libexec/kubernetes/..., would be created on the host and left behind.
         f"--flex-volume-plugin-dir={lay.run / 'kcm-certs' / 'flexvolume'}",
@@ -102,11 +109,45 @@ def kube_scheduler(lay: Layout) -> list[str]:
     ]
 
 
-def containerd(lay: Layout) -> list[str]:
-    return [str(lay.binary("containerd")), f"--config={lay.containerd_config}"]
+def containerd(lay: Layout, node: NodeLayout) -> list[str]:
+    """containerd; an extra node's in a mount namespace of its own (`own_mounts`)."""
+    argv = [str(lay.binary("containerd")), f"--config={node.containerd_config}"]
+    return argv if node.is_first else own_mounts(node, argv)
 
 
-def kubelet(lay: Layout, node_name: str) -> list[str]:
+# The kubelet's device-plugin directory is a constant of the device-plugin API, whatever its
+# --root-dir: two kubelets on one host would take each other's registration socket.
+DEVICE_PLUGIN_PATH = "/var/lib/kubelet/device-plugins"
+
+
+def own_mounts(node: NodeLayout, argv: list[str]) -> list[str]:
+    """`argv` in a new mount namespace (receiving the host's mounts, never sending its own)
+    where the fixed device-plugin path is the node's own directory. The node's kubelet joins
+    it (`join_mounts`), so its containerd sees the volume mounts the kubelet makes and the
+    kubelet dials the plugins registered in the node's directory."""
+    script = 'mkdir -p "$1" && mount --bind "$2" "$1" && shift 2 && exec "$@"'
+    return [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "slave",
+        "--",
+        "sh",
+        "-c",
+        script,
+        "sh",
+        DEVICE_PLUGIN_PATH,
+        str(node.device_plugin_dir),
+        *argv,
+    ]
+
+
+def join_mounts(anchor_pid: int, argv: list[str]) -> list[str]:
+    """`argv` in the mount namespace of process `anchor_pid` (the node's containerd)."""
+    return ["nsenter", f"--mount=/proc/{anchor_pid}/ns/mnt", "--", *argv]
+
+
+def kubelet(lay: Layout, node: NodeLayout) -> list[str]:
     """kubelet flags; the rest is in its configuration file.
 
     A node named by an IP (the default, 127.0.0.1) uses --hostname-override=<ip>: the kubelet
@@ -116,10 +157,10 @@ def kubelet(lay: Layout, node_name: str) -> list[str]:
     """
     return [
         str(lay.binary("kubelet")),
-        f"--config={lay.kubelet_config}",
-        f"--kubeconfig={lay.kubeconfig('kubelet')}",
-        f"--root-dir={KUBELET_ROOT}",
-        f"--hostname-override={node_name}",
+        f"--config={node.kubelet_config}",
+        f"--kubeconfig={node.kubelet_kubeconfig}",
+        f"--root-dir={node.root_dir}",
+        f"--hostname-override={node.name}",
         "--v=1",
     ]
 
@@ -147,11 +188,18 @@ def kubelet_address(node_name: str, node_ip: str | None) -> str:
     return node_ip
 
 
-def kubelet_argv(lay: Layout, node_name: str, node_ip: str | None) -> list[str]:
-    argv = kubelet(lay, node_name)
-    if is_ip_node_name(node_name):
+def kubelet_argv(
+    lay: Layout, node: NodeLayout, node_ip: str | None, runtime_pid: int | None = None
+) -> list[str]:
+    """The node's kubelet; an extra node's joins its containerd's (`runtime_pid`) mounts."""
+    argv = kubelet(lay, node)
+    if not is_ip_node_name(node.name):
+        argv = with_node_ip(argv, kubelet_address(node.name, node_ip))
+    if node.is_first:
         return argv
-    return with_node_ip(argv, kubelet_address(node_name, node_ip))
+    if runtime_pid is None:
+        raise ValueError(f"node {node.name}'s kubelet joins its containerd's mount namespace")
+    return join_mounts(runtime_pid, argv)
 
 
 def control_plane_argv(lay: Layout, name: str) -> list[str]:

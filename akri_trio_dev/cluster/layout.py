@@ -15,8 +15,15 @@ State lives under ``$AKRI_TRIO_HOME`` (default ``~/.cache/akri-trio``):
     run/pids/, run/logs/   one PID file and one log per process
     run/etcd/, run/containerd/, run/cni/, run/cdi/   runtime state (removed by `down`)
 
-The kubelet uses the standard --root-dir=/var/lib/kubelet, so device-plugin and pod-resources
-sockets are where every tool expects them.
+The first node's kubelet uses the standard --root-dir=/var/lib/kubelet, so its device-plugin
+and pod-resources sockets are where every tool expects them. Nodes 2..N (`up --nodes N`) are
+named by their own loopback address, 127.0.0.<n>, and keep their state apart (`NodeLayout`):
+
+    run/nodes/<name>/  containerd/, cni/net.d/, cdi/, kubelet-config.yaml, kubelet.kubeconfig,
+                       admin.kubeconfig (the API server through the node's own address)
+    /var/lib/kubelet-<name>/   its kubelet root dir (device-plugins/, pod-resources/, plugins/)
+    /var/log/pods-<name>/      its Pods' logs (a kubelet deletes log directories of Pods it
+                       does not know, so two kubelets cannot share one)
 """
 
 from __future__ import annotations
@@ -72,6 +79,8 @@ BUSYBOX_IMAGE = "docker.io/library/busybox:latest"
 SERVICE_CIDR = "10.0.0.0/24"
 POD_CIDR = "10.244.0.0/24"
 CNI_BRIDGE = "cni0"
+# Nodes are numbered from 1; node n > 1 is 127.0.0.<n>, with bridge cni<n-1> and 10.244.<n-1>.0/24.
+MAX_NODES = 9
 
 # Paths the kubelet and the CNI plugins own; fixed by convention, not by our state dir.
 KUBELET_ROOT = Path("/var/lib/kubelet")
@@ -82,6 +91,14 @@ HOST_DIRS_TO_REMOVE = (
     Path("/var/log/containers"),
 )
 NETNS_DIR = Path("/run/netns")
+# Extra nodes register with this NoExecute taint: the single-node tests, the chart's DaemonSets
+# and every Pod that does not tolerate it stay on node 1, as they expect; a test that means to
+# spread over the nodes tolerates it (`EXTRA_NODE_TOLERATION`).
+EXTRA_NODE_TAINT = {"key": "akri-trio.dev/extra-node", "effect": "NoExecute"}
+EXTRA_NODE_TOLERATION = {"key": "akri-trio.dev/extra-node", "operator": "Exists"}
+# Extra nodes' kubelet root dirs and Pod log dirs: /var/lib/kubelet-<name>, /var/log/pods-<name>.
+EXTRA_ROOT_PREFIX = "/var/lib/kubelet-"
+EXTRA_POD_LOGS_PREFIX = "/var/log/pods-"
 
 
 @attrs.frozen
@@ -181,8 +198,123 @@ class Layout:
         return self.run / "etcd"
 
     @property
+    def containerd_socket(self) -> Path:
+        """The first node's containerd (where the image builder imports by default)."""
+        return self.node(1).containerd_socket
+
+    @property
+    def images_dir(self) -> Path:
+        return self.run / "images"
+
+    @property
+    def nodes_dir(self) -> Path:
+        """One directory per extra node (2..N), named for it."""
+        return self.run / "nodes"
+
+    def node(self, index: int, name: str = DEFAULT_NODE_NAME) -> NodeLayout:
+        """Node `index` (1-based). Node 1 is the single-node cluster's node, named `name`, at
+        the paths it always had; node n > 1 is named 127.0.0.<n> and `name` is ignored."""
+        if not 1 <= index <= MAX_NODES:
+            raise ValueError(f"node index {index} outside 1..{MAX_NODES}")
+        if index == 1:
+            return NodeLayout(
+                index=1,
+                name=name,
+                address="127.0.0.1",
+                state=self.run,
+                root_dir=KUBELET_ROOT,
+                pod_logs_dir=None,
+                process_suffix="",
+                apiserver_url=self.apiserver_url,
+                admin_kubeconfig=self.kubeconfig("admin"),
+            )
+        address = f"127.0.0.{index}"
+        state = self.nodes_dir / address
+        return NodeLayout(
+            index=index,
+            name=address,
+            address=address,
+            state=state,
+            root_dir=Path(EXTRA_ROOT_PREFIX + address),
+            pod_logs_dir=Path(EXTRA_POD_LOGS_PREFIX + address),
+            process_suffix=f"-{address}",
+            apiserver_url=f"https://{address}:{self.ports.apiserver}",
+            admin_kubeconfig=state / "admin.kubeconfig",
+        )
+
+    def node_named(self, name: str) -> NodeLayout:
+        """The extra node called `name` (127.0.0.<n>, n > 1), or ValueError."""
+        parts = name.split(".")
+        if parts[:3] != ["127", "0", "0"] or len(parts) != 4 or not parts[3].isdigit():
+            raise ValueError(f"{name!r} is not an extra node's name (127.0.0.2 .. 127.0.0.9)")
+        index = int(parts[3])
+        if not 2 <= index <= MAX_NODES or name != f"127.0.0.{index}":
+            raise ValueError(f"{name!r} is not an extra node's name (127.0.0.2 .. 127.0.0.9)")
+        return self.node(index)
+
+    @property
+    def node_name_file(self) -> Path:
+        """Written by `up --node`: which node name the running kubelet registered."""
+        return self.run / "node-name"
+
+    @property
+    def runtime_dirs(self) -> tuple[Path, ...]:
+        """State `down` deletes (the PKI, kubeconfigs and binaries stay)."""
+        certs = tuple(self.run / d for d in ("apiserver-certs", "kcm-certs", "scheduler-certs"))
+        first = self.node(1)
+        node = (first.containerd_dir, first.cni_dir, first.cdi_dir, self.images_dir)
+        return (self.etcd_data, *node, *certs, self.nodes_dir)
+
+    # -- endpoints -----------------------------------------------------------------------
+    @property
+    def apiserver_url(self) -> str:
+        return f"https://127.0.0.1:{self.ports.apiserver}"
+
+    @property
+    def etcd_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports.etcd_client}"
+
+
+@attrs.frozen
+class NodeLayout:
+    """One node's files, processes and addresses.
+
+    Extra nodes share the host's network namespace and are told apart by address: each
+    kubelet serves on its own 127.0.0.<n> (so `kubectl logs` reaches it like node 1), and
+    reaches the API server at https://127.0.0.<n>:<apiserver port>, which a NAT rule sends to
+    the real one on 127.0.0.1 (netrules.py). Cutting that one address cuts the node, its Pods
+    and an agent given its `admin_kubeconfig` off from the control plane, and nothing else.
+    """
+
+    index: int
+    name: str
+    address: str
+    state: Path
+    root_dir: Path
+    pod_logs_dir: Path | None  # None: the kubelet's default, /var/log/pods
+    process_suffix: str
+    apiserver_url: str
+    admin_kubeconfig: Path
+
+    @property
+    def is_first(self) -> bool:
+        return self.index == 1
+
+    @property
+    def taints(self) -> tuple[dict[str, str], ...]:
+        return () if self.is_first else (EXTRA_NODE_TAINT,)
+
+    @property
+    def containerd_process(self) -> str:
+        return "containerd" + self.process_suffix
+
+    @property
+    def kubelet_process(self) -> str:
+        return "kubelet" + self.process_suffix
+
+    @property
     def containerd_dir(self) -> Path:
-        return self.run / "containerd"
+        return self.state / "containerd"
 
     @property
     def containerd_config(self) -> Path:
@@ -201,47 +333,57 @@ class Layout:
         return self.containerd_dir / "containerd.sock"
 
     @property
+    def cni_dir(self) -> Path:
+        return self.state / "cni"
+
+    @property
     def cni_conf_dir(self) -> Path:
-        return self.run / "cni" / "net.d"
+        return self.cni_dir / "net.d"
 
     @property
     def cdi_dir(self) -> Path:
-        """Where containerd reads CDI specs (and where tests and a DRA driver write them)."""
-        return self.run / "cdi"
+        return self.state / "cdi"
 
     @property
     def kubelet_config(self) -> Path:
-        return self.run / "kubelet-config.yaml"
+        return self.state / "kubelet-config.yaml"
 
     @property
-    def images_dir(self) -> Path:
-        return self.run / "images"
-
-    @property
-    def node_name_file(self) -> Path:
-        """Written by `up --node`: which node name the running kubelet registered."""
-        return self.run / "node-name"
-
-    @property
-    def runtime_dirs(self) -> tuple[Path, ...]:
-        """State `down` deletes (the PKI, kubeconfigs and binaries stay)."""
-        certs = tuple(self.run / d for d in ("apiserver-certs", "kcm-certs", "scheduler-certs"))
-        node = (self.containerd_dir, self.run / "cni", self.cdi_dir, self.images_dir)
-        return (self.etcd_data, *node, *certs)
-
-    # -- endpoints -----------------------------------------------------------------------
-    @property
-    def apiserver_url(self) -> str:
-        return f"https://127.0.0.1:{self.ports.apiserver}"
-
-    @property
-    def etcd_url(self) -> str:
-        return f"http://127.0.0.1:{self.ports.etcd_client}"
+    def kubelet_kubeconfig(self) -> Path:
+        return self.state / "kubelet.kubeconfig"
 
     @property
     def device_plugin_dir(self) -> Path:
-        return KUBELET_ROOT / "device-plugins"
+        return self.root_dir / "device-plugins"
 
     @property
     def pod_resources_socket(self) -> Path:
-        return KUBELET_ROOT / "pod-resources" / "kubelet.sock"
+        return self.root_dir / "pod-resources" / "kubelet.sock"
+
+    @property
+    def bridge(self) -> str:
+        return f"cni{self.index - 1}"
+
+    @property
+    def pod_cidr(self) -> str:
+        return f"10.244.{self.index - 1}.0/24"
+
+    def env_pairs(self) -> dict[str, object]:
+        """How to reach this node, under the names `cluster env` prints: for node 1 the keys
+        tests and tools always read; `cluster env --node NAME` prints them for node NAME."""
+        return {
+            "AKRI_TRIO_NODE_NAME": self.name,
+            "AKRI_TRIO_DEVICE_PLUGIN_DIR": self.device_plugin_dir,
+            "AKRI_TRIO_POD_RESOURCES_SOCKET": self.pod_resources_socket,
+            "AKRI_TRIO_CONTAINERD_SOCKET": self.containerd_socket,
+            "AKRI_TRIO_KUBELET_ROOT_DIR": self.root_dir,
+            "AKRI_TRIO_CDI_DIR": self.cdi_dir,
+            "AKRI_TRIO_NODE_ADDRESS": self.address,
+            # The API server through this node's link (cut by `node partition`).
+            "AKRI_TRIO_NODE_KUBECONFIG": self.admin_kubeconfig,
+        }
+
+    @property
+    def cni_network(self) -> str:
+        """The CNI network's name; host-local keeps its leases per name, so one per node."""
+        return "akri-trio" if self.is_first else f"akri-trio-{self.index}"

@@ -27,7 +27,17 @@ from typing import IO
 
 import httpx
 
-from akri_trio_dev.cluster import cleanup, configs, flags, oci, pki, procs, progress
+from akri_trio_dev.cluster import (
+    cleanup,
+    configs,
+    flags,
+    iptables,
+    netrules,
+    oci,
+    pki,
+    procs,
+    progress,
+)
 from akri_trio_dev.cluster.exports import export_lines
 from akri_trio_dev.cluster.layout import (
     BUSYBOX_IMAGE,
@@ -39,8 +49,8 @@ from akri_trio_dev.cluster.layout import (
     NETNS_DIR,
     NODE_PROCESSES,
     PAUSE_IMAGE,
-    POD_CIDR,
     Layout,
+    NodeLayout,
 )
 
 # etcd and containerd are built from Go modules with Kubernetes (gobuild/); runc and the CNI
@@ -269,42 +279,61 @@ def write_control_plane_files(lay: Layout) -> None:
         _write(lay.kubeconfig(who), text, 0o600)
 
 
-def write_node_files(lay: Layout, node: str, node_ip: str | None) -> None:
-    crt, key = lay.pki / f"kubelet-{node}.crt", lay.pki / f"kubelet-{node}.key"
+def write_node_files(lay: Layout, node: NodeLayout, node_ip: str | None) -> None:
+    crt, key = lay.pki / f"kubelet-{node.name}.crt", lay.pki / f"kubelet-{node.name}.key"
     if not (crt.is_file() and key.is_file()):
         ca = pki.KeyCert((lay.pki / "ca.key").read_bytes(), (lay.pki / "ca.crt").read_bytes())
-        kc = pki.node_client(ca, dt.datetime.now(dt.UTC), node)
+        kc = pki.node_client(ca, dt.datetime.now(dt.UTC), node.name)
         _write(key, kc.key_pem, 0o600)
         _write(crt, kc.cert_pem)
+    # An extra node dials its own address, which the serving cert does not name.
+    server_name = None if node.is_first else pki.APISERVER_DNS[0]
     creds = configs.Credentials(client_certificate=crt, client_key=key)
     text = configs.kubeconfig(
-        server=lay.apiserver_url, ca=lay.pki / "ca.crt", user=f"system:node:{node}", creds=creds
+        server=node.apiserver_url,
+        ca=lay.pki / "ca.crt",
+        user=f"system:node:{node.name}",
+        creds=creds,
+        tls_server_name=server_name,
     )
-    _write(lay.kubeconfig("kubelet"), text, 0o600)
+    _write(node.kubelet_kubeconfig, text, 0o600)
+    if not node.is_first:
+        admin = configs.Credentials(token=_tokens(lay)["admin"])
+        text = configs.kubeconfig(
+            server=node.apiserver_url,
+            ca=lay.pki / "ca.crt",
+            user=configs.TOKEN_USERS["admin"][0],
+            creds=admin,
+            tls_server_name=server_name,
+        )
+        _write(node.admin_kubeconfig, text, 0o600)
     _write(
-        lay.containerd_config,
+        node.containerd_config,
         configs.containerd_config(
-            root=lay.containerd_root,
-            state=lay.containerd_state,
-            socket=lay.containerd_socket,
-            cni_conf_dir=lay.cni_conf_dir,
-            cdi_dir=lay.cdi_dir,
+            root=node.containerd_root,
+            state=node.containerd_state,
+            socket=node.containerd_socket,
+            cni_conf_dir=node.cni_conf_dir,
+            cdi_dir=node.cdi_dir,
             sandbox_image=PAUSE_IMAGE,
         ),
     )
     settings = configs.KubeletSettings(
-        runtime_endpoint=f"unix://{lay.containerd_socket}",
+        runtime_endpoint=f"unix://{node.containerd_socket}",
         client_ca=lay.pki / "ca.crt",
-        address=flags.kubelet_address(node, node_ip),
+        address=flags.kubelet_address(node.name, node_ip),
         port=lay.ports.kubelet,
         healthz_port=lay.ports.kubelet_healthz,
-        volume_plugin_dir=KUBELET_ROOT / "volumeplugins",
+        volume_plugin_dir=node.root_dir / "volumeplugins",
+        healthz_address=node.address,
+        pod_logs_dir=node.pod_logs_dir,
+        register_with_taints=node.taints,
     )
-    _write(lay.kubelet_config, configs.kubelet_config(settings))
-    lay.cdi_dir.mkdir(parents=True, exist_ok=True)
+    _write(node.kubelet_config, configs.kubelet_config(settings))
+    node.cdi_dir.mkdir(parents=True, exist_ok=True)
     _write(
-        lay.cni_conf_dir / "10-akri-trio.conflist",
-        configs.cni_conflist(bridge=CNI_BRIDGE, subnet=POD_CIDR),
+        node.cni_conf_dir / "10-akri-trio.conflist",
+        configs.cni_conflist(bridge=node.bridge, subnet=node.pod_cidr, name=node.cni_network),
     )
 
 
@@ -343,12 +372,18 @@ def _pods_can_start(c: httpx.Client) -> bool:
     )
 
 
-def _node_ready(c: httpx.Client, node: str) -> bool:
+def _node_ready(c: httpx.Client, node: str, since: dt.datetime | None = None) -> bool:
+    """The node's Ready condition is True (and, with `since`, was posted at or after it: a
+    node started again must not pass on the status its previous kubelet left)."""
     r = c.get(f"/api/v1/nodes/{node}")
     if r.status_code != 200:
         return False
     conds = (r.json().get("status") or {}).get("conditions") or []
-    return any(x["type"] == "Ready" and x["status"] == "True" for x in conds)
+    ready = [x for x in conds if x["type"] == "Ready" and x["status"] == "True"]
+    if not ready or since is None:
+        return bool(ready)
+    beat = dt.datetime.fromisoformat(ready[0]["lastHeartbeatTime"].replace("Z", "+00:00"))
+    return beat >= since.replace(microsecond=0)
 
 
 def _https_ok(port: int) -> bool:
@@ -361,8 +396,17 @@ def _https_ok(port: int) -> bool:
 
 
 # -- processes -----------------------------------------------------------------------------
-def _start(lay: Layout, name: str, argv: list[str], env: dict[str, str] | None = None) -> bool:
-    """Start `name` unless it runs; True when started now. Names the port when one is taken."""
+def _start(
+    lay: Layout,
+    name: str,
+    argv: list[str],
+    env: dict[str, str] | None = None,
+    *,
+    kind: str | None = None,
+    host: str = "127.0.0.1",
+) -> bool:
+    """Start `name` unless it runs; True when started now. Names the port when one is taken:
+    the ports of `kind` (default: `name`, e.g. "kubelet") on `host`."""
     rec = procs.running(lay.pid_file(name))
     if rec is not None:
         say(f"{name} already running (pid {rec.pid})")
@@ -372,7 +416,7 @@ def _start(lay: Layout, name: str, argv: list[str], env: dict[str, str] | None =
         lay.pid_file(name).write_text(orphan.render())
         say(f"{name} already running (pid {orphan.pid}, adopted: its PID file was missing)")
         return False
-    conflicts = procs.port_conflicts(lay.ports.for_process(name))
+    conflicts = procs.port_conflicts(lay.ports.for_process(kind or name), host)
     if conflicts:
         raise ClusterError(f"cannot start {name}: " + "; ".join(conflicts))
     rec = procs.spawn(argv, pid_file=lay.pid_file(name), log_file=lay.log_file(name), env=env)
@@ -458,9 +502,11 @@ def default_route_ip() -> str | None:
         s.close()
 
 
-def _ctr(lay: Layout, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+def _ctr(
+    lay: Layout, node: NodeLayout, *args: str, check: bool = True
+) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(
-        [str(lay.binary("ctr")), "--address", str(lay.containerd_socket), "-n", "k8s.io", *args],
+        [str(lay.binary("ctr")), "--address", str(node.containerd_socket), "-n", "k8s.io", *args],
         capture_output=True,
         text=True,
     )
@@ -474,25 +520,32 @@ def _busybox_applets() -> list[str]:
     return out.stdout.split()
 
 
-def ensure_images(lay: Layout) -> None:
-    have = set(_ctr(lay, "images", "ls", "-q").stdout.split())
-    if {PAUSE_IMAGE, BUSYBOX_IMAGE} <= have:
+def _image_tar(lay: Layout, ref: str) -> Path:
+    return lay.images_dir / (ref.replace("/", "_").replace(":", "_") + ".tar")
+
+
+def ensure_images(lay: Layout, node: NodeLayout) -> None:
+    """The pause and busybox images in the node's containerd, made once (oci.py) and imported
+    into each node's."""
+    have = set(_ctr(lay, node, "images", "ls", "-q").stdout.split())
+    wanted = (PAUSE_IMAGE, BUSYBOX_IMAGE)
+    if set(wanted) <= have:
         return
-    images = oci.pause_and_busybox(
-        Path("/bin/busybox").read_bytes(),
-        _busybox_applets(),
-        pause_ref=PAUSE_IMAGE,
-        busybox_ref=BUSYBOX_IMAGE,
-    )
-    lay.images_dir.mkdir(parents=True, exist_ok=True)
-    for ref, data in images.items():
+    if not all(_image_tar(lay, ref).is_file() for ref in wanted):
+        images = oci.pause_and_busybox(
+            Path("/bin/busybox").read_bytes(),
+            _busybox_applets(),
+            pause_ref=PAUSE_IMAGE,
+            busybox_ref=BUSYBOX_IMAGE,
+        )
+        for ref, data in images.items():
+            _write(_image_tar(lay, ref), data)
+    for ref in wanted:
         if ref in have:
             continue
-        tar = lay.images_dir / (ref.replace("/", "_").replace(":", "_") + ".tar")
-        _write(tar, data)
         # One tar per call: ctr silently ignores a second file argument.
-        _ctr(lay, "images", "import", str(tar))
-        say(f"imported image {ref}")
+        _ctr(lay, node, "images", "import", str(_image_tar(lay, ref)))
+        say(f"imported image {ref} into {node.name}'s containerd")
 
 
 def running_node(lay: Layout) -> str | None:
@@ -504,47 +557,97 @@ def running_node(lay: Layout) -> str | None:
         return None
 
 
-def up_node(lay: Layout, node: str) -> None:
+def extra_nodes(lay: Layout) -> list[NodeLayout]:
+    """The extra nodes `up --nodes` made (their state directories), running or stopped."""
+    if not lay.nodes_dir.is_dir():
+        return []
+    found = []
+    for d in lay.nodes_dir.iterdir():
+        try:
+            found.append(lay.node_named(d.name))
+        except ValueError:
+            continue
+    return sorted(found, key=lambda n: n.index)
+
+
+def _start_runtime(lay: Layout, node: NodeLayout) -> None:
+    # containerd starts its runc shim by name: ours, built beside it.
+    shim_path = f"{lay.binary('containerd-shim-runc-v2').parent}:{os.environ.get('PATH', '')}"
+    name = node.containerd_process
+    node.device_plugin_dir.mkdir(parents=True, exist_ok=True)
+    if _start(lay, name, flags.containerd(lay, node), env={**os.environ, "PATH": shim_path}):
+        _wait(
+            f"{name} socket",
+            lambda: (
+                _check_alive(lay, name) and _ctr(lay, node, "version", check=False).returncode == 0
+            ),
+            20,
+            lay.log_file(name),
+        )
+    ensure_images(lay, node)
+
+
+def _start_kubelet(lay: Layout, node: NodeLayout, node_ip: str | None) -> bool:
+    """Start the node's kubelet unless it runs; True when started now."""
+    if not node.is_first:
+        iptables.add(netrules.api_link(node.address, lay.ports.apiserver))
+    runtime = procs.running(lay.pid_file(node.containerd_process))
+    if runtime is None:
+        raise ClusterError(f"{node.containerd_process} is not running")
+    return _start(
+        lay,
+        node.kubelet_process,
+        flags.kubelet_argv(lay, node, node_ip, runtime.pid),
+        kind="kubelet",
+        host=node.address,
+    )
+
+
+def _wait_ready(
+    lay: Layout, nodes: Sequence[NodeLayout], since: dt.datetime | None = None
+) -> float:
+    with _client(lay) as c:
+        return _wait(
+            f"node(s) {', '.join(n.name for n in nodes)} Ready",
+            lambda: all(
+                _check_alive(lay, n.kubelet_process) and _node_ready(c, n.name, since)
+                for n in nodes
+            ),
+            90,
+            lay.log_file(nodes[-1].kubelet_process),
+        )
+
+
+def up_nodes(lay: Layout, first_name: str, count: int) -> None:
+    """Node 1 (named `first_name`) and nodes 2..`count`, each with its own containerd and
+    kubelet; the runtimes start first, then every kubelet, then one wait for all to be Ready."""
     t0 = time.monotonic()
     if os.geteuid() != 0:
         raise ClusterError("`up --node` needs root (containerd, kubelet, mounts and CNI)")
     current = running_node(lay)
-    if current is not None and current != node:
+    if current is not None and current != first_name:
         raise ClusterError(
             f"a node named {current!r} is running; `python -m akri_trio_dev cluster down` first"
         )
     ensure_packages(NODE_PACKAGES)
     node_ip = None
-    if not flags.is_ip_node_name(node):
+    if not flags.is_ip_node_name(first_name):
         node_ip = default_route_ip()
         if node_ip is None:
             raise ClusterError(
-                f"node name {node!r} needs a non-loopback IPv4 address; use --node-name=127.0.0.1"
+                f"node name {first_name!r} needs a non-loopback IPv4 address; "
+                "use --node-name=127.0.0.1"
             )
-    write_node_files(lay, node, node_ip)
-    # containerd starts its runc shim by name: ours, built beside it.
-    shim_path = f"{lay.binary('containerd-shim-runc-v2').parent}:{os.environ.get('PATH', '')}"
-    if _start(lay, "containerd", flags.containerd(lay), env={**os.environ, "PATH": shim_path}):
-        _wait(
-            "containerd socket",
-            lambda: (
-                _check_alive(lay, "containerd")
-                and _ctr(lay, "version", check=False).returncode == 0
-            ),
-            20,
-            lay.log_file("containerd"),
-        )
-    ensure_images(lay)
-    lay.node_name_file.write_text(node + "\n")
-    _start(lay, "kubelet", flags.kubelet_argv(lay, node, node_ip))
-    with _client(lay) as c:
-        took = _wait(
-            f"node {node} Ready",
-            lambda: _check_alive(lay, "kubelet") and _node_ready(c, node),
-            90,
-            lay.log_file("kubelet"),
-        )
-    say(f"node {node} Ready ({took:.1f} s; total {time.monotonic() - t0:.1f} s)")
+    nodes = [lay.node(i, first_name) for i in range(1, count + 1)]
+    for node in nodes:
+        write_node_files(lay, node, node_ip if node.is_first else None)
+        _start_runtime(lay, node)
+    lay.node_name_file.write_text(first_name + "\n")
+    for node in nodes:
+        _start_kubelet(lay, node, node_ip if node.is_first else None)
+    took = _wait_ready(lay, nodes)
+    names = ", ".join(n.name for n in nodes)
+    say(f"node(s) {names} Ready ({took:.1f} s; total {time.monotonic() - t0:.1f} s)")
 
 
 # -- down ----------------------------------------------------------------------------------
@@ -578,24 +681,60 @@ def _drain(lay: Layout, node: str) -> None:
     _kubectl(lay, "delete", "pods", "-A", sel, "--grace-period=0", "--force")
 
 
-def _kill_containers(lay: Layout) -> None:
+def _kill_containers(lay: Layout, node: NodeLayout) -> None:
     """Whatever the kubelet left: SIGKILL every task and delete it, so its shim exits."""
-    tasks = _ctr(lay, "tasks", "ls", "-q", check=False).stdout.split()
+    tasks = _ctr(lay, node, "tasks", "ls", "-q", check=False).stdout.split()
     for t in tasks:
-        _ctr(lay, "tasks", "kill", "-s", "SIGKILL", t, check=False)
+        _ctr(lay, node, "tasks", "kill", "-s", "SIGKILL", t, check=False)
     for t in tasks:
         for _ in range(20):
-            if _ctr(lay, "tasks", "delete", t, check=False).returncode == 0:
+            if _ctr(lay, node, "tasks", "delete", t, check=False).returncode == 0:
                 break
             time.sleep(0.1)
 
 
-def _kill_shims(lay: Layout) -> None:
-    """Shims of our containerd that outlived it: their containers first, then the shim."""
-    for shim in procs.find_processes("containerd-shim-runc-v2", str(lay.containerd_socket)):
+def _kill_shims(node: NodeLayout) -> None:
+    """Shims of the node's containerd that outlived it: their containers first, then the shim."""
+    needle = f"{node.containerd_socket} "
+    for shim in procs.find_processes("containerd-shim-runc-v2", needle):
         for child in _children(shim.pid):
             procs.stop(child, grace=0)
         procs.stop(shim, grace=2)
+
+
+def _stop_node_processes(lay: Layout, node: NodeLayout) -> None:
+    """The node's kubelet, then its containers, containerd and shims: the node is off."""
+    rec = procs.running(lay.pid_file(node.kubelet_process))
+    if rec is not None:
+        say(f"stopping {node.kubelet_process} (pid {rec.pid})")
+        procs.stop(rec, grace=15)
+    rec = procs.running(lay.pid_file(node.containerd_process))
+    if rec is not None:
+        _kill_containers(lay, node)
+        say(f"stopping {node.containerd_process} (pid {rec.pid})")
+        procs.stop(rec, grace=15)
+    _kill_shims(node)
+
+
+def _remove_extra_node(lay: Layout, node: NodeLayout) -> None:
+    """`down` for one extra node: its Pods, processes, mounts, bridge and host directories."""
+    if procs.running(lay.pid_file(node.kubelet_process)) is not None:
+        _drain(lay, node.name)
+    _stop_node_processes(lay, node)
+    left = _unmount_all([node.root_dir, node.containerd_root, node.containerd_state])
+    if left:
+        say(f"still mounted: {' '.join(left)}")
+    _remove_bridge(node.bridge)
+    shutil.rmtree(node.root_dir, ignore_errors=True)
+    if node.pod_logs_dir is not None:
+        shutil.rmtree(node.pod_logs_dir, ignore_errors=True)
+    for name in (node.kubelet_process, node.containerd_process):
+        lay.pid_file(name).unlink(missing_ok=True)
+
+
+def _remove_bridge(bridge: str) -> None:
+    if Path(f"/sys/class/net/{bridge}").exists():
+        subprocess.run(["ip", "link", "del", bridge], capture_output=True)
 
 
 def _children(pid: int) -> list[procs.ProcRecord]:
@@ -632,6 +771,10 @@ def _unmount_all(roots: Sequence[Path]) -> list[str]:
 
 
 def down(lay: Layout) -> None:
+    if os.geteuid() == 0:
+        for extra in reversed(extra_nodes(lay)):
+            _remove_extra_node(lay, extra)
+        iptables.remove_all()
     running = [n for n in cleanup.STOP_ORDER if procs.running(lay.pid_file(n)) is not None]
     # Host paths (/var/lib/kubelet, cni0, ...) are shared by every cluster home on the machine:
     # touch them only when this home ran a node (its PID files or node name remain).
@@ -644,18 +787,18 @@ def down(lay: Layout) -> None:
         if rec is None:
             continue
         if name == "containerd":
-            _kill_containers(lay)
+            _kill_containers(lay, lay.node(1))
         say(f"stopping {name} (pid {rec.pid})")
         procs.stop(rec, grace=15)
-    _kill_shims(lay)
+    _kill_shims(lay.node(1))
     if had_node and os.geteuid() == 0:
-        left = _unmount_all([KUBELET_ROOT, lay.containerd_root, lay.containerd_state])
+        first = lay.node(1)
+        left = _unmount_all([KUBELET_ROOT, first.containerd_root, first.containerd_state])
         if left:
             say(f"still mounted: {' '.join(left)}")
         for ns in NETNS_DIR.glob("cni-*") if NETNS_DIR.is_dir() else ():
             ns.unlink(missing_ok=True)
-        if Path(f"/sys/class/net/{CNI_BRIDGE}").exists():
-            subprocess.run(["ip", "link", "del", CNI_BRIDGE], capture_output=True)
+        _remove_bridge(CNI_BRIDGE)
         for d in HOST_DIRS_TO_REMOVE:
             shutil.rmtree(d, ignore_errors=True)
         # containerd keeps shim sockets in /run/containerd/s whatever its config says; remove
@@ -691,21 +834,27 @@ def state_lock(lay: Layout) -> Iterator[None]:
 # -- status / env --------------------------------------------------------------------------
 def status(lay: Layout) -> bool:
     ok = True
-    for name in (*CONTROL_PLANE, "containerd", "kubelet"):
+    for name in CONTROL_PLANE:
         rec = procs.running(lay.pid_file(name))
         print(f"{name:<24} {'running, pid ' + str(rec.pid) if rec else 'stopped'}")
-        if name in CONTROL_PLANE and rec is None:
-            ok = False
+        ok &= rec is not None
+    for node in (lay.node(1), *extra_nodes(lay)):
+        for name in (node.containerd_process, node.kubelet_process):
+            rec = procs.running(lay.pid_file(name))
+            print(f"{name:<24} {'running, pid ' + str(rec.pid) if rec else 'stopped'}")
+        if not node.is_first and _partitioned(lay, node):
+            print(f"{node.name:<24} partitioned from the API server")
     ready = apiserver_ready(lay)
     print(f"{'apiserver /readyz':<24} {'ok' if ready else 'not ready'}")
-    node = running_node(lay)
-    if node is not None:
-        print(f"{'node':<24} {node}")
+    node_name = running_node(lay)
+    if node_name is not None:
+        print(f"{'node':<24} {node_name}")
     return ok and ready
 
 
-def env_lines(lay: Layout) -> list[str]:
-    pairs = {
+def env_lines(lay: Layout, node_name: str | None = None) -> list[str]:
+    """The cluster's `export` lines; the node keys describe node 1, or `node_name`'s node."""
+    pairs: dict[str, object] = {
         "KUBECONFIG": lay.kubeconfig("admin"),
         "AKRI_TRIO_RESTRICTED_KUBECONFIG": lay.kubeconfig("restricted"),
         "ETCD_ENDPOINT": lay.etcd_url,
@@ -717,17 +866,74 @@ def env_lines(lay: Layout) -> list[str]:
         "AKRI_TRIO_WEBHOOK_KEY": lay.pki / "webhook.key",
         "AKRI_TRIO_CLUSTER_DIR": lay.run,
     }
-    node = running_node(lay)
-    if node is not None:
-        pairs |= {
-            "AKRI_TRIO_NODE_NAME": node,
-            "AKRI_TRIO_DEVICE_PLUGIN_DIR": lay.device_plugin_dir,
-            "AKRI_TRIO_POD_RESOURCES_SOCKET": lay.pod_resources_socket,
-            "AKRI_TRIO_CONTAINERD_SOCKET": lay.containerd_socket,
-            "AKRI_TRIO_KUBELET_ROOT_DIR": KUBELET_ROOT,
-            "AKRI_TRIO_CDI_DIR": lay.cdi_dir,
-        }
+    first = running_node(lay)
+    extras = extra_nodes(lay)
+    if first is not None:
+        node = lay.node(1, first) if node_name in (None, first) else _extra(lay, node_name)
+        pairs |= node.env_pairs()
+        pairs["AKRI_TRIO_NODES"] = " ".join([first, *(n.name for n in extras)])
+    elif node_name is not None:
+        raise ClusterError("no node runs: `python -m akri_trio_dev cluster up --node` first")
     return export_lines(pairs)
+
+
+# -- one extra node ------------------------------------------------------------------------
+def _extra(lay: Layout, name: str) -> NodeLayout:
+    try:
+        node = lay.node_named(name)
+    except ValueError as exc:
+        raise ClusterError(f"{exc}; node 1 is shared by every session and stays up") from exc
+    if not node.state.is_dir():
+        raise ClusterError(f"no node {name}: `python -m akri_trio_dev cluster up --nodes N` first")
+    return node
+
+
+def _partitioned(lay: Layout, node: NodeLayout) -> bool:
+    rule = netrules.partition(node.address, lay.ports.apiserver, lay.ports.kubelet)
+    return iptables.present(rule)
+
+
+def node_stop(lay: Layout, name: str) -> None:
+    """Power the extra node off: kubelet, containers, containerd; its Node object stays."""
+    _stop_node_processes(lay, _extra(lay, name))
+    say(f"node {name} stopped")
+
+
+def node_start(lay: Layout, name: str) -> None:
+    """Start the extra node's containerd and kubelet again and wait for it to be Ready."""
+    node = _extra(lay, name)
+    since = dt.datetime.now(dt.UTC)
+    write_node_files(lay, node, None)
+    _start_runtime(lay, node)
+    started = _start_kubelet(lay, node, None)
+    took = _wait_ready(lay, [node], since if started else None)
+    say(f"node {name} Ready ({took:.1f} s)")
+
+
+def node_remove(lay: Layout, name: str) -> None:
+    """`down` for one extra node: its Pods, processes, mounts, bridge, link and state, and its
+    Node object; `up --nodes N` adds it again."""
+    node = _extra(lay, name)
+    _remove_extra_node(lay, node)
+    iptables.remove(netrules.partition(node.address, lay.ports.apiserver, lay.ports.kubelet))
+    iptables.remove(netrules.api_link(node.address, lay.ports.apiserver))
+    if lay.kubectl.is_file() and apiserver_ready(lay):
+        _kubectl(lay, "delete", "node", node.name, "--ignore-not-found")
+    shutil.rmtree(node.state, ignore_errors=True)
+    say(f"node {name} removed")
+
+
+def node_partition(lay: Layout, name: str) -> None:
+    """Cut the extra node's link to the API server (both ways); its processes keep running."""
+    node = _extra(lay, name)
+    iptables.add(netrules.partition(node.address, lay.ports.apiserver, lay.ports.kubelet))
+    say(f"node {name} partitioned from the API server")
+
+
+def node_heal(lay: Layout, name: str) -> None:
+    node = _extra(lay, name)
+    iptables.remove(netrules.partition(node.address, lay.ports.apiserver, lay.ports.kubelet))
+    say(f"node {name} reconnected to the API server")
 
 
 def main_error(exc: ClusterError) -> int:

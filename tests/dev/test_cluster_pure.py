@@ -189,7 +189,7 @@ def test_controller_manager_credentials_cover_all_its_controllers() -> None:
 
 
 def test_kubelet_ip_node_uses_hostname_override_and_standard_root_dir() -> None:
-    o = _opts(flags.kubelet_argv(LAY, "127.0.0.1", None))
+    o = _opts(flags.kubelet_argv(LAY, LAY.node(1), None))
     assert o["--root-dir"] == "/var/lib/kubelet"
     assert o["--hostname-override"] == "127.0.0.1"
     assert flags.kubelet_address("127.0.0.1", None) == "127.0.0.1"
@@ -200,8 +200,8 @@ def test_kubelet_ip_node_uses_hostname_override_and_standard_root_dir() -> None:
 
 def test_kubelet_named_node_needs_and_uses_a_node_ip() -> None:
     with pytest.raises(ValueError):
-        flags.kubelet_argv(LAY, "akri-node", None)
-    o = _opts(flags.kubelet_argv(LAY, "akri-node", "192.0.2.2"))
+        flags.kubelet_argv(LAY, LAY.node(1, "akri-node"), None)
+    o = _opts(flags.kubelet_argv(LAY, LAY.node(1, "akri-node"), "192.0.2.2"))
     assert o["--hostname-override"] == "akri-node"
     assert o["--node-ip"] == "192.0.2.2"
     assert flags.kubelet_address("akri-node", "192.0.2.2") == "192.0.2.2"

@@ -69,4 +69,4 @@ def test_the_cluster_command_runs_from_the_repository_root_whatever_the_cwd(
     monkeypatch.chdir(tmp_path)  # akri_trio_dev is not installed: only the root's path finds it
     proc = run_cluster_command("--help", capture_output=True)
     assert proc.returncode == 0, proc.stderr
-    assert "{up,down,status,env}" in proc.stdout
+    assert "{up,down,status,env,node}" in proc.stdout

@@ -9,8 +9,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import attrs
 import httpx
 import pytest
+import trio
 import yaml
 
 from akri_trio.kube.config import (
@@ -434,3 +436,83 @@ def test_the_agent_command_exits_with_one_line(
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
     assert lines[0].startswith("akri-trio agent: error: ") and expected in lines[0]
+
+
+@pytest.fixture(scope="module")
+def localhost_only_cert(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A self-signed serving cert that names `localhost` only (no IP address)."""
+    d = tmp_path_factory.mktemp("named")
+    subprocess.run(
+        [
+            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
+            *("-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost"),
+            *("-keyout", str(d / "k.pem"), "-out", str(d / "c.pem")),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return {"cert": d / "c.pem", "key": d / "k.pem"}
+
+
+def _causes(exc: BaseException, kind: type[BaseException]) -> bool:
+    """Whether `kind` is among `exc`'s causes and contexts."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, kind):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+async def _serve_one_https(cert: dict[str, Path], task_status: Any) -> None:
+    """Answer every request on 127.0.0.1 with 200 over TLS; reports the port."""
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(cert["cert"], cert["key"])
+
+    async def answer(stream: trio.SSLStream[trio.SocketStream]) -> None:
+        try:
+            await stream.receive_some(65536)
+            await stream.send_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+            await stream.aclose()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+
+    listeners = await trio.open_ssl_over_tcp_listeners(0, server_ctx, host="127.0.0.1")
+    transport = listeners[0].transport_listener
+    assert isinstance(transport, trio.SocketListener)
+    task_status.started(transport.socket.getsockname()[1])
+    await trio.serve_listeners(answer, listeners)
+
+
+async def test_tls_server_name_checks_the_cert_for_that_name_not_the_dialled_address(
+    localhost_only_cert: dict[str, Path],
+) -> None:
+    """kubeconfig's tls-server-name: dialling 127.0.0.1, whose address the cert does not name,
+    verifies against `localhost`; without it the same server is refused."""
+    doc = kubeconfig(
+        clusters={
+            "c": {
+                "server": "https://127.0.0.1:1",
+                "certificate-authority-data": base64.b64encode(
+                    localhost_only_cert["cert"].read_bytes()
+                ).decode(),
+                "tls-server-name": "localhost",
+            }
+        },
+        users={"u": {"token": "t"}},
+        contexts={"x": {"cluster": "c", "user": "u"}},
+        current="x",
+    )
+    named = parse_kubeconfig(doc, base_dir=Path("/"))
+    assert named.tls_server_name == "localhost"
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(_serve_one_https, localhost_only_cert)
+        server = f"https://127.0.0.1:{port}"
+        async with http_client(attrs.evolve(named, server=server)) as c:
+            assert (await c.get("/readyz")).text == "ok"
+        unnamed = attrs.evolve(named, server=server, tls_server_name=None)
+        async with http_client(unnamed) as c:
+            with pytest.raises(httpx.ConnectError) as refused:
+                await c.get("/readyz")
+        assert _causes(refused.value, ssl.SSLCertVerificationError)
+        nursery.cancel_scope.cancel()

@@ -52,6 +52,13 @@ class AgentProcess:
             assert self.process.wait(timeout=15) == 0, self.tail()
             self.process = None
 
+    def kill(self) -> None:
+        """SIGKILL: the agent dies as on a lost node, with no chance to clean up."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait(timeout=15)
+            self.process = None
+
     def tail(self) -> str:
         return self.log.read_text()[-4000:]
 
