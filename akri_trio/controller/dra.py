@@ -1,9 +1,10 @@
 """The controller's decisions in DRA mode, as plain data: DeviceClasses, shared pools, broker
 claims. The edge (dra_reconcilers.py) reads the caches, asks these functions, writes the answer.
 
-- One DeviceClass per Configuration (`dra.device_class`). A cluster-scoped object cannot have
-  a namespaced owner, so nothing deletes it for us: its reconcile is keyed by the class's name
-  and deletes a class of ours that no Configuration wants.
+- One DeviceClass per Configuration (`dra.device_class`, for `akri.sh/<configuration>`) and
+  one per Instance (`dra.instance_class`, for `akri.sh/<instance>`). A cluster-scoped object
+  cannot have a namespaced owner, so nothing deletes it for us: its reconcile is keyed by the
+  class's name and deletes a class of ours that no Configuration or Instance wants.
 - One pool per SHARED Instance, written by the controller alone: its devices
   (`dra.pool_devices`) on a node selector of exactly the hostnames of `Instance.spec.nodes`.
   Keyed by the pool's name; no Instance (gone, being deleted, no node left, not shared any
@@ -35,26 +36,40 @@ TEMPLATE_API_VERSION: Final = "resource.k8s.io/v1"
 # --- DeviceClasses ---------------------------------------------------------------------------
 
 
-def class_wanted(configurations: Sequence[tuple[str, str]], class_name: str) -> JSON | None:
+def class_wanted(
+    configurations: Sequence[tuple[str, str]],
+    class_name: str,
+    instances: Sequence[tuple[str, str, str]] = (),
+) -> JSON | None:
     """The DeviceClass `class_name` should be, given the (namespace, name) of the
-    Configurations that map to it: the first one's class (two Configurations could only share a
-    name through a hash collision of overlong names), or None when none wants it."""
-    for namespace, name in sorted(configurations):
-        body = dra.device_class(name, namespace)
+    Configurations and the (namespace, name, configuration) of the Instances that map to it:
+    the first one's class (two could only share a name through a hash collision of overlong
+    names, or a dotted Configuration name spelling an Instance class's), or None when none
+    wants it."""
+    bodies = [dra.device_class(name, namespace) for namespace, name in sorted(configurations)]
+    bodies += [
+        dra.instance_class(configuration, namespace, name)
+        for namespace, name, configuration in sorted(instances)
+    ]
+    for body in bodies:
         if body["metadata"]["name"] == class_name:
             return body
     return None
 
 
 def class_up_to_date(existing: Mapping[str, Any] | None, wanted: Mapping[str, Any]) -> bool:
-    """Whether the stored class already has our labels and exactly our spec."""
+    """Whether the stored class already has our labels and exactly our spec, but for an
+    `extendedResourceName` missing from it: an API server without DRAExtendedResource (off by
+    default before 1.36) drops that field, and applying it again would change nothing."""
     if existing is None:
         return False
     labels = (existing.get("metadata") or {}).get("labels") or {}
     ours = wanted["metadata"]["labels"]
-    return all(labels.get(k) == v for k, v in ours.items()) and existing.get("spec") == wanted.get(
-        "spec"
-    )
+    spec = dict(wanted.get("spec") or {})
+    stored = existing.get("spec") or {}
+    if "extendedResourceName" not in stored:
+        spec.pop("extendedResourceName", None)
+    return all(labels.get(k) == v for k, v in ours.items()) and stored == spec
 
 
 def is_our_class(obj: Mapping[str, Any]) -> bool:

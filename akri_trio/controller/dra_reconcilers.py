@@ -35,6 +35,7 @@ from akri_trio.kube import (
     AlreadyExists,
     ApiError,
     Backoff,
+    Change,
     Client,
     Conflict,
     Mapper,
@@ -75,13 +76,30 @@ async def probe_consumable_capacity(api: Client) -> bool:
 # --- caches ----------------------------------------------------------------------------------
 
 
-def class_key(obj: JSON) -> ObjectKey | None:
-    """A Configuration's DeviceClass, as the key its reconcile runs under."""
+def _class_key(obj: JSON, class_name: Callable[[str, str], str]) -> ObjectKey | None:
     meta = obj.get("metadata") or {}
     name, namespace = meta.get("name"), meta.get("namespace")
     if not name or not namespace:
         return None
-    return ObjectKey("", dra.device_class_name(str(name), str(namespace)))
+    return ObjectKey("", class_name(str(name), str(namespace)))
+
+
+def class_key(obj: JSON) -> ObjectKey | None:
+    """A Configuration's DeviceClass, as the key its reconcile runs under."""
+    return _class_key(obj, dra.device_class_name)
+
+
+def instance_class_key(obj: JSON) -> ObjectKey | None:
+    """An Instance's DeviceClass, as the key its reconcile runs under."""
+    return _class_key(obj, dra.instance_class_name)
+
+
+def instance_class_keys(change: Change) -> list[ObjectKey]:
+    """The class queue's mapper for Instances: their class, when one comes or goes (nothing
+    else about an Instance changes its class)."""
+    if change.old is not None and change.new is not None:
+        return []
+    return [k for k in [instance_class_key(change.old or change.new or {})] if k is not None]
 
 
 def shared_pool_key(obj: JSON) -> ObjectKey | None:
@@ -96,7 +114,10 @@ CLASS_INDEX: Final = "deviceclass"
 POOL_INDEX: Final = "sharedpool"
 # Added to the controller's Configuration and Instance stores in DRA mode.
 CONFIGURATION_INDEXES: Final = {CLASS_INDEX: by_field(class_key)}
-INSTANCE_INDEXES: Final = {POOL_INDEX: by_field(shared_pool_key)}
+INSTANCE_INDEXES: Final = {
+    POOL_INDEX: by_field(shared_pool_key),
+    CLASS_INDEX: by_field(instance_class_key),
+}
 
 
 def pool_key(obj: JSON) -> ObjectKey | None:
@@ -156,9 +177,15 @@ class DraReconcilers:
         self.metrics.writes.labels(kind=kind, verb=verb).inc()
 
     async def device_class(self, key: ObjectKey) -> Requeue | None:
+        instances = []
+        for k in self.instances.keys_for(CLASS_INDEX, key):
+            instance = self.read_instance(k)
+            if instance is not None:
+                instances.append((k.namespace, k.name, instance.spec.configuration_name))
         wanted = class_wanted(
             [(k.namespace, k.name) for k in self.configurations.keys_for(CLASS_INDEX, key)],
             key.name,
+            instances,
         )
         existing = self.c.classes.get(key)
         if wanted is None:
@@ -166,7 +193,7 @@ class DraReconcilers:
                 uid = (existing.get("metadata") or {}).get("uid")
                 try:
                     await self.api.delete(DEVICE_CLASSES, key.name, uid=uid)
-                    log.info("deleted DeviceClass %s (no Configuration)", key.name)
+                    log.info("deleted DeviceClass %s (no Configuration or Instance)", key.name)
                 except (NotFound, Conflict):
                     pass
                 self._count("DeviceClass", "delete")
