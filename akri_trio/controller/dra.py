@@ -8,7 +8,8 @@ claims. The edge (dra_reconcilers.py) reads the caches, asks these functions, wr
 - One pool per SHARED Instance, written by the controller alone: its devices
   (`dra.pool_devices`) on a node selector of exactly the hostnames of `Instance.spec.nodes`.
   Keyed by the pool's name; no Instance (gone, being deleted, no node left, not shared any
-  more) means no devices, so `plan_pool` deletes every slice of the pool.
+  more) means no devices, so once the offline grace of the devices it had ends (`dra.offline`:
+  meanwhile they stay, tainted) `plan_pool` deletes every slice of the pool.
 - Brokers claim their device instead of asking for `akri.sh/<instance>` in `limits`: one
   ResourceClaimTemplate per Instance (owned by it; the request names the Configuration's
   DeviceClass and selects the Instance by CEL on `akri.sh/instance`), and every broker Pod, and
@@ -80,6 +81,13 @@ def is_our_class(obj: Mapping[str, Any]) -> bool:
 # --- shared pools ----------------------------------------------------------------------------
 
 
+def wanted_devices(pool: str, instance: Instance | None, *, consumable: bool) -> list[JSON]:
+    """The devices `pool` holds for `instance` now (none when it does not publish there)."""
+    if instance is None or not publishes(instance) or shared_pool_of(instance) != pool:
+        return []
+    return list(dra.pool_devices([instance], consumable=consumable).devices)
+
+
 def shared_pool_of(instance: Instance) -> str | None:
     """The pool a shared Instance's devices go to (None for a non-shared one: the agent of
     its node publishes those)."""
@@ -107,19 +115,28 @@ def plan_shared_pool(
     hostname: Mapping[str, str],
     consumable: bool,
     written: int = 0,
+    held: Sequence[JSON] = (),
 ) -> dra.PoolPlan:
     """The writes that make `pool` hold `instance`'s devices on exactly its nodes, or nothing.
+
+    `held`: devices that vanished and are in their offline grace (`dra.hold_vanished`), kept
+    beside them, tainted; with no Instance they are published where the pool already is.
 
     `hostname`: node name -> its `kubernetes.io/hostname` label, for the nodes whose Node says
     so; any other node is selected by its name (which is what the kubelet sets the label to).
     """
-    if instance is None or not publishes(instance) or shared_pool_of(instance) != pool:
+    wanted = wanted_devices(pool, instance, consumable=consumable)
+    if instance is None or not wanted:
+        if held and existing:  # in their offline grace: where and as the pool was published
+            meta, spec = existing[0].get("metadata") or {}, existing[0].get("spec") or {}
+            placement = {k: spec[k] for k in ("nodeSelector", "allNodes") if k in spec}
+            labels = dict(meta.get("labels") or {})
+            return dra.plan_pool(pool, held, placement, existing, labels=labels, written=written)
         return dra.plan_pool(pool, [], {}, existing, written=written)
-    devices = dra.pool_devices([instance], consumable=consumable).devices
     nodes = [hostname.get(n, n) for n in instance.spec.nodes]
     return dra.plan_pool(
         pool,
-        devices,
+        [*wanted, *held],
         dra.shared_placement(nodes),
         existing,
         labels=dra.pool_labels("shared", instance.metadata.namespace),

@@ -27,6 +27,7 @@ from akri_trio.controller.dra import (
     is_our_class,
     plan_shared_pool,
     shared_pool_of,
+    wanted_devices,
 )
 from akri_trio.controller.metrics import ControllerMetrics
 from akri_trio.dra import DEVICE_CLASSES, RESOURCE_CLAIM_TEMPLATES, RESOURCE_SLICES
@@ -172,6 +173,10 @@ class DraReconcilers:
     # pool -> the highest generation this controller wrote: a pool deleted and published
     # again never repeats a generation a consumer may still hold.
     written: dict[str, int] = attrs.field(factory=dict)
+    offline_grace: float = dra.OFFLINE_GRACE_S
+    # pool -> (the devices last wanted, the vanished ones in their offline grace): this run's
+    # memory, so a restarted controller deletes at once what has no Instance.
+    grace: dict[str, tuple[tuple[JSON, ...], dict[str, dra.Vanished]]] = attrs.field(factory=dict)
 
     def _count(self, kind: str, verb: str) -> None:
         self.metrics.writes.labels(kind=kind, verb=verb).inc()
@@ -223,6 +228,12 @@ class DraReconcilers:
                 instance = candidate
                 break
         existing = list(self.c.slices.select("pool", key).values())
+        wanted = wanted_devices(pool, instance, consumable=self.consumable)
+        previous, vanished = self.grace.pop(pool, ((), {}))
+        now = trio.current_time()
+        step = dra.hold_vanished(wanted, previous, vanished, now=now, grace=self.offline_grace)
+        if wanted or step.vanished:
+            self.grace[pool] = (tuple(wanted), dict(step.vanished))
         plan = plan_shared_pool(
             pool,
             instance,
@@ -230,9 +241,12 @@ class DraReconcilers:
             hostname={} if instance is None else self._hostnames(instance),
             consumable=self.consumable,
             written=self.written.get(pool, 0),
+            held=[d for d in step.devices if d["name"] in step.vanished],
         )
+        # A grace ending is a change nothing else reports: look again then.
+        again = None if step.next_deadline is None else Requeue(step.next_deadline - now)
         if plan.unchanged:
-            return None
+            return again
         # Apply first, delete after: at every moment the highest generation is a whole pool.
         await run_all([partial(self._apply_slice, body) for body in plan.apply])
         if plan.apply:
@@ -254,7 +268,7 @@ class DraReconcilers:
                 len(plan.apply),
             )
         await run_all([partial(self._delete_slice, name) for name in plan.delete])
-        return None
+        return again
 
     async def _apply_slice(self, body: JSON) -> None:
         await self.api.apply(RESOURCE_SLICES, body, field_manager=FIELD_MANAGER, force=True)

@@ -49,7 +49,7 @@ def tainted(device: JSON) -> JSON:
     return {**device, "taints": [*taints, dict(OFFLINE_TAINT)]}
 
 
-def step(
+def hold_vanished(
     wanted: Sequence[JSON],
     previous: Sequence[JSON],
     vanished: Mapping[str, Vanished],

@@ -164,6 +164,25 @@ def test_the_pool_goes_with_the_instance_its_nodes_or_its_sharing() -> None:
         assert plan.apply == () and list(plan.delete) == names
 
 
+def test_devices_in_their_offline_grace_stay_where_the_pool_was() -> None:
+    """The Instance gone, its vanished devices (tainted) are published on the nodes and with
+    the labels of the pool as it is, beside any the Instance still has."""
+    inst = instance(nodes=("node-a", "node-b"))
+    held_slices = list(
+        _stored(plan_shared_pool(POOL, inst, [], hostname={}, consumable=True)).values()
+    )
+    vanished = [dra.tainted(d) for d in held_slices[0]["spec"]["devices"]]
+    plan = plan_shared_pool(POOL, None, held_slices, hostname={}, consumable=True, held=vanished)
+    (body,) = plan.apply
+    assert body["spec"]["devices"] == vanished
+    assert body["spec"]["nodeSelector"] == held_slices[0]["spec"]["nodeSelector"]
+    assert body["metadata"]["labels"] == held_slices[0]["metadata"]["labels"]
+    assert plan.generation == 2 and plan.delete == ()
+    # Nothing held: the pool goes, as before.
+    gone = plan_shared_pool(POOL, None, held_slices, hostname={}, consumable=True)
+    assert gone.apply == () and len(gone.delete) == 1
+
+
 def test_a_pool_published_again_never_repeats_a_generation() -> None:
     plan = plan_shared_pool(POOL, instance(), [], hostname={}, consumable=False, written=4)
     assert plan.generation == 5

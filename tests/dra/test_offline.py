@@ -10,12 +10,13 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
+from akri_trio.discovery import registry
 from akri_trio.dra.offline import (
     OFFLINE_GRACE_S,
     OFFLINE_TAINT,
     GraceStep,
     Vanished,
-    step,
+    hold_vanished,
     tainted,
 )
 
@@ -34,7 +35,7 @@ class Pool:
         self.vanished: dict[str, Vanished] = {}
 
     def round(self, wanted: list[JSON]) -> GraceStep:
-        out = step(wanted, self.previous, self.vanished, now=trio.current_time())
+        out = hold_vanished(wanted, self.previous, self.vanished, now=trio.current_time())
         self.previous, self.vanished = wanted, dict(out.vanished)
         return out
 
@@ -108,7 +109,7 @@ def test_every_wanted_device_is_published_untainted_and_every_other_tainted(
     for names, gap in zip(rounds, gaps, strict=False):
         now += gap
         wanted = [_device(n) for n in sorted(names)]
-        out = step(wanted, previous, vanished, now=now)
+        out = hold_vanished(wanted, previous, vanished, now=now)
         published = {str(d["name"]): d for d in out.devices}
         for n in names:
             assert published[n] == _device(n)
@@ -120,3 +121,9 @@ def test_every_wanted_device_is_published_untainted_and_every_other_tainted(
         for n in names:
             seen[n] = now
         previous, vanished = wanted, dict(out.vanished)
+
+
+def test_the_grace_is_device_plugin_modes() -> None:
+    """The grace the agent gives a handler that stops answering before its devices count as
+    gone."""
+    assert OFFLINE_GRACE_S == registry.OFFLINE_GRACE_S

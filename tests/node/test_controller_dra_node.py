@@ -7,8 +7,8 @@ and containerd are the cluster's. Nothing here writes a DeviceClass, slice or cl
 the controller does. The story runs in file order: the class and the shared pool appear, a
 broker and a user's Pod run with the device's env, a third consumer waits for capacity, plain
 Pods asking Akri's extended resources (`akri.sh/<configuration>`, `akri.sh/<instance>`) in
-their limits run with it too, the device goes offline (its pool goes), and the Configuration's
-deletion removes its classes.
+their limits run with it too, the device goes offline (tainted in its pool) and comes back
+(untainted), and the Configuration's deletion removes its classes.
 """
 
 from __future__ import annotations
@@ -101,6 +101,14 @@ class Env:
         items = self.kubectl.json("get", "deviceclasses")["items"]
         ours = (self.device_class, self.instance_class)
         return [c["metadata"]["name"] for c in items if c["metadata"]["name"] in ours]
+
+    def offline_taints(self) -> list[list[dict[str, str]]]:
+        """Per device of the pool, its taints (key and effect)."""
+        return [
+            [{"key": t["key"], "effect": t["effect"]} for t in d.get("taints", [])]
+            for s in self.slices()
+            for d in s["spec"]["devices"]
+        ]
 
     def extended_pod(self, name: str, resource: str) -> None:
         """A Pod written for device-plugin mode: Akri's resource in its limits, no claim."""
@@ -245,14 +253,18 @@ def test_a_plain_pod_asking_akris_resource_runs_with_the_device(e2e: Env, level:
     e2e.kubectl("delete", "pod", name, "-n", NS, "--wait=true", "--timeout=60s")
 
 
-def test_offline_removes_the_shared_pool(e2e: Env) -> None:
+def test_offline_taints_the_shared_pool_and_online_untaints_it(e2e: Env) -> None:
+    """debugEcho OFFLINE: the Instance goes, its device stays in the pool tainted NoSchedule
+    for the offline grace (300 s); ONLINE within it: the same device, untainted."""
     e2e.availability.write_text("OFFLINE")
-    until(lambda: not e2e.slices(), seconds=60, what="the shared pool gone")
+    until(lambda: e2e.offline_taints() == [[dra.OFFLINE_TAINT]], seconds=60, what="tainted")
     e2e.availability.write_text("")
-    until(e2e.slices, seconds=60, what="the shared pool back")
+    until(lambda: e2e.offline_taints() == [[]], seconds=60, what="untainted")
 
 
-def test_deleting_the_configuration_removes_its_class_and_pool(e2e: Env) -> None:
+def test_deleting_the_configuration_removes_its_classes_and_taints_its_pool(e2e: Env) -> None:
+    """Its Instance goes with it, so its devices are in their offline grace: tainted, no new
+    allocation, and gone when it ends."""
     e2e.kubectl("delete", "configurations.akri.sh", CONFIG, "-n", NS, "--wait=true")
-    until(lambda: not e2e.classes(), seconds=60, what="the DeviceClass gone")
-    until(lambda: not e2e.slices(), seconds=60, what="the shared pool gone")
+    until(lambda: not e2e.classes(), seconds=60, what="the DeviceClasses gone")
+    until(lambda: e2e.offline_taints() == [[dra.OFFLINE_TAINT]], seconds=60, what="tainted")
