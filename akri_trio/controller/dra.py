@@ -1,13 +1,15 @@
 """The controller's decisions in DRA mode, as plain data: DeviceClasses, shared pools, broker
 claims. The edge (dra_reconcilers.py) reads the caches, asks these functions, writes the answer.
 
-- One DeviceClass per Configuration (`dra.device_class`). A cluster-scoped object cannot have
-  a namespaced owner, so nothing deletes it for us: its reconcile is keyed by the class's name
-  and deletes a class of ours that no Configuration wants.
+- One DeviceClass per Configuration (`dra.device_class`, for `akri.sh/<configuration>`) and
+  one per Instance (`dra.instance_class`, for `akri.sh/<instance>`). A cluster-scoped object
+  cannot have a namespaced owner, so nothing deletes it for us: its reconcile is keyed by the
+  class's name and deletes a class of ours that no Configuration or Instance wants.
 - One pool per SHARED Instance, written by the controller alone: its devices
   (`dra.pool_devices`) on a node selector of exactly the hostnames of `Instance.spec.nodes`.
   Keyed by the pool's name; no Instance (gone, being deleted, no node left, not shared any
-  more) means no devices, so `plan_pool` deletes every slice of the pool.
+  more) means no devices, so once the offline grace of the devices it had ends (`dra.offline`:
+  meanwhile they stay, tainted) `plan_pool` deletes every slice of the pool.
 - Brokers claim their device instead of asking for `akri.sh/<instance>` in `limits`: one
   ResourceClaimTemplate per Instance (owned by it; the request names the Configuration's
   DeviceClass and selects the Instance by CEL on `akri.sh/instance`), and every broker Pod, and
@@ -35,26 +37,40 @@ TEMPLATE_API_VERSION: Final = "resource.k8s.io/v1"
 # --- DeviceClasses ---------------------------------------------------------------------------
 
 
-def class_wanted(configurations: Sequence[tuple[str, str]], class_name: str) -> JSON | None:
+def class_wanted(
+    configurations: Sequence[tuple[str, str]],
+    class_name: str,
+    instances: Sequence[tuple[str, str, str]] = (),
+) -> JSON | None:
     """The DeviceClass `class_name` should be, given the (namespace, name) of the
-    Configurations that map to it: the first one's class (two Configurations could only share a
-    name through a hash collision of overlong names), or None when none wants it."""
-    for namespace, name in sorted(configurations):
-        body = dra.device_class(name, namespace)
+    Configurations and the (namespace, name, configuration) of the Instances that map to it:
+    the first one's class (two could only share a name through a hash collision of overlong
+    names, or a dotted Configuration name spelling an Instance class's), or None when none
+    wants it."""
+    bodies = [dra.device_class(name, namespace) for namespace, name in sorted(configurations)]
+    bodies += [
+        dra.instance_class(configuration, namespace, name)
+        for namespace, name, configuration in sorted(instances)
+    ]
+    for body in bodies:
         if body["metadata"]["name"] == class_name:
             return body
     return None
 
 
 def class_up_to_date(existing: Mapping[str, Any] | None, wanted: Mapping[str, Any]) -> bool:
-    """Whether the stored class already has our labels and exactly our spec."""
+    """Whether the stored class already has our labels and exactly our spec, but for an
+    `extendedResourceName` missing from it: an API server without DRAExtendedResource (off by
+    default before 1.36) drops that field, and applying it again would change nothing."""
     if existing is None:
         return False
     labels = (existing.get("metadata") or {}).get("labels") or {}
     ours = wanted["metadata"]["labels"]
-    return all(labels.get(k) == v for k, v in ours.items()) and existing.get("spec") == wanted.get(
-        "spec"
-    )
+    spec = dict(wanted.get("spec") or {})
+    stored = existing.get("spec") or {}
+    if "extendedResourceName" not in stored:
+        spec.pop("extendedResourceName", None)
+    return all(labels.get(k) == v for k, v in ours.items()) and stored == spec
 
 
 def is_our_class(obj: Mapping[str, Any]) -> bool:
@@ -63,6 +79,13 @@ def is_our_class(obj: Mapping[str, Any]) -> bool:
 
 
 # --- shared pools ----------------------------------------------------------------------------
+
+
+def wanted_devices(pool: str, instance: Instance | None, *, consumable: bool) -> list[JSON]:
+    """The devices `pool` holds for `instance` now (none when it does not publish there)."""
+    if instance is None or not publishes(instance) or shared_pool_of(instance) != pool:
+        return []
+    return list(dra.pool_devices([instance], consumable=consumable).devices)
 
 
 def shared_pool_of(instance: Instance) -> str | None:
@@ -92,19 +115,28 @@ def plan_shared_pool(
     hostname: Mapping[str, str],
     consumable: bool,
     written: int = 0,
+    held: Sequence[JSON] = (),
 ) -> dra.PoolPlan:
     """The writes that make `pool` hold `instance`'s devices on exactly its nodes, or nothing.
+
+    `held`: devices that vanished and are in their offline grace (`dra.hold_vanished`), kept
+    beside them, tainted; with no Instance they are published where the pool already is.
 
     `hostname`: node name -> its `kubernetes.io/hostname` label, for the nodes whose Node says
     so; any other node is selected by its name (which is what the kubelet sets the label to).
     """
-    if instance is None or not publishes(instance) or shared_pool_of(instance) != pool:
+    wanted = wanted_devices(pool, instance, consumable=consumable)
+    if instance is None or not wanted:
+        if held and existing:  # in their offline grace: where and as the pool was published
+            meta, spec = existing[0].get("metadata") or {}, existing[0].get("spec") or {}
+            placement = {k: spec[k] for k in ("nodeSelector", "allNodes") if k in spec}
+            labels = dict(meta.get("labels") or {})
+            return dra.plan_pool(pool, held, placement, existing, labels=labels, written=written)
         return dra.plan_pool(pool, [], {}, existing, written=written)
-    devices = dra.pool_devices([instance], consumable=consumable).devices
     nodes = [hostname.get(n, n) for n in instance.spec.nodes]
     return dra.plan_pool(
         pool,
-        devices,
+        [*wanted, *held],
         dra.shared_placement(nodes),
         existing,
         labels=dra.pool_labels("shared", instance.metadata.namespace),

@@ -27,6 +27,7 @@ from akri_trio.controller.dra import (
     is_our_class,
     plan_shared_pool,
     shared_pool_of,
+    wanted_devices,
 )
 from akri_trio.controller.metrics import ControllerMetrics
 from akri_trio.dra import DEVICE_CLASSES, RESOURCE_CLAIM_TEMPLATES, RESOURCE_SLICES
@@ -35,6 +36,7 @@ from akri_trio.kube import (
     AlreadyExists,
     ApiError,
     Backoff,
+    Change,
     Client,
     Conflict,
     Mapper,
@@ -75,13 +77,30 @@ async def probe_consumable_capacity(api: Client) -> bool:
 # --- caches ----------------------------------------------------------------------------------
 
 
-def class_key(obj: JSON) -> ObjectKey | None:
-    """A Configuration's DeviceClass, as the key its reconcile runs under."""
+def _class_key(obj: JSON, class_name: Callable[[str, str], str]) -> ObjectKey | None:
     meta = obj.get("metadata") or {}
     name, namespace = meta.get("name"), meta.get("namespace")
     if not name or not namespace:
         return None
-    return ObjectKey("", dra.device_class_name(str(name), str(namespace)))
+    return ObjectKey("", class_name(str(name), str(namespace)))
+
+
+def class_key(obj: JSON) -> ObjectKey | None:
+    """A Configuration's DeviceClass, as the key its reconcile runs under."""
+    return _class_key(obj, dra.device_class_name)
+
+
+def instance_class_key(obj: JSON) -> ObjectKey | None:
+    """An Instance's DeviceClass, as the key its reconcile runs under."""
+    return _class_key(obj, dra.instance_class_name)
+
+
+def instance_class_keys(change: Change) -> list[ObjectKey]:
+    """The class queue's mapper for Instances: their class, when one comes or goes (nothing
+    else about an Instance changes its class)."""
+    if change.old is not None and change.new is not None:
+        return []
+    return [k for k in [instance_class_key(change.old or change.new or {})] if k is not None]
 
 
 def shared_pool_key(obj: JSON) -> ObjectKey | None:
@@ -96,7 +115,10 @@ CLASS_INDEX: Final = "deviceclass"
 POOL_INDEX: Final = "sharedpool"
 # Added to the controller's Configuration and Instance stores in DRA mode.
 CONFIGURATION_INDEXES: Final = {CLASS_INDEX: by_field(class_key)}
-INSTANCE_INDEXES: Final = {POOL_INDEX: by_field(shared_pool_key)}
+INSTANCE_INDEXES: Final = {
+    POOL_INDEX: by_field(shared_pool_key),
+    CLASS_INDEX: by_field(instance_class_key),
+}
 
 
 def pool_key(obj: JSON) -> ObjectKey | None:
@@ -151,14 +173,24 @@ class DraReconcilers:
     # pool -> the highest generation this controller wrote: a pool deleted and published
     # again never repeats a generation a consumer may still hold.
     written: dict[str, int] = attrs.field(factory=dict)
+    offline_grace: float = dra.OFFLINE_GRACE_S
+    # pool -> (the devices last wanted, the vanished ones in their offline grace): this run's
+    # memory, so a restarted controller deletes at once what has no Instance.
+    grace: dict[str, tuple[tuple[JSON, ...], dict[str, dra.Vanished]]] = attrs.field(factory=dict)
 
     def _count(self, kind: str, verb: str) -> None:
         self.metrics.writes.labels(kind=kind, verb=verb).inc()
 
     async def device_class(self, key: ObjectKey) -> Requeue | None:
+        instances = []
+        for k in self.instances.keys_for(CLASS_INDEX, key):
+            instance = self.read_instance(k)
+            if instance is not None:
+                instances.append((k.namespace, k.name, instance.spec.configuration_name))
         wanted = class_wanted(
             [(k.namespace, k.name) for k in self.configurations.keys_for(CLASS_INDEX, key)],
             key.name,
+            instances,
         )
         existing = self.c.classes.get(key)
         if wanted is None:
@@ -166,7 +198,7 @@ class DraReconcilers:
                 uid = (existing.get("metadata") or {}).get("uid")
                 try:
                     await self.api.delete(DEVICE_CLASSES, key.name, uid=uid)
-                    log.info("deleted DeviceClass %s (no Configuration)", key.name)
+                    log.info("deleted DeviceClass %s (no Configuration or Instance)", key.name)
                 except (NotFound, Conflict):
                     pass
                 self._count("DeviceClass", "delete")
@@ -196,6 +228,12 @@ class DraReconcilers:
                 instance = candidate
                 break
         existing = list(self.c.slices.select("pool", key).values())
+        wanted = wanted_devices(pool, instance, consumable=self.consumable)
+        previous, vanished = self.grace.pop(pool, ((), {}))
+        now = trio.current_time()
+        step = dra.hold_vanished(wanted, previous, vanished, now=now, grace=self.offline_grace)
+        if wanted or step.vanished:
+            self.grace[pool] = (tuple(wanted), dict(step.vanished))
         plan = plan_shared_pool(
             pool,
             instance,
@@ -203,9 +241,12 @@ class DraReconcilers:
             hostname={} if instance is None else self._hostnames(instance),
             consumable=self.consumable,
             written=self.written.get(pool, 0),
+            held=[d for d in step.devices if d["name"] in step.vanished],
         )
+        # A grace ending is a change nothing else reports: look again then.
+        again = None if step.next_deadline is None else Requeue(step.next_deadline - now)
         if plan.unchanged:
-            return None
+            return again
         # Apply first, delete after: at every moment the highest generation is a whole pool.
         await run_all([partial(self._apply_slice, body) for body in plan.apply])
         if plan.apply:
@@ -227,7 +268,7 @@ class DraReconcilers:
                 len(plan.apply),
             )
         await run_all([partial(self._delete_slice, name) for name in plan.delete])
-        return None
+        return again
 
     async def _apply_slice(self, body: JSON) -> None:
         await self.api.apply(RESOURCE_SLICES, body, field_manager=FIELD_MANAGER, force=True)

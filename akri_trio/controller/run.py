@@ -11,7 +11,7 @@
             ├── services queue   Configuration key  its Services          (reconcilers.services)
             ├── node queue       Node key           lost-node cleanup     (reconcilers.node)
             │   in DRA mode (`--allocation dra`) also, from our DeviceClasses and shared slices:
-            ├── class queue      DeviceClass name   a Configuration's class (dra_reconcilers)
+            ├── class queue      DeviceClass name   a Configuration's or Instance's class
             └── pool queue       pool name          a shared Instance's pool (dra_reconcilers)
 
 The standby keeps no watches: becoming leader lists everything afresh, so a new leader never
@@ -49,6 +49,7 @@ from akri_trio.controller.dra_reconcilers import (
     DraReconcilers,
     class_key,
     class_selector,
+    instance_class_keys,
     keys,
     pool_key,
     probe_consumable_capacity,
@@ -493,7 +494,9 @@ async def _dra_controllers(
     return {
         "deviceclass": Controller(
             _measured("deviceclass", dra.device_class, metrics), dra_caches.classes, drain=0
-        ).watches(caches.configurations, keys(class_key)),
+        )
+        .watches(caches.configurations, keys(class_key))
+        .watches(caches.instances, instance_class_keys),
         "pool": Controller(
             _measured("pool", dra.shared_pool, metrics),
             dra_caches.slices,

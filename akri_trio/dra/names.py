@@ -22,6 +22,8 @@ ATTRIBUTE_VALUE_MAX: Final = 64  # string attributes
 POOL_NAME_MAX: Final = 253
 OBJECT_NAME_MAX: Final = 253  # DeviceClass, ResourceSlice: DNS subdomains
 HASH_CHARS: Final = 10
+EXTENDED_NAME_MAX: Final = 63  # the name part of an extended resource name
+INSTANCE_CLASS_DOMAIN: Final = f"instance.{DOMAIN}"  # Instance classes end in it
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _NOT_LABEL_CHAR = re.compile(r"[^a-z0-9-]+")
@@ -68,11 +70,29 @@ def fit_value(text: str) -> str:
 def device_class_name(configuration: str, namespace: str) -> str:
     """`<configuration>.<namespace>.akri.sh`; an overlong one keeps its tail and hashes the
     Configuration's name."""
-    name = f"{configuration}.{namespace}.{DOMAIN}"
+    return _class_name(configuration, f".{namespace}.{DOMAIN}")
+
+
+def instance_class_name(instance: str, namespace: str) -> str:
+    """`<instance>.<namespace>.instance.akri.sh`, the class of one Instance's devices; an
+    overlong one keeps its tail and hashes the Instance's name."""
+    return _class_name(instance, f".{namespace}.{INSTANCE_CLASS_DOMAIN}")
+
+
+def _class_name(head: str, tail: str) -> str:
+    name = f"{head}{tail}"
     if len(name) <= OBJECT_NAME_MAX:
         return name
-    tail = f".{namespace}.{DOMAIN}"
-    return f"{_hashed_label(configuration, DEVICE_NAME_MAX)}{tail}"
+    return f"{_hashed_label(head, DEVICE_NAME_MAX)}{tail}"
+
+
+def extended_resource_name(name: str) -> str | None:
+    """`akri.sh/<name>`, the extended resource a device plugin of that Configuration or
+    Instance serves, when it is one the API takes (the part after the slash a qualified name
+    of at most 63 chars; Akri's names of that length are DNS subdomains, which qualify)."""
+    if len(name) > EXTENDED_NAME_MAX or not is_dns_subdomain(name):
+        return None
+    return f"{DOMAIN}/{name}"
 
 
 def node_pool(node: str, namespace: str) -> str:

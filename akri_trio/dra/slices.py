@@ -1,11 +1,11 @@
 """Pools of devices as ResourceSlices: what to write so the API holds exactly one pool.
 
-A pool is published as one or more slices (at most 128 devices each), all at the pool's current
-`generation` with `resourceSliceCount` = their number; consumers use only the highest generation
-they see. `plan_pool` compares what the API holds with what should be there and answers with the
-slices to write (all at a bumped generation when anything changed, none when nothing did) and
-the slices to delete. The writer applies first and deletes after, so at every moment the highest
-generation is a complete pool.
+A pool is published as one or more slices (at most 128 devices each, 64 when any is tainted),
+all at the pool's current `generation` with `resourceSliceCount` = their number; consumers use
+only the highest generation they see. `plan_pool` compares what the API holds with what should
+be there and answers with the slices to write (all at a bumped generation when anything
+changed, none when nothing did) and the slices to delete. The writer applies first and deletes
+after, so at every moment the highest generation is a complete pool.
 
 Two kinds of pool:
 - a node pool (`spec.nodeName`): the non-shared Instances one agent serves on its node;
@@ -27,6 +27,7 @@ from akri_trio.dra.names import DRIVER, LABEL_NAMESPACE, slice_name
 from akri_trio.model.resources import JSON, Instance
 
 MAX_DEVICES_PER_SLICE: Final = 128
+MAX_TAINTED_DEVICES_PER_SLICE: Final = 64  # a slice with any device taint holds at most 64
 LABEL_POOL_KIND: Final = "akri.sh/pool-kind"
 HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
 
@@ -101,10 +102,25 @@ def generation_of(obj: Mapping[str, Any]) -> int:
 
 
 def _chunks(devices: Sequence[JSON]) -> list[list[JSON]]:
-    return [
-        list(devices[i : i + MAX_DEVICES_PER_SLICE])
-        for i in range(0, len(devices), MAX_DEVICES_PER_SLICE)
-    ]
+    size = (
+        MAX_TAINTED_DEVICES_PER_SLICE
+        if any(d.get("taints") for d in devices)
+        else MAX_DEVICES_PER_SLICE
+    )
+    return [list(devices[i : i + size]) for i in range(0, len(devices), size)]
+
+
+def _without_time_added(devices: Any) -> Any:
+    """Devices with their taints' `timeAdded` left out: the API server sets it."""
+    if not isinstance(devices, list):
+        return devices
+    out = []
+    for device in devices:
+        if isinstance(device, Mapping) and device.get("taints"):
+            taints = [{k: v for k, v in t.items() if k != "timeAdded"} for t in device["taints"]]
+            device = {**device, "taints": taints}
+        out.append(device)
+    return out
 
 
 def _slice(
@@ -145,12 +161,14 @@ def _pruned(value: Any) -> Any:
 
 def _essence(obj: Mapping[str, Any]) -> str:
     """What makes two slices of one generation the same slice: everything we write but the
-    generation (the API server adds only metadata we do not write, and omits empty fields)."""
+    generation (the API server adds only metadata we do not write and a taint's `timeAdded`,
+    and omits empty fields)."""
     meta = obj.get("metadata") or {}
     spec = dict(obj.get("spec") or {})
     pool = dict(spec.get("pool") or {})
     pool.pop("generation", None)
     spec["pool"] = pool
+    spec["devices"] = _without_time_added(spec.get("devices"))
     kept = {
         "name": meta.get("name"),
         "labels": meta.get("labels") or {},

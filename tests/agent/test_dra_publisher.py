@@ -73,7 +73,9 @@ async def test_publisher_keeps_the_node_pool_with_the_manifest_rbac(
     instances.apply(Init())
     instances.apply(InitApply(_instance("echo-aaaaaa", node, "a")))
     instances.apply(InitDone())
-    publisher = NodePoolPublisher(agent_api, instances, node, namespace=NS, consumable=consumable)
+    publisher = NodePoolPublisher(
+        agent_api, instances, node, namespace=NS, consumable=consumable, offline_grace=2.0
+    )
     async with trio.open_nursery() as nursery:
         try:
             await nursery.start(publisher.run)
@@ -113,10 +115,20 @@ async def test_publisher_keeps_the_node_pool_with_the_manifest_rbac(
             instances.apply(Delete(_instance("echo-aaaaaa", node, "a")))
             instances.apply(Delete(_instance("echo-bbbbbb", node, "b")))
 
+            async def tainted() -> bool:
+                devices = [d for s in await _slices(api, node) for d in s["spec"]["devices"]]
+                return bool(devices) and all(
+                    [{k: t[k] for k in ("key", "effect")} for t in d.get("taints", [])]
+                    == [dra.OFFLINE_TAINT]
+                    for d in devices
+                )
+
+            await until_api(tainted, what="the vanished devices tainted in their grace")
+
             async def gone() -> bool:
                 return not await _slices(api, node)
 
-            await until_api(gone, what="the pool deleted with its last Instance")
+            await until_api(gone, what="the pool deleted when the grace ended")
         finally:
             nursery.cancel_scope.cancel()
             with trio.move_on_after(10, shield=True):

@@ -151,7 +151,7 @@ async def test_a_shared_instance_is_one_pool_on_exactly_its_nodes(
         await make_instance(api, config, "cfg-local1", [node], shared=False)
         await make_instance(api, config, "cfg-shared", [node])
         pool = dra.shared_pool(ns, "cfg-shared")
-        async with controller(api, ns):
+        async with controller(api, ns) as running:
 
             async def on(nodes: list[str]) -> list[JSON]:
                 slices = await _pool(api, pool)
@@ -181,13 +181,29 @@ async def test_a_shared_instance_is_one_pool_on_exactly_its_nodes(
             (second,) = await until(lambda: on([node, other]), what=f"{other} in the selector")
             assert dra.generation_of(second) > generation
 
-            # The device vanishes: its slice goes with the Instance.
+            # The device vanishes: its devices stay tainted for the offline grace (shortened
+            # here), on the same nodes, then the pool goes.
+            assert running.reconcilers is not None and running.reconcilers.dra is not None
+            running.reconcilers.dra.offline_grace = 3.0
             await api.delete(INSTANCES, "cfg-shared", namespace=ns)
+
+            async def tainted() -> list[JSON]:
+                slices = await _pool(api, pool)
+                devices = [d for s in slices for d in s["spec"]["devices"]]
+                offline = all(
+                    [{k: t[k] for k in ("key", "effect")} for t in d.get("taints", [])]
+                    == [dra.OFFLINE_TAINT]
+                    for d in devices
+                )
+                return slices if devices and offline else []
+
+            (held,) = await until(tainted, what="the vanished devices tainted")
+            assert _selected(held) == sorted([node, other])
 
             async def gone() -> bool:
                 return not await _pool(api, pool)
 
-            await until(gone, what="the pool deleted with its Instance")
+            await until(gone, what="the pool deleted when the grace ended")
 
 
 async def test_brokers_claim_their_instance_and_the_scheduler_allocates_it(

@@ -25,11 +25,14 @@ from akri_trio.controller.dra import (
 from akri_trio.controller.dra_reconcilers import (
     class_key,
     class_selector,
+    instance_class_key,
+    instance_class_keys,
     pool_key,
     shared_pool_key,
     slice_selector,
 )
 from akri_trio.controller.names import claim_template_name
+from akri_trio.kube import Change
 from akri_trio.model import naming
 from tests.controller.objects import CONFIG, INSTANCE, configuration, instance
 
@@ -64,6 +67,26 @@ def test_no_configuration_wants_an_orphaned_class() -> None:
     assert class_wanted([], dra.device_class_name(CONFIG, "ns")) is None
 
 
+def test_an_instance_wants_its_class_for_its_extended_resource() -> None:
+    name = dra.instance_class_name(INSTANCE, "ns")
+    wanted = class_wanted([], name, [("ns", INSTANCE, CONFIG)])
+    assert wanted == dra.instance_class(CONFIG, "ns", INSTANCE)
+    assert wanted["spec"]["extendedResourceName"] == f"akri.sh/{INSTANCE}"
+    assert is_our_class(wanted)
+    # Its Configuration's class is another one, and the Instance gone leaves it to deletion.
+    assert class_wanted([], dra.device_class_name(CONFIG, "ns"), [("ns", INSTANCE, CONFIG)]) is None
+    assert class_wanted([("ns", CONFIG)], name) is None
+
+
+def test_an_instance_maps_to_its_class_only_when_it_comes_or_goes() -> None:
+    obj: JSON = {"metadata": {"name": INSTANCE, "namespace": "ns"}, "spec": {"nodes": ["n1"]}}
+    key = ObjectKey("", dra.instance_class_name(INSTANCE, "ns"))
+    assert instance_class_key(obj) == key
+    assert instance_class_keys(Change(ObjectKey("ns", INSTANCE), None, obj)) == [key]
+    assert instance_class_keys(Change(ObjectKey("ns", INSTANCE), obj, None)) == [key]
+    assert instance_class_keys(Change(ObjectKey("ns", INSTANCE), obj, obj)) == []
+
+
 def test_a_class_with_our_spec_and_labels_is_up_to_date_whatever_else_it_holds() -> None:
     wanted = dra.device_class(CONFIG, "ns")
     stored = copy.deepcopy(wanted)
@@ -74,6 +97,17 @@ def test_a_class_with_our_spec_and_labels_is_up_to_date_whatever_else_it_holds()
     edited["spec"]["selectors"][0]["cel"]["expression"] = "true"
     assert not class_up_to_date(edited, wanted)
     assert not class_up_to_date(None, wanted)
+
+
+def test_a_class_whose_server_dropped_the_extended_resource_is_up_to_date() -> None:
+    """Before 1.36 the API server drops `extendedResourceName` (DRAExtendedResource off):
+    applying it again would change nothing, so the class is taken as it is."""
+    wanted = dra.device_class(CONFIG, "ns")
+    stored = copy.deepcopy(wanted)
+    del stored["spec"]["extendedResourceName"]
+    assert class_up_to_date(stored, wanted)
+    stored["spec"]["extendedResourceName"] = "akri.sh/other"
+    assert not class_up_to_date(stored, wanted)
 
 
 def test_a_class_without_our_label_is_not_ours() -> None:
@@ -128,6 +162,25 @@ def test_the_pool_goes_with_the_instance_its_nodes_or_its_sharing() -> None:
     ):
         plan = plan_shared_pool(POOL, gone, held, hostname={}, consumable=False)
         assert plan.apply == () and list(plan.delete) == names
+
+
+def test_devices_in_their_offline_grace_stay_where_the_pool_was() -> None:
+    """The Instance gone, its vanished devices (tainted) are published on the nodes and with
+    the labels of the pool as it is, beside any the Instance still has."""
+    inst = instance(nodes=("node-a", "node-b"))
+    held_slices = list(
+        _stored(plan_shared_pool(POOL, inst, [], hostname={}, consumable=True)).values()
+    )
+    vanished = [dra.tainted(d) for d in held_slices[0]["spec"]["devices"]]
+    plan = plan_shared_pool(POOL, None, held_slices, hostname={}, consumable=True, held=vanished)
+    (body,) = plan.apply
+    assert body["spec"]["devices"] == vanished
+    assert body["spec"]["nodeSelector"] == held_slices[0]["spec"]["nodeSelector"]
+    assert body["metadata"]["labels"] == held_slices[0]["metadata"]["labels"]
+    assert plan.generation == 2 and plan.delete == ()
+    # Nothing held: the pool goes, as before.
+    gone = plan_shared_pool(POOL, None, held_slices, hostname={}, consumable=True)
+    assert gone.apply == () and len(gone.delete) == 1
 
 
 def test_a_pool_published_again_never_repeats_a_generation() -> None:

@@ -19,6 +19,7 @@ from akri_trio.dra import (
     shared_placement,
 )
 from akri_trio.dra.names import node_pool
+from akri_trio.dra.offline import tainted
 from tests.dra.support import instance
 
 JSON = dict[str, Any]
@@ -95,6 +96,22 @@ def test_more_than_128_devices_split_into_slices_counted_in_each() -> None:
     assert [len(s["spec"]["devices"]) for s in plan.apply] == [128, 128, 44]
     assert {s["spec"]["pool"]["resourceSliceCount"] for s in plan.apply} == {3}
     assert len({s["metadata"]["name"] for s in plan.apply}) == 3
+
+
+def test_a_pool_with_a_tainted_device_holds_at_most_64_per_slice() -> None:
+    """The API refuses a slice of more than 64 devices when any of them has a taint."""
+    devices = [*_devices([f"d{i:03d}" for i in range(99)]), tainted(_devices(["x"])[0])]
+    plan = plan_pool(POOL, devices, node_placement("n1"), [])
+    assert [len(s["spec"]["devices"]) for s in plan.apply] == [64, 36]
+
+
+def test_the_time_the_api_server_adds_to_a_taint_is_no_change() -> None:
+    devices = [tainted(_devices(["a"])[0])]
+    (body,) = plan_pool(POOL, devices, node_placement("n1"), []).apply
+    stored = copy.deepcopy(body)
+    stored["spec"]["devices"][0]["taints"][0]["timeAdded"] = "2026-11-26T06:04:00Z"
+    assert plan_pool(POOL, devices, node_placement("n1"), [stored]).unchanged
+    assert not plan_pool(POOL, _devices(["a"]), node_placement("n1"), [stored]).unchanged
 
 
 def test_shared_placement_is_one_term_of_exactly_the_nodes() -> None:

@@ -5,8 +5,10 @@ The agent (`--allocation dra`, debugEcho shared) and the controller (`--allocati
 real processes scoped to this module's namespace; the kubelet, scheduler, controller-manager
 and containerd are the cluster's. Nothing here writes a DeviceClass, slice or claim template:
 the controller does. The story runs in file order: the class and the shared pool appear, a
-broker and a user's Pod run with the device's env, a third consumer waits for capacity, the
-device goes offline (its pool goes), and the Configuration's deletion removes its class.
+broker and a user's Pod run with the device's env, a third consumer waits for capacity, plain
+Pods asking Akri's extended resources (`akri.sh/<configuration>`, `akri.sh/<instance>`) in
+their limits run with it too, the device goes offline (tainted in its pool) and comes back
+(untainted), and the Configuration's deletion removes its classes.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ class Env:
         self.instance = naming.instance_name(CONFIG, naming.device_hash(DESCRIPTION, None))
         self.pool = dra.shared_pool(NS, self.instance)
         self.device_class = dra.device_class_name(CONFIG, NS)
+        self.instance_class = dra.instance_class_name(self.instance, NS)
 
     def start_controller(self) -> None:
         log = open(self.tmp / "controller.log", "ab")  # noqa: SIM115  (closed with the process)
@@ -96,7 +99,22 @@ class Env:
 
     def classes(self) -> list[str]:
         items = self.kubectl.json("get", "deviceclasses")["items"]
-        return [c["metadata"]["name"] for c in items if c["metadata"]["name"] == self.device_class]
+        ours = (self.device_class, self.instance_class)
+        return [c["metadata"]["name"] for c in items if c["metadata"]["name"] in ours]
+
+    def offline_taints(self) -> list[list[dict[str, str]]]:
+        """Per device of the pool, its taints (key and effect)."""
+        return [
+            [{"key": t["key"], "effect": t["effect"]} for t in d.get("taints", [])]
+            for s in self.slices()
+            for d in s["spec"]["devices"]
+        ]
+
+    def extended_pod(self, name: str, resource: str) -> None:
+        """A Pod written for device-plugin mode: Akri's resource in its limits, no claim."""
+        pod = busybox_pod(name, NS, SCRIPT)
+        pod["spec"]["containers"][0]["resources"] = {"limits": {resource: "1"}}
+        self.kubectl.apply(pod)
 
     def pod(self, name: str) -> None:
         pod = busybox_pod(name, NS, SCRIPT)
@@ -155,7 +173,7 @@ def e2e(node_cluster: dict[str, str], tmp_path_factory: pytest.TempPathFactory) 
         clear_namespace(env.kubectl, NS, CONFIG)
         env.stop_controller()
         env.agent.stop()
-        env.kubectl("delete", "deviceclass", env.device_class, check=False)
+        env.kubectl("delete", "deviceclass", env.device_class, env.instance_class, check=False)
         env.kubectl("delete", "resourceclaimtemplate", TEMPLATE, "-n", NS, check=False)
         for s in env.slices():
             env.kubectl("delete", "resourceslice", s["metadata"]["name"], check=False)
@@ -208,14 +226,45 @@ def test_a_third_consumer_waits_for_capacity(e2e: Env) -> None:
     e2e.kubectl("delete", "pod", "third", "-n", NS, "--wait=false")
 
 
-def test_offline_removes_the_shared_pool(e2e: Env) -> None:
+def test_the_classes_name_akris_extended_resources(e2e: Env) -> None:
+    until(lambda: len(e2e.classes()) == 2, what=f"DeviceClass {e2e.instance_class}")
+    for name, resource in (
+        (e2e.device_class, f"akri.sh/{CONFIG}"),
+        (e2e.instance_class, f"akri.sh/{e2e.instance}"),
+    ):
+        spec = e2e.kubectl.json("get", "deviceclass", name)["spec"]
+        assert spec["extendedResourceName"] == resource
+
+
+@pytest.mark.parametrize("level", ["configuration", "instance"])
+def test_a_plain_pod_asking_akris_resource_runs_with_the_device(e2e: Env, level: str) -> None:
+    """`akri.sh/<configuration>: 1` and `akri.sh/<instance>: 1`, unchanged from device-plugin
+    mode: the scheduler allocates the device through the class's claim, the agent prepares it."""
+    until(lambda: "third" not in e2e.kubectl("get", "pods", "-n", NS, "-o", "name"), seconds=60)
+    name = f"extended-{level}"
+    resource = f"akri.sh/{CONFIG if level == 'configuration' else e2e.instance}"
+    e2e.extended_pod(name, resource)
+    until(lambda: e2e.phase(name) == "Running", seconds=90, what=f"{name} Running")
+    assert until(lambda: e2e.logs(name)).get("DEBUG_ECHO_DESCRIPTION") == DESCRIPTION
+    status = e2e.pod_json(name)["status"]["extendedResourceClaimStatus"]
+    claim = e2e.kubectl.json("get", "resourceclaim", status["resourceClaimName"], "-n", NS)
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    assert result["driver"] == dra.DRIVER and result["pool"] == e2e.pool
+    e2e.kubectl("delete", "pod", name, "-n", NS, "--wait=true", "--timeout=60s")
+
+
+def test_offline_taints_the_shared_pool_and_online_untaints_it(e2e: Env) -> None:
+    """debugEcho OFFLINE: the Instance goes, its device stays in the pool tainted NoSchedule
+    for the offline grace (300 s); ONLINE within it: the same device, untainted."""
     e2e.availability.write_text("OFFLINE")
-    until(lambda: not e2e.slices(), seconds=60, what="the shared pool gone")
+    until(lambda: e2e.offline_taints() == [[dra.OFFLINE_TAINT]], seconds=60, what="tainted")
     e2e.availability.write_text("")
-    until(e2e.slices, seconds=60, what="the shared pool back")
+    until(lambda: e2e.offline_taints() == [[]], seconds=60, what="untainted")
 
 
-def test_deleting_the_configuration_removes_its_class_and_pool(e2e: Env) -> None:
+def test_deleting_the_configuration_removes_its_classes_and_taints_its_pool(e2e: Env) -> None:
+    """Its Instance goes with it, so its devices are in their offline grace: tainted, no new
+    allocation, and gone when it ends."""
     e2e.kubectl("delete", "configurations.akri.sh", CONFIG, "-n", NS, "--wait=true")
-    until(lambda: not e2e.classes(), seconds=60, what="the DeviceClass gone")
-    until(lambda: not e2e.slices(), seconds=60, what="the shared pool gone")
+    until(lambda: not e2e.classes(), seconds=60, what="the DeviceClasses gone")
+    until(lambda: e2e.offline_taints() == [[dra.OFFLINE_TAINT]], seconds=60, what="tainted")

@@ -4,7 +4,8 @@ the real kubelet preparing them through the agent's DRA plugin and containerd's 
 The agent runs as a real process scoped to this module's namespace, with the embedded debugEcho
 handler; the test creates the Configuration's DeviceClass itself from `dra.device_class`. One
 Configuration (capacity 2, two devices) serves the whole story, which runs in file order:
-publish, consume, share, refuse, free, survive an agent restart, go offline.
+publish, consume, share, refuse, free, survive an agent restart, go offline and come back
+within the offline grace.
 """
 
 from __future__ import annotations
@@ -234,11 +235,36 @@ def test_agent_restart_between_prepare_and_unprepare_loses_nothing(e2e: Env) -> 
     assert e2e.pod_phase("third") == "Running"
 
 
-def test_offline_removes_the_devices_from_the_slices(e2e: Env) -> None:
+def _offline_taints(e2e: Env) -> dict[str, list[dict[str, str]]]:
+    return {
+        name: [{"key": t["key"], "effect": t["effect"]} for t in d.get("taints", [])]
+        for name, d in e2e.devices().items()
+    }
+
+
+def test_offline_taints_the_devices_and_online_within_the_grace_untaints_them(e2e: Env) -> None:
+    """debugEcho OFFLINE: the Instances go, their devices stay in the pool tainted NoSchedule
+    (the grace is 300 s); the Pods running on them keep running with their claims. ONLINE
+    within the grace: the same devices, untainted, the same claims."""
+    names = set(e2e.devices())
+    claims = {pod: e2e.claim_uid(pod) for pod in ("third", "fourth")}
     e2e.availability.write_text("OFFLINE")
-    until(lambda: not e2e.devices(), seconds=30, what="no device of ours left in the slices")
+    taints = until(
+        lambda: (t := _offline_taints(e2e)) and all(t.values()) and t,
+        seconds=30,
+        what="every device tainted akri.sh/offline",
+    )
+    assert set(taints) == names
+    assert all(t == [dra.OFFLINE_TAINT] for t in taints.values())
+    assert all(e2e.pod_phase(pod) == "Running" for pod in claims)
     e2e.availability.write_text("")
-    until(lambda: len(e2e.devices()) >= 2, seconds=30, what="devices published again")
+    until(
+        lambda: (t := _offline_taints(e2e)) and set(t) == names and not any(t.values()),
+        seconds=30,
+        what="the devices published untainted again",
+    )
+    assert {pod: e2e.claim_uid(pod) for pod in claims} == claims
+    assert all(e2e.pod_phase(pod) == "Running" for pod in claims)
 
 
 def test_kubelet_restart_republishes_the_node_pool(e2e: Env) -> None:

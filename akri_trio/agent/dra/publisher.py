@@ -6,6 +6,11 @@ own), then deletions. Its own slices are watched, so a slice someone else delete
 wipes a node's slices when it starts, and 30 s after the node's plugin went away — is published
 again at once, at a generation above every one this run has written.
 
+A device that leaves (its Instance went: the device vanished from discovery) stays in its pool
+tainted `akri.sh/offline` NoSchedule for the offline grace (`dra.offline`), then leaves it; one
+back within the grace is published untainted again. The grace is remembered by this run only:
+a restarted agent publishes what it finds.
+
 Owned pools: the node pools (label `akri.sh/pool-kind=node`) on this node, of the agent's
 namespace when it watches one namespace, of every namespace otherwise. One agent per node
 serves DRA (`node.node_lock`): a second one, whatever namespace it watches, waits for the
@@ -30,10 +35,13 @@ from akri_trio.dra import (
     DRIVER,
     LABEL_NAMESPACE,
     LABEL_POOL_KIND,
+    OFFLINE_GRACE_S,
     RESOURCE_SLICES,
     Omitted,
     PoolPlan,
+    Vanished,
     generation_of,
+    hold_vanished,
     node_placement,
     plan_pool,
     pool_labels,
@@ -65,6 +73,7 @@ class NodePoolPublisher:
         namespace: str | None,
         consumable: bool,
         max_capacity: int = MAX_CAPACITY,
+        offline_grace: float = OFFLINE_GRACE_S,
     ) -> None:
         self.api = api
         self.max_capacity = max_capacity  # an Instance over it is published with this many
@@ -80,6 +89,10 @@ class NodePoolPublisher:
         self._decoded: dict[ObjectKey, tuple[str, Instance | None]] = {}
         self._dirty = Changed()
         self._published = Changed()
+        self.offline_grace = offline_grace
+        # pool -> (its namespace, the devices last wanted, the vanished ones in their grace)
+        self._grace: dict[str, tuple[str, tuple[JSON, ...], dict[str, Vanished]]] = {}
+        self._deadline = float("inf")  # when the next vanished device's grace ends
 
     def _instances(self) -> list[Instance]:
         decoded = {}
@@ -106,7 +119,7 @@ class NodePoolPublisher:
         return self.namespace is None or labels.get(LABEL_NAMESPACE) == self.namespace
 
     def plans(self) -> list[tuple[str, PoolPlan]]:
-        """What to write now, per pool (pure given the two caches)."""
+        """What to write now, per pool (from the two caches and the offline grace it keeps)."""
         desired = node_pools(self._instances(), self.node, consumable=self.consumable)
         if self.namespace is not None:
             desired = {p: v for p, v in desired.items() if v[0] == self.namespace}
@@ -120,12 +133,21 @@ class NodePoolPublisher:
                 namespaces.setdefault(pool, str(labels.get(LABEL_NAMESPACE, "")))
         for _, pool_devices in desired.values():
             self._report_omitted(pool_devices.omitted.items())
+        for pool, (namespace, _, vanished) in self._grace.items():
+            if vanished:
+                namespaces.setdefault(pool, namespace)
         plans = []
+        now, self._deadline = trio.current_time(), float("inf")
         for pool in sorted(namespaces):
-            devices = desired[pool][1].devices if pool in desired else ()
+            wanted = desired[pool][1].devices if pool in desired else ()
+            _, previous, vanished = self._grace.get(pool, ("", (), {}))
+            held = hold_vanished(wanted, previous, vanished, now=now, grace=self.offline_grace)
+            self._grace[pool] = (namespaces[pool], wanted, dict(held.vanished))
+            if held.next_deadline is not None:
+                self._deadline = min(self._deadline, held.next_deadline)
             plan = plan_pool(
                 pool,
-                devices,
+                held.devices,
                 node_placement(self.node),
                 existing.get(pool, []),
                 labels=pool_labels("node", namespaces[pool]),
@@ -214,7 +236,8 @@ class NodePoolPublisher:
             task_status.started()
             seen = 0
             while True:
-                seen = await self._dirty.wait_past(seen)
+                with trio.move_on_at(self._deadline):  # a grace ending is a change too
+                    seen = await self._dirty.wait_past(seen)
                 await trio.sleep(SETTLE_S)
                 try:
                     await self.publish_once()
