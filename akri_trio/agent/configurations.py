@@ -552,6 +552,7 @@ class ConfigurationReconciler:
             unsolvable_reason=unsolvable_reason,
             refused_devices=refused_devices or [],
             refused=refused,
+            handler_problems=result.handler_problems if result else (),
             broker_info_problems=(
                 None
                 if self.broker_info_problems is None

@@ -6,7 +6,8 @@ later) gets one Discover stream for this Configuration. Each message on a stream
 endpoint's full device list and replaces its previous one. Each list is checked first
 (discovery.device_rules: a device that fails is dropped with a reason for the status); the lists
 are then merged (first endpoint wins a duplicated id), cut to the per-Configuration cap, and each
-device carries its endpoint's `shared` flag.
+device carries its endpoint's `shared` flag. A message's `problems` (our extension of the
+protocol) replace that endpoint's lines for the Configuration's status, bounded like the status.
 
 A stream that ends or fails drops its endpoint's devices at once and marks it Offline; we
 reconnect with backoff while it stays registered (a re-registration retries at once). An
@@ -31,6 +32,7 @@ import attrs
 import purerpc
 import trio
 
+from akri_trio.agent.status import bounded_lines
 from akri_trio.discovery.device_rules import DeviceRules, check_devices
 from akri_trio.discovery.host_critical import host_check
 from akri_trio.discovery.interface import InvalidDetails, discover_changes
@@ -59,6 +61,8 @@ RECONNECT_BACKOFF: Final = Backoff(base=1.0, cap=30.0)
 INLINE_DEVICES: Final = 256
 # Turns one message of a handler into its devices (decoding is part of the cost of a list).
 Decode = Callable[[], list[Device]]
+# Takes in one message of a handler: its devices (decoded when needed), how many, its problems.
+Accept = Callable[[Decode, int, list[str]], Awaitable[None]]
 
 
 @attrs.frozen
@@ -97,6 +101,8 @@ class DiscoveryResult:
     invalid: tuple[str, ...] = ()
     # Devices dropped (device_rules) or cut by the per-Configuration cap, one line each.
     refused: tuple[str, ...] = ()
+    # What the handlers say they cannot discover (DiscoverResponse.problems), "endpoint: line".
+    handler_problems: tuple[str, ...] = ()
 
 
 def merge(
@@ -139,6 +145,7 @@ class _Discovery:
         self.rules = rules
         self.lists: dict[str, list[Device]] = {}
         self.refused: dict[str, list[str]] = {}  # endpoint -> devices dropped from its list
+        self.reported: dict[str, list[str]] = {}  # endpoint -> its problems, bounded
         self.invalid: dict[str, str] = {}  # endpoint -> the handler's InvalidArgument message
         # Bumped by a re-registration of the endpoint: it is alive, skip the backoff.
         self.retry_now: dict[str, Changed] = {}
@@ -161,6 +168,7 @@ class _Discovery:
         for endpoint in gone:
             self.lists.pop(endpoint, None)
             self.refused.pop(endpoint, None)
+            self.reported.pop(endpoint, None)
             self.invalid.pop(endpoint, None)
             self.retry_now.pop(endpoint, None)
         for endpoint in current:
@@ -214,6 +222,12 @@ class _Discovery:
             pending=pending,
             invalid=tuple(invalid),
             refused=tuple(refused),
+            handler_problems=tuple(
+                f"{endpoint}: {line}"
+                for endpoint in sorted(self.reported)
+                if endpoint in registrations
+                for line in self.reported[endpoint]
+            ),
         )
 
     # ---- one endpoint -------------------------------------------------------------------------
@@ -255,7 +269,7 @@ class _Discovery:
         got_messages = False
         outcome: Outcome | None = None
 
-        async def accept(decode: Decode, count: int) -> None:
+        async def accept(decode: Decode, count: int, problems: list[str]) -> None:
             nonlocal got_messages
             got_messages = True
             host = host_check(self.rules.host_allowances, user.partition("/")[0])
@@ -279,6 +293,7 @@ class _Discovery:
                 )
             self.lists[endpoint] = kept
             self.refused[endpoint] = refused
+            self.reported[endpoint] = bounded_lines(problems)  # as much as the status shows
             self.invalid.pop(endpoint, None)
             self.wake.bump()
 
@@ -317,6 +332,7 @@ class _Discovery:
         finally:
             self.lists.pop(endpoint, None)
             self.refused.pop(endpoint, None)
+            self.reported.pop(endpoint, None)
             self.wake.bump()
             if outcome == "lost" and not cancelled:
                 self.registry.stream_lost(name, endpoint, user)
@@ -324,22 +340,25 @@ class _Discovery:
                 self.registry.stream_closed(name, endpoint, user)
         return outcome, got_messages
 
-    async def _embedded(
-        self, registration: Registration, accept: Callable[[Decode, int], Awaitable[None]]
-    ) -> None:
+    async def _embedded(self, registration: Registration, accept: Accept) -> None:
         handler = registration.handler
         assert handler is not None, "embedded registrations carry their handler"
         details = handler.parse_details(self.request.details)
         self.registry.stream_opened(registration.name, registration.endpoint, self.request.key)
 
+        problems: list[str] = []
+
         async def send(devices: list[Device]) -> None:
-            await accept(lambda: devices, len(devices))
+            await accept(lambda: devices, len(devices), problems)
 
-        await discover_changes(handler, details, self.request.properties, send)
+        async def report(lines: tuple[str, ...]) -> None:
+            problems[:] = lines
+            self.reported[registration.endpoint] = bounded_lines(lines)
+            self.wake.bump()
 
-    async def _remote(
-        self, registration: Registration, accept: Callable[[Decode, int], Awaitable[None]]
-    ) -> None:
+        await discover_changes(handler, details, self.request.properties, send, report=report)
+
+    async def _remote(self, registration: Registration, accept: Accept) -> None:
         message = request_to_proto(self.request.details, self.request.properties)
         async with open_channel(registration.endpoint) as channel:
             self.registry.stream_opened(registration.name, registration.endpoint, self.request.key)
@@ -347,7 +366,9 @@ class _Discovery:
             async with aclosing(stub.Discover(message)) as responses:  # type: ignore[type-var]
                 async for response in responses:
                     await accept(
-                        functools.partial(response_from_proto, response), len(response.devices)
+                        functools.partial(response_from_proto, response),
+                        len(response.devices),
+                        list(response.problems),
                     )
 
 

@@ -1,11 +1,11 @@
 """What the agent tells `kubectl describe`: Events on Configurations and Instances.
 
 The Configuration's status says what is wrong *now*; Events say what happened and when: a
-handler that went away, details a handler rejected, a Secret that is missing, devices found and
-lost, an Allocate refused and why, slots the reclaimer took back. Deciding which Events a change
-means is pure (`condition_events`, `device_events`); `AgentEvents` hands them to the recorder,
-which never blocks (akri_trio.kube.events). Without a recorder (`AgentEvents()`), nothing is
-recorded, so callers need no checks.
+handler that went away, details a handler rejected, problems a handler reports, a Secret that
+is missing, devices found and lost, an Allocate refused and why, slots the reclaimer took back.
+Deciding which Events a change means is pure (`condition_events`, `device_events`);
+`AgentEvents` hands them to the recorder, which never blocks (akri_trio.kube.events). Without
+a recorder (`AgentEvents()`), nothing is recorded, so callers need no checks.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ CONDITION_REASONS = {
     "Accepted": "ConfigurationRefused",
     "DevicesAccepted": "DevicesRefused",
     "BrokerInfoValid": "BrokerInfoSkipped",
+    "DiscoveryHealthy": "DiscoveryProblems",
 }
 
 

@@ -32,13 +32,14 @@ def _cut(line: str) -> str:
     return line if len(line) <= MAX_LINE_CHARS else line[:MAX_LINE_CHARS] + "..."
 
 
-def _bounded(lines: Sequence[str]) -> list[str]:
+def bounded_lines(lines: Sequence[str]) -> list[str]:
+    """The first MAX_LISTED of `lines`, each cut to MAX_LINE_CHARS, then "and N more"."""
     more = len(lines) - MAX_LISTED
     return [_cut(line) for line in lines[:MAX_LISTED]] + ([f"and {more} more"] if more > 0 else [])
 
 
 def _listed(lines: Sequence[str]) -> str:
-    return "; ".join(_bounded(lines))
+    return "; ".join(bounded_lines(lines))
 
 
 def _handler_state(status: HandlerStatus, to_wall: Callable[[float], str]) -> JSON:
@@ -83,6 +84,7 @@ def node_entry(
     refused_devices: Sequence[str] = (),
     refused: tuple[str, str] | None = None,
     broker_info_problems: Sequence[str] | None = None,
+    handler_problems: Sequence[str] = (),
 ) -> JSON:
     """The status entry for `node`; `previous` is its current entry (or None).
 
@@ -90,6 +92,7 @@ def node_entry(
     when this node serves nothing of the Configuration at all (Accepted), e.g. its name is
     another namespace's on this node's kubelet, or its capacity is over the agent's maximum.
     `broker_info_problems`: files brokerInfo skipped (None: brokerInfo is off, no condition).
+    `handler_problems`: what the handlers say they cannot discover (DiscoveryHealthy).
     """
     prev_conditions = {c["type"]: c for c in (previous or {}).get("conditions") or []}
     if unsolvable is not None:
@@ -142,7 +145,15 @@ def node_entry(
         accepted = _condition("Accepted", False, refused[0], _cut(refused[1]), prev_conditions, now)
     else:
         accepted = _condition("Accepted", True, "Accepted", "", prev_conditions, now)
-    conditions = [accepted, available, details, props, devices]
+    healthy = _condition(
+        "DiscoveryHealthy",
+        not handler_problems,
+        "HandlerProblems" if handler_problems else "Healthy",
+        _listed(handler_problems),
+        prev_conditions,
+        now,
+    )
+    conditions = [accepted, available, details, props, devices, healthy]
     if broker_info_problems is not None:
         conditions.append(
             _condition(
@@ -161,6 +172,6 @@ def node_entry(
             {"endpoint": endpoint, **_handler_state(status, to_wall)}
             for endpoint, status in sorted(handlers.items())
         ],
-        "problems": _bounded(other_problems),
+        "problems": bounded_lines(other_problems),
         "conditions": conditions,
     }

@@ -11,6 +11,10 @@ path and `standalone.py` drive the very same object. A handler is:
 - `discover(details, properties, send)`: runs until cancelled and `send`s the FULL device list
   whenever it may have changed. `discover_changes` wraps it so that only real changes (and
   always the first list) go out, which is upstream's "send only on change" rule in one place.
+  A handler may also say what it cannot discover (cameras refusing the credentials, say) with
+  `report_problems(send, lines)`: the full current set of lines for the Configuration's status,
+  `[]` once resolved. The `send` that `discover_changes` hands out carries them to its `report`
+  callback; a plain `send` (a test's function) drops them.
 
 The small YAML helpers below keep every handler's errors worded the same way. discoveryDetails
 are written by whoever may create a Configuration, so `load_mapping` bounds what a document
@@ -24,7 +28,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, ParamSpec, Protocol, TypeVar
 
 import yaml
@@ -44,6 +48,8 @@ DetailsT_co = TypeVar("DetailsT_co", covariant=True)
 
 # The handler hands over the full list each time; `send` may wait (back-pressure).
 Send = Callable[[list[Device]], Awaitable[None]]
+# Takes the handler's problems (full set each time); see `report_problems`.
+Report = Callable[[tuple[str, ...]], Awaitable[None]]
 # discoveryProperties as the agent resolved them: None = declared without a value.
 Properties = Mapping[str, bytes | None]
 
@@ -81,24 +87,49 @@ def _canonical(devices: Iterable[Device]) -> list[Device]:
     return sorted(devices, key=lambda d: d.id)
 
 
+class ChangesOnly:
+    """The `send` that `discover_changes` gives a handler: passes on device lists and
+    problems that differ from the last ones passed on."""
+
+    def __init__(self, send: Send, report: Report | None) -> None:
+        self._send = send
+        self._report = report
+        self._last: list[Device] | None = None
+        self._problems: tuple[str, ...] = ()
+
+    async def __call__(self, devices: list[Device]) -> None:
+        current = _canonical(devices)
+        if current != self._last:
+            self._last = current
+            await self._send(list(current))
+
+    async def problems(self, lines: Sequence[str]) -> None:
+        current = tuple(lines)
+        if current != self._problems:
+            self._problems = current
+            if self._report is not None:
+                await self._report(current)
+
+
+async def report_problems(send: Send, lines: Sequence[str]) -> None:
+    """For a handler: replace its problems for the Configuration's status with `lines`
+    (sent on only when they change; dropped when `send` is not `discover_changes`' own)."""
+    if isinstance(send, ChangesOnly):
+        await send.problems(lines)
+
+
 async def discover_changes(
     handler: DiscoveryHandler[DetailsT],
     details: DetailsT,
     properties: Properties,
     send: Send,
+    *,
+    report: Report | None = None,
 ) -> None:
     """Run `handler.discover`, passing on the first list and then only lists that differ from
-    the last one passed on (ignoring order). Lists go out sorted by device id."""
-    last: list[Device] | None = None
-
-    async def send_if_changed(devices: list[Device]) -> None:
-        nonlocal last
-        current = _canonical(devices)
-        if current != last:
-            last = current
-            await send(list(current))
-
-    await handler.discover(details, properties, send_if_changed)
+    the last one passed on (ignoring order). Lists go out sorted by device id. The handler's
+    problems go to `report` (when given) as they change; none at first."""
+    await handler.discover(details, properties, ChangesOnly(send, report))
 
 
 # ---- details parsing helpers (pure) -------------------------------------------------------------

@@ -75,14 +75,29 @@ class DiscoveryHandlerService(DiscoveryHandlerServicer):
             raise purerpc.InvalidArgumentError(str(exc)) from exc
         properties = properties_from_proto(request)
 
-        send_lists, receive_lists = trio.open_memory_channel[list[Device]](0)
+        # (devices, problems), one DiscoverResponse each; problems wait for the first list.
+        send_lists, receive_lists = trio.open_memory_channel[tuple[list[Device], tuple[str, ...]]](
+            0
+        )
         producer_scope = trio.CancelScope()
         failure: list[Exception] = []
+        last: tuple[list[Device] | None, tuple[str, ...]] = (None, ())
+
+        async def send(devices: list[Device]) -> None:
+            nonlocal last
+            last = (devices, last[1])
+            await send_lists.send((devices, last[1]))
+
+        async def report(problems: tuple[str, ...]) -> None:
+            nonlocal last
+            last = (last[0], problems)
+            if last[0] is not None:
+                await send_lists.send((last[0], problems))
 
         async def produce() -> None:
             with producer_scope, send_lists:
                 try:
-                    await discover_changes(self.handler, details, properties, send_lists.send)
+                    await discover_changes(self.handler, details, properties, send, report=report)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     pass  # the stream is gone; nobody wants the list
                 except Exception as exc:
@@ -92,8 +107,8 @@ class DiscoveryHandlerService(DiscoveryHandlerServicer):
         self._nursery.start_soon(produce)
         finished = False
         try:
-            async for devices in receive_lists:
-                yield response_to_proto(devices)
+            async for devices, problems in receive_lists:
+                yield response_to_proto(devices, problems)
             finished = True
         finally:
             # Synchronous on purpose: this may run from purerpc's aclose() in a cancelled

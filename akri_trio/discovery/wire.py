@@ -41,8 +41,11 @@ def device_from_proto(msg: pb.Device) -> Device:
     )
 
 
-def response_to_proto(devices: Iterable[Device]) -> pb.DiscoverResponse:
-    return pb.DiscoverResponse(devices=[device_to_proto(d) for d in devices])
+def response_to_proto(
+    devices: Iterable[Device], problems: Iterable[str] = ()
+) -> pb.DiscoverResponse:
+    # `problems` is our extension (field 100): upstream agents skip it.
+    return pb.DiscoverResponse(devices=[device_to_proto(d) for d in devices], problems=problems)
 
 
 def response_from_proto(msg: pb.DiscoverResponse) -> list[Device]:

@@ -148,6 +148,7 @@ async def test_discovered_devices_become_instances_and_plugins(akri: Client, nod
         "DiscoveryDetailsValid": "True",
         "PropertiesResolved": "True",
         "DevicesAccepted": "True",
+        "DiscoveryHealthy": "True",
     }
 
 

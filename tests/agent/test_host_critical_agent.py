@@ -18,6 +18,7 @@ import trio
 from akri_trio.agent.configurations import ConfigurationLimits
 from akri_trio.agent.run import AgentSettings, run_agent
 from akri_trio.discovery.device_rules import DeviceRules
+from akri_trio.discovery.interface import AnyHandler
 from akri_trio.kube import Resource
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
 from tests.discovery.test_host_critical import root_disk
@@ -35,7 +36,14 @@ class Running:
 
 
 @asynccontextmanager
-async def run(space: Space, tmp: Path, allow: dict[str, frozenset[str]]) -> AsyncIterator[Running]:
+async def run(
+    space: Space,
+    tmp: Path,
+    allow: dict[str, frozenset[str]],
+    handlers: tuple[AnyHandler, ...] = (),
+) -> AsyncIterator[Running]:
+    """An agent for a made-up node watching only `space`, with a kubelet stand-in: the
+    embedded udev handler, or `handlers` when given."""
     node = f"host-critical-{secrets.token_hex(2)}"
     kubelet = KubeletStandin(tmp / "device-plugins").start()
     settings = AgentSettings(
@@ -44,7 +52,8 @@ async def run(space: Space, tmp: Path, allow: dict[str, frozenset[str]]) -> Asyn
         device_plugin_dir=tmp / "device-plugins",
         pod_resources_socket=tmp / "pod-resources.sock",
         namespace=space.name,
-        embedded_handlers=("udev",),
+        embedded_handlers=() if handlers else ("udev",),
+        handlers=handlers,
         metrics_port=None,
         limits=ConfigurationLimits(devices=DeviceRules(host_allowances=allow)),
     )
@@ -69,11 +78,14 @@ def udev_config(name: str, namespace: str, rule: str) -> dict[str, Any]:
     }
 
 
-async def devices_accepted(space: Space, name: str, node: str) -> tuple[str, str] | None:
+async def devices_accepted(
+    space: Space, name: str, node: str, kind: str = "DevicesAccepted"
+) -> tuple[str, str] | None:
+    """(status, message) of `node`'s condition `kind` in Configuration `name`'s status."""
     obj = await space.api.get(CONFIGURATIONS, name, namespace=space.name)
     for entry in (obj.get("status") or {}).get("nodes") or []:
         for c in entry.get("conditions") or [] if entry["node"] == node else []:
-            if c["type"] == "DevicesAccepted":
+            if c["type"] == kind:
                 return c["status"], c["message"]
     return None
 

@@ -31,11 +31,13 @@ from lxml import etree
 
 from akri_trio.discovery.handlers.onvif import (
     Onvif,
+    OnvifDetails,
     RefusalChanges,
     Refusals,
     next_refusals,
     parse_details,
     query_camera,
+    refusal_problems,
     report_refused,
 )
 from akri_trio.discovery.handlers.onvif_device import (
@@ -54,6 +56,7 @@ from akri_trio.discovery.handlers.onvif_probe import (
     new_message_id,
     probe_interfaces,
 )
+from akri_trio.discovery.interface import discover_changes
 from akri_trio.model.device import Device
 
 NS = {
@@ -392,6 +395,68 @@ def test_refusal_changes_are_news_only() -> None:
         {"a": "401"},
         RefusalChanges({}, ()),
     )
+
+
+def test_the_status_line_counts_refusing_cameras_and_names_a_few() -> None:
+    assert refusal_problems({}) == []
+    assert refusal_problems({"b": "http://b rejected user 'admin'", "a": "http://a said no"}) == [
+        "2 camera(s) refused the configured credentials: "
+        "a (http://a said no); b (http://b rejected user 'admin')"
+    ]
+    (line,) = refusal_problems({f"cam{i}": "no" for i in range(5)})
+    assert line == (
+        "5 camera(s) refused the configured credentials: "
+        "cam0 (no); cam1 (no); cam2 (no); and 2 more"
+    )
+
+
+@attrs.define
+class Probed(Onvif):
+    """The handler with its WS-Discovery round replaced by fixed matches (the probe has tests
+    of its own); everything after it (queries, refusals, reports) is the handler's."""
+
+    matches: tuple[ProbeMatch, ...] = ()
+
+    async def probe(self, details: OnvifDetails) -> dict[str, ProbeMatch]:
+        return {m.uuid: m for m in self.matches}
+
+
+async def test_the_handler_reports_the_refusing_count_when_it_changes() -> None:
+    camera = OnvifDeviceService(credential=("admin", "right"))
+    uuid = "5f5a69c2-e0ae-504f-829b-00fcdab169cc"
+    props: dict[str, bytes | None] = {"username_default": b"admin", "password_default": b"wrong"}
+    sent: list[list[Device]] = []
+    reported: list[tuple[str, ...]] = []
+    changed = trio.Event()
+
+    async def send(devices: list[Device]) -> None:
+        sent.append(devices)
+
+    async def report(lines: tuple[str, ...]) -> None:
+        reported.append(lines)
+        changed.set()
+
+    with trio.fail_after(30):
+        async with camera.serving() as url, trio.open_nursery() as nursery:
+            handler = Probed(poll_interval=0.01, matches=(_match(url, uuid),))
+            nursery.start_soon(
+                functools.partial(discover_changes, report=report),
+                handler,
+                parse_details(""),
+                props,
+                send,
+            )
+            await changed.wait()
+            changed = trio.Event()
+            camera.credential = ("admin", "wrong")  # the camera now takes what we send
+            await changed.wait()
+            nursery.cancel_scope.cancel()
+    (line,) = reported[0]
+    assert line.startswith(
+        f"1 camera(s) refused the configured credentials: {uuid} ({url} rejected user 'admin': "
+    )
+    assert reported[1:] == [()]  # accepted again: the problem is withdrawn
+    assert sent[0] == [] and [d.properties["ONVIF_DEVICE_UUID"] for d in sent[-1]] == [uuid]
 
 
 async def test_auth_required_but_no_credentials_reports_without_ip_mac() -> None:

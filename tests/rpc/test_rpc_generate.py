@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
-from google.protobuf import descriptor
+from google.protobuf import descriptor, descriptor_pb2, descriptor_pool, message_factory
 
 from akri_trio.rpc import generate
 from akri_trio.rpc.gen import deviceplugin_v1beta1_pb2 as dp
@@ -60,7 +61,8 @@ def test_discovery_proto_is_upstream_akri_v0() -> None:
         "discovery_details": 1,
         "discovery_properties": 2,
     }
-    assert fields(disc.DiscoverResponse.DESCRIPTOR) == {"devices": 1}
+    # Upstream's field, and our extension (see test_problems_extension_is_upstream_compatible).
+    assert fields(disc.DiscoverResponse.DESCRIPTOR) == {"devices": 1, "problems": 100}
     assert fields(disc.Device.DESCRIPTOR) == {
         "id": 1,
         "properties": 2,
@@ -73,6 +75,36 @@ def test_discovery_proto_is_upstream_akri_v0() -> None:
         "host_path": 2,
         "permissions": 3,
     }
+
+
+def _upstream_discover_response() -> type[Any]:
+    """DiscoverResponse as upstream's proto has it: our file without the `problems` field."""
+    file = descriptor_pb2.FileDescriptorProto()
+    disc.DESCRIPTOR.CopyToProto(file)
+    file.name = "upstream_discovery.proto"
+    response = next(m for m in file.message_type if m.name == "DiscoverResponse")
+    kept = [f for f in response.field if f.name != "problems"]
+    del response.field[:]
+    response.field.extend(kept)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(file)
+    made: type[Any] = message_factory.GetMessageClass(
+        pool.FindMessageTypeByName("v0.DiscoverResponse")
+    )
+    return made
+
+
+def test_problems_extension_is_upstream_compatible() -> None:
+    upstream = _upstream_discover_response()
+    ours = disc.DiscoverResponse(devices=[disc.Device(id="cam")], problems=["1 camera refused"])
+    # An upstream agent reads our handler's message: the devices, the extension skipped.
+    seen = upstream.FromString(ours.SerializeToString())
+    assert [d.id for d in seen.devices] == ["cam"]
+    # Our agent reads an upstream handler's message: the devices, and no problems.
+    theirs = upstream()
+    theirs.devices.add(id="cam")
+    got = disc.DiscoverResponse.FromString(theirs.SerializeToString())
+    assert [d.id for d in got.devices] == ["cam"] and list(got.problems) == []
 
 
 def test_device_plugin_proto_is_kubelet_v1beta1() -> None:

@@ -60,6 +60,7 @@ from akri_trio.discovery.interface import (
     load_mapping,
     max_details_bytes,
     positive_int_setting,
+    report_problems,
 )
 from akri_trio.model.device import Device
 
@@ -234,6 +235,24 @@ def next_refusals(
     return kept | dict(refused), changes
 
 
+# Cameras a status line names before "and N more" (each with the address and user it refused).
+LISTED_REFUSALS: Final = 3
+
+
+def refusal_problems(current: Mapping[str, str]) -> list[str]:
+    """The line for the Configuration's status about the cameras refusing the configured
+    credentials (uuid -> how it refused), or none when no camera refuses them."""
+    if not current:
+        return []
+    listed = [f"{uuid} ({current[uuid]})" for uuid in sorted(current)[:LISTED_REFUSALS]]
+    more = len(current) - LISTED_REFUSALS
+    return [
+        f"{len(current)} camera(s) refused the configured credentials: "
+        + "; ".join(listed)
+        + (f"; and {more} more" if more > 0 else "")
+    ]
+
+
 @attrs.define
 class Refusals:
     """The cameras refusing the configured credentials, kept across one `discover`'s rounds
@@ -391,5 +410,7 @@ class Onvif:
         await device_document()  # parsed once per process, off the event loop
         while True:
             matches = await self.probe(details)
-            await send(await self.confirm(details, matches.values(), credentials, refusals))
+            devices = await self.confirm(details, matches.values(), credentials, refusals)
+            await send(devices)
+            await report_problems(send, refusal_problems(refusals.current))
             await trio.sleep(self.poll_interval)

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0f\x64iscovery.proto\x12\x02v0\"\xc0\x01\n\x1fRegisterDiscoveryHandlerRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\x12G\n\rendpoint_type\x18\x03 \x01(\x0e\x32\x30.v0.RegisterDiscoveryHandlerRequest.EndpointType\x12\x0e\n\x06shared\x18\x04 \x01(\x08\"$\n\x0c\x45ndpointType\x12\x07\n\x03UDS\x10\x00\x12\x0b\n\x07NETWORK\x10\x01\"\x07\n\x05\x45mpty\"$\n\x08\x42yteData\x12\x10\n\x03vec\x18\x01 \x01(\x0cH\x00\x88\x01\x01\x42\x06\n\x04_vec\"\xc2\x01\n\x0f\x44iscoverRequest\x12\x19\n\x11\x64iscovery_details\x18\x01 \x01(\t\x12J\n\x14\x64iscovery_properties\x18\x02 \x03(\x0b\x32,.v0.DiscoverRequest.DiscoveryPropertiesEntry\x1aH\n\x18\x44iscoveryPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x1b\n\x05value\x18\x02 \x01(\x0b\x32\x0c.v0.ByteData:\x02\x38\x01\"/\n\x10\x44iscoverResponse\x12\x1b\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\n.v0.Device\"\xb8\x01\n\x06\x44\x65vice\x12\n\n\x02id\x18\x01 \x01(\t\x12.\n\nproperties\x18\x02 \x03(\x0b\x32\x1a.v0.Device.PropertiesEntry\x12\x19\n\x06mounts\x18\x03 \x03(\x0b\x32\t.v0.Mount\x12$\n\x0c\x64\x65vice_specs\x18\x04 \x03(\x0b\x32\x0e.v0.DeviceSpec\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"E\n\x05Mount\x12\x16\n\x0e\x63ontainer_path\x18\x01 \x01(\t\x12\x11\n\thost_path\x18\x02 \x01(\t\x12\x11\n\tread_only\x18\x03 \x01(\x08\"L\n\nDeviceSpec\x12\x16\n\x0e\x63ontainer_path\x18\x01 \x01(\t\x12\x11\n\thost_path\x18\x02 \x01(\t\x12\x13\n\x0bpermissions\x18\x03 \x01(\t2\\\n\x0cRegistration\x12L\n\x18RegisterDiscoveryHandler\x12#.v0.RegisterDiscoveryHandlerRequest\x1a\t.v0.Empty\"\x00\x32K\n\x10\x44iscoveryHandler\x12\x37\n\x08\x44iscover\x12\x13.v0.DiscoverRequest\x1a\x14.v0.DiscoverResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0f\x64iscovery.proto\x12\x02v0\"\xc0\x01\n\x1fRegisterDiscoveryHandlerRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\x12G\n\rendpoint_type\x18\x03 \x01(\x0e\x32\x30.v0.RegisterDiscoveryHandlerRequest.EndpointType\x12\x0e\n\x06shared\x18\x04 \x01(\x08\"$\n\x0c\x45ndpointType\x12\x07\n\x03UDS\x10\x00\x12\x0b\n\x07NETWORK\x10\x01\"\x07\n\x05\x45mpty\"$\n\x08\x42yteData\x12\x10\n\x03vec\x18\x01 \x01(\x0cH\x00\x88\x01\x01\x42\x06\n\x04_vec\"\xc2\x01\n\x0f\x44iscoverRequest\x12\x19\n\x11\x64iscovery_details\x18\x01 \x01(\t\x12J\n\x14\x64iscovery_properties\x18\x02 \x03(\x0b\x32,.v0.DiscoverRequest.DiscoveryPropertiesEntry\x1aH\n\x18\x44iscoveryPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x1b\n\x05value\x18\x02 \x01(\x0b\x32\x0c.v0.ByteData:\x02\x38\x01\"A\n\x10\x44iscoverResponse\x12\x1b\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\n.v0.Device\x12\x10\n\x08problems\x18\x64 \x03(\t\"\xb8\x01\n\x06\x44\x65vice\x12\n\n\x02id\x18\x01 \x01(\t\x12.\n\nproperties\x18\x02 \x03(\x0b\x32\x1a.v0.Device.PropertiesEntry\x12\x19\n\x06mounts\x18\x03 \x03(\x0b\x32\t.v0.Mount\x12$\n\x0c\x64\x65vice_specs\x18\x04 \x03(\x0b\x32\x0e.v0.DeviceSpec\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"E\n\x05Mount\x12\x16\n\x0e\x63ontainer_path\x18\x01 \x01(\t\x12\x11\n\thost_path\x18\x02 \x01(\t\x12\x11\n\tread_only\x18\x03 \x01(\x08\"L\n\nDeviceSpec\x12\x16\n\x0e\x63ontainer_path\x18\x01 \x01(\t\x12\x11\n\thost_path\x18\x02 \x01(\t\x12\x13\n\x0bpermissions\x18\x03 \x01(\t2\\\n\x0cRegistration\x12L\n\x18RegisterDiscoveryHandler\x12#.v0.RegisterDiscoveryHandlerRequest\x1a\t.v0.Empty\"\x00\x32K\n\x10\x44iscoveryHandler\x12\x37\n\x08\x44iscover\x12\x13.v0.DiscoverRequest\x1a\x14.v0.DiscoverResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -49,17 +49,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DISCOVERREQUEST_DISCOVERYPROPERTIESENTRY']._serialized_start=388
   _globals['_DISCOVERREQUEST_DISCOVERYPROPERTIESENTRY']._serialized_end=460
   _globals['_DISCOVERRESPONSE']._serialized_start=462
-  _globals['_DISCOVERRESPONSE']._serialized_end=509
-  _globals['_DEVICE']._serialized_start=512
-  _globals['_DEVICE']._serialized_end=696
-  _globals['_DEVICE_PROPERTIESENTRY']._serialized_start=647
-  _globals['_DEVICE_PROPERTIESENTRY']._serialized_end=696
-  _globals['_MOUNT']._serialized_start=698
-  _globals['_MOUNT']._serialized_end=767
-  _globals['_DEVICESPEC']._serialized_start=769
-  _globals['_DEVICESPEC']._serialized_end=845
-  _globals['_REGISTRATION']._serialized_start=847
-  _globals['_REGISTRATION']._serialized_end=939
-  _globals['_DISCOVERYHANDLER']._serialized_start=941
-  _globals['_DISCOVERYHANDLER']._serialized_end=1016
+  _globals['_DISCOVERRESPONSE']._serialized_end=527
+  _globals['_DEVICE']._serialized_start=530
+  _globals['_DEVICE']._serialized_end=714
+  _globals['_DEVICE_PROPERTIESENTRY']._serialized_start=665
+  _globals['_DEVICE_PROPERTIESENTRY']._serialized_end=714
+  _globals['_MOUNT']._serialized_start=716
+  _globals['_MOUNT']._serialized_end=785
+  _globals['_DEVICESPEC']._serialized_start=787
+  _globals['_DEVICESPEC']._serialized_end=863
+  _globals['_REGISTRATION']._serialized_start=865
+  _globals['_REGISTRATION']._serialized_end=957
+  _globals['_DISCOVERYHANDLER']._serialized_start=959
+  _globals['_DISCOVERYHANDLER']._serialized_end=1034
 # @@protoc_insertion_point(module_scope)

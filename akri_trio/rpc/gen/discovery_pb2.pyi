@@ -52,10 +52,12 @@ class DiscoverRequest(_message.Message):
     def __init__(self, discovery_details: _Optional[str] = ..., discovery_properties: _Optional[_Mapping[str, ByteData]] = ...) -> None: ...
 
 class DiscoverResponse(_message.Message):
-    __slots__ = ("devices",)
+    __slots__ = ("devices", "problems")
     DEVICES_FIELD_NUMBER: _ClassVar[int]
+    PROBLEMS_FIELD_NUMBER: _ClassVar[int]
     devices: _containers.RepeatedCompositeFieldContainer[Device]
-    def __init__(self, devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ...) -> None: ...
+    problems: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., problems: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Device(_message.Message):
     __slots__ = ("id", "properties", "mounts", "device_specs")
