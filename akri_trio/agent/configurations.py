@@ -49,8 +49,8 @@ from akri_trio.kube.store import Store, by_field
 from akri_trio.model.convert import error_messages, structure
 from akri_trio.model.limits import MAX_CAPACITY
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES, JSON, Configuration, Instance
-from akri_trio.observe.logs import fields
 from akri_trio.runtime import TaskSet, run_all
+from akri_trio.runtime.logs import fields
 
 log = logging.getLogger(__name__)
 

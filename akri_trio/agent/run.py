@@ -76,8 +76,9 @@ from akri_trio.kube import (
     reflect,
 )
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES, Instance
-from akri_trio.observe.http import DEFAULT_MAX_CONNECTIONS, serve_observe
+from akri_trio.observe.endpoints import serve_observe
 from akri_trio.observe.lag import LAG_THRESHOLD_S, SAMPLE_PERIOD_S, LagMonitor
+from akri_trio.runtime.http import DEFAULT_MAX_CONNECTIONS
 
 log = logging.getLogger(__name__)
 

@@ -87,7 +87,8 @@ from akri_trio.kube import (
 )
 from akri_trio.model import naming
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
-from akri_trio.observe.http import DEFAULT_MAX_CONNECTIONS, serve_observe
+from akri_trio.observe.endpoints import serve_observe
+from akri_trio.runtime.http import DEFAULT_MAX_CONNECTIONS
 
 log = logging.getLogger(__name__)
 
