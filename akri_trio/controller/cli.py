@@ -16,7 +16,8 @@ import attrs
 import trio
 
 from akri_trio.controller.reconcilers import NODE_LOST_GRACE_S
-from akri_trio.controller.run import ControllerSettings, default_identity, run_controller
+from akri_trio.controller.run import run_controller
+from akri_trio.controller.settings import ControllerSettings, default_identity
 from akri_trio.flaghelp import Parser, add_env_argument, add_kubeconfig_argument, add_log_arguments
 from akri_trio.kube import Client, KubeConfig, load_config
 from akri_trio.observe.endpoints import add_metrics_max_connections

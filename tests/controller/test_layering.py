@@ -33,7 +33,15 @@ def _imports(path: Path) -> set[str]:
 ROOT = Path(akri_trio.__file__).parent
 # I/O edges: everything they decide comes from the pure modules of their package.
 EDGES = {
-    "controller": {"run.py", "reconcilers.py", "dra_reconcilers.py", "leader.py", "cli.py"},
+    "controller": {
+        "run.py",
+        "reconcilers.py",
+        "dra_reconcilers.py",
+        "leader.py",
+        "cli.py",
+        "triggers.py",
+        "settings.py",
+    },
     "webhook": {"server.py", "cli.py", "rotation.py"},
     "dra": set(),
     "model": set(),
