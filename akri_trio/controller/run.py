@@ -2,17 +2,21 @@
 
     run_controller
     ├── health / metrics server                       /healthz, /readyz, /metrics
-    └── leader election (leader.py)                   only the leader runs what follows
+    └── leader election                               only the leader runs what follows (leader.py)
         └── reconcile_while_leading
-            ├── watches -> stores: Instances, Configurations, Nodes, and only what is ours:
-            │   Pods and Jobs labelled akri.sh/configuration, Services labelled controller=akri.sh
-            ├── event recorder                      Events on Instances and Configurations
-            ├── instance queue   Instance key       broker Pods and Job   (reconcilers.instance)
-            ├── services queue   Configuration key  its Services          (reconcilers.services)
-            ├── node queue       Node key           lost-node cleanup     (reconcilers.node)
+            ├── watch instances, watch configurations, watch nodes          -> stores
+            ├── watch pods, watch jobs, watch services   only ours, by label  -> stores
+            ├── event recorder      Events on Instances and Configurations
+            ├── instance queue      Instance key       broker Pods and Job   (reconcilers.instance)
+            ├── services queue      Configuration key  its Services          (reconcilers.services)
+            ├── node queue          Node key           lost-node cleanup     (reconcilers.node)
             │   in DRA mode (`--allocation dra`) also, from our DeviceClasses and shared slices:
-            ├── class queue      DeviceClass name   a Configuration's class (dra_reconcilers)
-            └── pool queue       pool name          a shared Instance's pool (dra_reconcilers)
+            ├── watch deviceclasses, watch resourceslices                    -> stores
+            ├── deviceclass queue   DeviceClass name   a Configuration's class (dra_reconcilers)
+            └── pool queue          pool name          a shared Instance's pool (dra_reconcilers)
+
+Each name on a branch is the name its task is started with (test_run_tree compares the two);
+what the caches keep and which change wakes which queue are triggers.py's.
 
 The standby keeps no watches: becoming leader lists everything afresh, so a new leader never
 acts on a cache the old one filled. Once the first lists are in, the node queue also gets the
@@ -22,9 +26,6 @@ fresh controller can know about NotReady ones). Losing the Lease cancels the who
 Nothing needs a timer: each queue is woken by cache changes, and by the `wake_at` a plan
 returns (a Pending deadline, a broker's backoff) or the end of a NotReady node's grace, so with
 nothing changing the controller sends no request.
-
-What the caches keep and which change wakes which queue are triggers.py's; the settings are
-settings.py's.
 """
 
 from __future__ import annotations
@@ -190,16 +191,17 @@ async def reconcile_while_leading(
                         store,
                         namespace=ns if res.namespaced else None,
                         label_selector=selector,
-                    )
+                    ),
+                    name=f"watch {res.plural}",
                 )
-            nursery.start_soon(reflect, api, NODES, caches.nodes)
-            nursery.start_soon(recorder.run)
+            nursery.start_soon(reflect, api, NODES, caches.nodes, name="watch nodes")
+            nursery.start_soon(recorder.run, name="event recorder")
             running.caches, running.reconcilers = caches, reconcilers
             metrics.broker_pods = lambda: caches.pods.snapshot().values()
             # No deadline on the first lists: with the API server away this waits (and /readyz
             # says so) until it is back or leadership ends.
             for name, controller in controllers.items():
-                await nursery.start(controller.run)
+                await nursery.start(controller.run, name=f"{name} queue")
                 metrics.queue_depth.labels(controller=name).set_function(
                     functools.partial(len, controller.queue)
                 )
@@ -310,12 +312,13 @@ async def run_controller(
                     registry=metrics.registry,
                     ready=_ready_checks(running),
                     max_connections=settings.metrics_max_connections,
-                )
+                ),
+                name="health / metrics server",
             )
         if running.elector is not None:
-            root.start_soon(running.elector.run, work)
+            root.start_soon(running.elector.run, work, name="leader election")
         else:
             metrics.leader.set(1)
-            root.start_soon(work)
+            root.start_soon(work, name="reconcile_while_leading")
         log.info("controller %s started", settings.identity)
         task_status.started(running)
