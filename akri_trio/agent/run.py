@@ -1,21 +1,23 @@
 """`run_agent`: the agent's ONE nursery tree, readable from here.
 
     run_agent
+    ├── event recorder                                       Events on Configurations, Instances
+    ├── event-loop lag monitor                               /healthz fails when the loop crawls
+    ├── health / metrics server
     ├── discovery-handler registration server (UDS, 0600)   handlers register here
     ├── watches: Configurations, Instances -> stores        one watch each, shared by all below
-    ├── view feeder                                          Instance store -> node view
     ├── discovery nursery
     │   └── per Configuration: Discover stream per handler endpoint
-    ├── Configuration reconcile queue                        discovery -> Instances + status
+    ├── brokerInfo copier (with --broker-info-dir)           workload files -> Instances
+    ├── Configuration reconcile queue                        discovery -> Instances + status;
+    │                                                        folds Instance changes into the view
     ├── device-plugin mode (the default):
     │   ├── kubelet watch                                    restarts -> plugins re-register
     │   ├── plugin nursery (PluginManager)
     │   │   └── per plugin: socket server + ListAndWatch streams + registration
     │   └── slot reclaimer                                   PodResources -> free unused slots
-    ├── or DRA mode (DraNode): node pool publisher (Instances -> ResourceSlices) and the
-    │   kubelet DRA plugin (claims -> CDI specs); /readyz waits for its registration
-    ├── brokerInfo copier (with --broker-info-dir)           workload files -> Instances
-    └── health / metrics server
+    └── or DRA mode (DraNode): node pool publisher (Instances -> ResourceSlices) and the
+        kubelet DRA plugin (claims -> CDI specs); /readyz waits for its registration
 
 Cancelling `run_agent` (SIGTERM/SIGINT in the CLI) tears all of it down; each task removes what
 it created (sockets) on the way out. Nothing is kept in memory that the cluster does not also
@@ -256,6 +258,21 @@ async def run_agent(
         configuration=configs.get,
         instance=lambda key: _instance_ref(view, key),
     )
+    controller: Controller
+    broker_info = None
+    if settings.broker_info_dir is not None:
+        broker_info = BrokerInfo(
+            api,
+            view,
+            settings.broker_info_dir,
+            limits=settings.broker_info_limits,
+            generation=lambda k: _field(configs.get(k), "metadata", "generation"),
+            current=lambda k: _field(instances.get(k), "spec", "brokerInfo"),
+            known=lambda: instances.snapshot().keys(),
+            namespace=settings.namespace,
+            period=settings.broker_info_period,
+            on_problems=lambda k: controller.queue.enqueue(k),
+        )
     watch = KubeletWatch(settings.device_plugin_dir)
     plugins = PluginManager(
         view,
@@ -264,6 +281,7 @@ async def run_agent(
         metrics.observe_allocate,
         metrics.plugin_registrations.inc,
         events.allocate_refused,
+        workloads=broker_info,
     )
     metrics.plugins_registered.set_function(lambda: float(len(plugins.registered)))
     metrics.watch_slots(view.instances)
@@ -338,7 +356,6 @@ async def run_agent(
             await configs.wait_synced()
             await instances.wait_synced()
         discovery_nursery: trio.Nursery = await root.start(_child_nursery)
-        controller: Controller
         reconciler = ConfigurationReconciler(
             api,
             view,
@@ -348,8 +365,9 @@ async def run_agent(
             lambda key: controller.queue.enqueue(key),
             metrics,
             settings.limits,
+            events=events,
+            broker_info_problems=None if broker_info is None else broker_info.problems,
         )
-        reconciler.events = events
         # No drain: the reconcile is cancel-safe (a restarted agent redoes every write), and
         # what it would go on doing needs the discovery nursery, which closes at shutdown.
         controller = Controller(
@@ -362,21 +380,7 @@ async def run_agent(
         metrics.queue_depth.labels(controller="configurations").set_function(
             lambda: float(len(controller.queue))
         )
-        if settings.broker_info_dir is not None:
-            broker_info = BrokerInfo(
-                api,
-                view,
-                settings.broker_info_dir,
-                limits=settings.broker_info_limits,
-                generation=lambda k: _field(configs.get(k), "metadata", "generation"),
-                current=lambda k: _field(instances.get(k), "spec", "brokerInfo"),
-                known=lambda: instances.snapshot().keys(),
-                namespace=ns,
-                period=settings.broker_info_period,
-                on_problems=lambda k: controller.queue.enqueue(k),
-            )
-            plugins.workloads = broker_info
-            reconciler.broker_info_problems = broker_info.problems
+        if broker_info is not None:
             root.start_soon(broker_info.run)
         await root.start(controller.run)
         if dra is not None:
