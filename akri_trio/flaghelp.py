@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
+from akri_trio.runtime.logs import LEVELS, log_format, log_level
+
 # Set on actions added by add_env_argument (argparse keeps unknown attributes).
 ENV_VAR: Final = "akri_env_var"
 BUILTIN_DEFAULT: Final = "akri_builtin_default"
@@ -137,6 +139,32 @@ def add_kubeconfig_argument(
         help="the kubeconfig context to use (default: its current-context)",
     )
     return action
+
+
+def add_log_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+    """--log-level (env AKRI_LOG_LEVEL, default INFO) and --log-format (env AKRI_LOG_FORMAT,
+    default text). A bad value from the environment is reported like a bad flag."""
+    # argparse applies `type` to a string default, so a value from the env is checked too.
+    add_env_argument(
+        parser,
+        "--log-level",
+        env=env,
+        var="AKRI_LOG_LEVEL",
+        default="INFO",
+        type=log_level,
+        metavar="LEVEL",
+        help=f"{', '.join(LEVELS)} (any case)",
+    )
+    add_env_argument(
+        parser,
+        "--log-format",
+        env=env,
+        var="AKRI_LOG_FORMAT",
+        default="text",
+        type=log_format,
+        metavar="{text,json}",
+        help="text for people, json for one object per line",
+    )
 
 
 def truthy(text: str) -> bool:

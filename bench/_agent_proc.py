@@ -22,7 +22,7 @@ import trio
 from akri_trio.agent.cli import parse_args
 from akri_trio.agent.run import AgentSettings, run_agent
 from akri_trio.kube.client import PATCH_APPLY
-from akri_trio.observe.logs import log_level, setup_logging
+from akri_trio.runtime.logs import log_level, setup_logging
 from bench._common import BENCH_NS, REPO, bench_api, bench_echo
 
 

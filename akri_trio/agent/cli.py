@@ -27,16 +27,17 @@ from akri_trio.flaghelp import (
     Parser,
     add_env_argument,
     add_kubeconfig_argument,
+    add_log_arguments,
     comma_list,
     truthy,
 )
 from akri_trio.kube.client import Client
 from akri_trio.kube.config import KubeConfig, load_config
 from akri_trio.model import limits as model_limits
-from akri_trio.observe.http import add_metrics_max_connections
+from akri_trio.observe.endpoints import add_metrics_max_connections
 from akri_trio.observe.lag import LAG_THRESHOLD_S
-from akri_trio.observe.logs import add_log_arguments, log_startup, setup_logging
 from akri_trio.rpc import uds
+from akri_trio.runtime.logs import log_startup, setup_logging
 from akri_trio.shutdown import run_until_signalled
 
 log = logging.getLogger("akri_trio.agent")

@@ -49,8 +49,8 @@ from akri_trio.kube.store import Store, by_field
 from akri_trio.model.convert import error_messages, structure
 from akri_trio.model.limits import MAX_CAPACITY
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES, JSON, Configuration, Instance
-from akri_trio.observe.logs import fields
 from akri_trio.runtime import TaskSet, run_all
+from akri_trio.runtime.logs import fields
 
 log = logging.getLogger(__name__)
 
@@ -110,10 +110,6 @@ class _Running:
 
 
 class ConfigurationReconciler:
-    events = AgentEvents()  # records nothing until the agent sets its own
-    # What brokerInfo skipped, per Configuration (None: brokerInfo is off).
-    broker_info_problems: Callable[[ObjectKey], Sequence[str]] | None = None
-
     def __init__(
         self,
         api: Client,
@@ -124,7 +120,13 @@ class ConfigurationReconciler:
         enqueue: Callable[[ObjectKey], None],
         metrics: AgentMetrics | None = None,
         limits: ConfigurationLimits | None = None,
+        *,
+        events: AgentEvents | None = None,
+        broker_info_problems: Callable[[ObjectKey], Sequence[str]] | None = None,
     ) -> None:
+        self.events = events or AgentEvents()  # the default records nothing
+        # What brokerInfo skipped, per Configuration (None: brokerInfo is off).
+        self.broker_info_problems = broker_info_problems
         self.limits = limits or ConfigurationLimits()
         # Configurations refused on this node because another namespace owns their name ->
         # that owner, as last decided (a sibling whose decision changes is reconciled again).

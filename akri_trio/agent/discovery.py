@@ -46,10 +46,10 @@ from akri_trio.discovery.registry import (
 )
 from akri_trio.discovery.wire import request_to_proto, response_from_proto
 from akri_trio.model.device import Device
-from akri_trio.observe.logs import fields
 from akri_trio.rpc.gen.discovery_grpc import DiscoveryHandlerStub
 from akri_trio.rpc.uds import open_channel
 from akri_trio.runtime import Backoff, Changed, TaskSet
+from akri_trio.runtime.logs import fields
 
 log = logging.getLogger(__name__)
 

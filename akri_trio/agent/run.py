@@ -1,21 +1,23 @@
 """`run_agent`: the agent's ONE nursery tree, readable from here.
 
     run_agent
+    ├── event recorder                                       Events on Configurations, Instances
+    ├── event-loop lag monitor                               /healthz fails when the loop crawls
+    ├── health / metrics server
     ├── discovery-handler registration server (UDS, 0600)   handlers register here
     ├── watches: Configurations, Instances -> stores        one watch each, shared by all below
-    ├── view feeder                                          Instance store -> node view
     ├── discovery nursery
     │   └── per Configuration: Discover stream per handler endpoint
-    ├── Configuration reconcile queue                        discovery -> Instances + status
+    ├── brokerInfo copier (with --broker-info-dir)           workload files -> Instances
+    ├── Configuration reconcile queue                        discovery -> Instances + status;
+    │                                                        folds Instance changes into the view
     ├── device-plugin mode (the default):
     │   ├── kubelet watch                                    restarts -> plugins re-register
     │   ├── plugin nursery (PluginManager)
     │   │   └── per plugin: socket server + ListAndWatch streams + registration
     │   └── slot reclaimer                                   PodResources -> free unused slots
-    ├── or DRA mode (DraNode): node pool publisher (Instances -> ResourceSlices) and the
-    │   kubelet DRA plugin (claims -> CDI specs); /readyz waits for its registration
-    ├── brokerInfo copier (with --broker-info-dir)           workload files -> Instances
-    └── health / metrics server
+    └── or DRA mode (DraNode): node pool publisher (Instances -> ResourceSlices) and the
+        kubelet DRA plugin (claims -> CDI specs); /readyz waits for its registration
 
 Cancelling `run_agent` (SIGTERM/SIGINT in the CLI) tears all of it down; each task removes what
 it created (sockets) on the way out. Nothing is kept in memory that the cluster does not also
@@ -29,7 +31,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -50,8 +52,8 @@ from akri_trio.agent.plugins.claims import Claims
 from akri_trio.agent.plugins.kubelet import KubeletWatch
 from akri_trio.agent.plugins.manager import PluginManager
 from akri_trio.agent.reclaimer import DEFAULT_PERIOD_S, Reclaimer
-from akri_trio.agent.status import node_entry_of
-from akri_trio.agent.view import NodeView, config_key
+from akri_trio.agent.triggers import configuration_changed, instance_changed
+from akri_trio.agent.view import NodeView
 from akri_trio.discovery.handlers import load_handler
 from akri_trio.discovery.handlers.debug_echo import DebugEcho
 from akri_trio.discovery.interface import AnyHandler
@@ -63,11 +65,9 @@ from akri_trio.discovery.registration import (
 )
 from akri_trio.discovery.registry import Registry, embedded
 from akri_trio.kube import (
-    Change,
     Client,
     Controller,
     EventRecorder,
-    Mapper,
     ObjectKey,
     ObjectRef,
     Store,
@@ -75,9 +75,10 @@ from akri_trio.kube import (
     load_config,
     reflect,
 )
-from akri_trio.model.resources import CONFIGURATIONS, INSTANCES, Instance
-from akri_trio.observe.http import DEFAULT_MAX_CONNECTIONS, serve_observe
+from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
+from akri_trio.observe.endpoints import serve_observe
 from akri_trio.observe.lag import LAG_THRESHOLD_S, SAMPLE_PERIOD_S, LagMonitor
+from akri_trio.runtime.http import DEFAULT_MAX_CONNECTIONS
 
 log = logging.getLogger(__name__)
 
@@ -144,48 +145,6 @@ async def _child_nursery(*, task_status: trio.TaskStatus[trio.Nursery]) -> None:
         await trio.sleep_forever()
 
 
-def _instance_changed(view: NodeView) -> Mapper:
-    """The Instance watch's mapper: fold each change into the node view, and reconcile the
-    Configuration whose plan it may change. Both in one step, so a reconcile never reads a view
-    older than the change that caused it."""
-
-    def mapper(change: Change) -> Iterable[ObjectKey]:
-        before = view.instance(change.key)
-        if change.new is None:
-            view.drop_instance(change.key)
-            return () if before is None else (config_key(before),)
-        after = view.put_instance(change.new)
-        if after is before:
-            return ()
-        # Claims (every Allocate), brokerInfo and the other nodes' comings and goings are not
-        # the plan's business: on a shared Instance they are most of the traffic.
-        if before is None or _plan_inputs(before, view.node) != _plan_inputs(after, view.node):
-            return (config_key(after),)
-        return ()
-
-    return mapper
-
-
-def _configuration_changed(node: str) -> Mapper:
-    """The Configuration watch's mapper: reconcile on every change but the other nodes' status
-    entries (N nodes each writing their own entry would make every agent reconcile N times)."""
-
-    def mapper(change: Change) -> Iterable[ObjectKey]:
-        old, new = change.old, change.new
-        if old is None or new is None or _but_status(old) != _but_status(new):
-            return (change.key,)
-        if node_entry_of(old.get("status"), node) != node_entry_of(new.get("status"), node):
-            return (change.key,)  # ours: e.g. removed by someone else
-        return ()
-
-    return mapper
-
-
-def _but_status(obj: Mapping[str, Any]) -> dict[str, Any]:
-    meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k != "resourceVersion"}
-    return {**{k: v for k, v in obj.items() if k != "status"}, "metadata": meta}
-
-
 def _instance_ref(view: NodeView, key: ObjectKey) -> ObjectRef | None:
     inst = view.instance(key)
     if inst is None:
@@ -198,27 +157,6 @@ def _field(obj: Mapping[str, Any] | None, *path: str) -> Any:
     for name in path:
         obj = (obj or {}).get(name)
     return obj
-
-
-def _plan_inputs(inst: Instance, node: str) -> Instance:
-    """What `instances.plan` and the status depend on: everything but deviceUsage, brokerInfo
-    and which other nodes serve it (only whether this one does, and holds its finalizer)."""
-    meta, spec = inst.metadata, inst.spec
-    return attrs.evolve(
-        inst,
-        metadata=attrs.evolve(
-            meta,
-            resource_version="",
-            generation=0,
-            finalizers=tuple(f for f in meta.finalizers if f == node),
-        ),
-        spec=attrs.evolve(
-            spec,
-            device_usage={},
-            broker_info={},
-            nodes=tuple(n for n in spec.nodes if n == node),
-        ),
-    )
 
 
 async def run_agent(
@@ -255,6 +193,21 @@ async def run_agent(
         configuration=configs.get,
         instance=lambda key: _instance_ref(view, key),
     )
+    controller: Controller
+    broker_info = None
+    if settings.broker_info_dir is not None:
+        broker_info = BrokerInfo(
+            api,
+            view,
+            settings.broker_info_dir,
+            limits=settings.broker_info_limits,
+            generation=lambda k: _field(configs.get(k), "metadata", "generation"),
+            current=lambda k: _field(instances.get(k), "spec", "brokerInfo"),
+            known=lambda: instances.snapshot().keys(),
+            namespace=settings.namespace,
+            period=settings.broker_info_period,
+            on_problems=lambda k: controller.queue.enqueue(k),
+        )
     watch = KubeletWatch(settings.device_plugin_dir)
     plugins = PluginManager(
         view,
@@ -263,6 +216,7 @@ async def run_agent(
         metrics.observe_allocate,
         metrics.plugin_registrations.inc,
         events.allocate_refused,
+        workloads=broker_info,
     )
     metrics.plugins_registered.set_function(lambda: float(len(plugins.registered)))
     metrics.watch_slots(view.instances)
@@ -337,7 +291,6 @@ async def run_agent(
             await configs.wait_synced()
             await instances.wait_synced()
         discovery_nursery: trio.Nursery = await root.start(_child_nursery)
-        controller: Controller
         reconciler = ConfigurationReconciler(
             api,
             view,
@@ -347,8 +300,9 @@ async def run_agent(
             lambda key: controller.queue.enqueue(key),
             metrics,
             settings.limits,
+            events=events,
+            broker_info_problems=None if broker_info is None else broker_info.problems,
         )
-        reconciler.events = events
         # No drain: the reconcile is cancel-safe (a restarted agent redoes every write), and
         # what it would go on doing needs the discovery nursery, which closes at shutdown.
         controller = Controller(
@@ -356,26 +310,12 @@ async def run_agent(
             configs,
             workers=4,
             drain=0,
-            mapper=_configuration_changed(settings.node),
-        ).watches(instances, _instance_changed(view))
+            mapper=configuration_changed(settings.node),
+        ).watches(instances, instance_changed(view))
         metrics.queue_depth.labels(controller="configurations").set_function(
             lambda: float(len(controller.queue))
         )
-        if settings.broker_info_dir is not None:
-            broker_info = BrokerInfo(
-                api,
-                view,
-                settings.broker_info_dir,
-                limits=settings.broker_info_limits,
-                generation=lambda k: _field(configs.get(k), "metadata", "generation"),
-                current=lambda k: _field(instances.get(k), "spec", "brokerInfo"),
-                known=lambda: instances.snapshot().keys(),
-                namespace=ns,
-                period=settings.broker_info_period,
-                on_problems=lambda k: controller.queue.enqueue(k),
-            )
-            plugins.workloads = broker_info
-            reconciler.broker_info_problems = broker_info.problems
+        if broker_info is not None:
             root.start_soon(broker_info.run)
         await root.start(controller.run)
         if dra is not None:

@@ -16,11 +16,12 @@ import attrs
 import trio
 
 from akri_trio.controller.reconcilers import NODE_LOST_GRACE_S
-from akri_trio.controller.run import ControllerSettings, default_identity, run_controller
-from akri_trio.flaghelp import Parser, add_env_argument, add_kubeconfig_argument
+from akri_trio.controller.run import run_controller
+from akri_trio.controller.settings import ControllerSettings, default_identity
+from akri_trio.flaghelp import Parser, add_env_argument, add_kubeconfig_argument, add_log_arguments
 from akri_trio.kube import Client, KubeConfig, load_config
-from akri_trio.observe.http import add_metrics_max_connections
-from akri_trio.observe.logs import add_log_arguments, log_startup, setup_logging
+from akri_trio.observe.endpoints import add_metrics_max_connections
+from akri_trio.runtime.logs import log_startup, setup_logging
 from akri_trio.shutdown import run_until_signalled
 
 log = logging.getLogger("akri_trio.controller")

@@ -87,8 +87,8 @@ from akri_trio.kube import (
 from akri_trio.model import naming
 from akri_trio.model.convert import error_messages, structure
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES, Configuration, Instance
-from akri_trio.observe.logs import fields
 from akri_trio.runtime import run_all
+from akri_trio.runtime.logs import fields
 
 log = logging.getLogger(__name__)
 

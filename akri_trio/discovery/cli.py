@@ -21,9 +21,9 @@ import trio
 
 from akri_trio.discovery.handlers import BUILTIN, UnknownHandler, load_handler
 from akri_trio.discovery.standalone import REGISTRATION_SOCKET, handlers_directory, run_standalone
-from akri_trio.flaghelp import Parser
-from akri_trio.observe.logs import add_log_arguments, log_startup, setup_logging
+from akri_trio.flaghelp import Parser, add_log_arguments
 from akri_trio.rpc import uds
+from akri_trio.runtime.logs import log_startup, setup_logging
 
 # upstream's handlers listen here when registering over the network (POD_IP)
 POD_IP_PORT = 10000

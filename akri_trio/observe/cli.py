@@ -17,11 +17,11 @@ from typing import Any, TextIO
 
 import trio
 
-from akri_trio.flaghelp import Parser, add_kubeconfig_argument
+from akri_trio.flaghelp import Parser, add_kubeconfig_argument, add_log_arguments
 from akri_trio.kube import Client, ConfigError, load_config
-from akri_trio.observe.logs import add_log_arguments, setup_logging
 from akri_trio.observe.picture import render_text
 from akri_trio.observe.watcher import ClusterWatch, fetch
+from akri_trio.runtime.logs import setup_logging
 
 CLEAR = "\x1b[H\x1b[2J"
 

@@ -38,13 +38,13 @@ import attrs
 import trio
 import trio_websocket
 
-from akri_trio.flaghelp import Parser, add_env_argument, comma_list
+from akri_trio.flaghelp import Parser, add_env_argument, add_log_arguments, comma_list
 from akri_trio.kube import Client, ConfigError, KubeConfig, load_config
 from akri_trio.observe import feed
 from akri_trio.observe.cli import add_picture_arguments
-from akri_trio.observe.logs import add_log_arguments, log_startup, setup_logging
 from akri_trio.observe.watcher import ClusterWatch
 from akri_trio.runtime import Changed
+from akri_trio.runtime.logs import log_startup, setup_logging
 from akri_trio.shutdown import run_until_signalled
 
 __all__ = [

@@ -24,9 +24,15 @@ import trio
 import yaml
 
 from akri_trio.address import ObjectKey
-from akri_trio.flaghelp import Parser, add_env_argument, add_kubeconfig_argument, comma_list
+from akri_trio.flaghelp import (
+    Parser,
+    add_env_argument,
+    add_kubeconfig_argument,
+    add_log_arguments,
+    comma_list,
+)
 from akri_trio.kube import Client, ConfigError, KubeConfig, load_config
-from akri_trio.observe.logs import add_log_arguments, log_startup, setup_logging
+from akri_trio.runtime.logs import log_startup, setup_logging
 from akri_trio.shutdown import run_until_signalled
 from akri_trio.webhook.certs import VALIDITY, CertSpec, webhook_configuration
 from akri_trio.webhook.rotation import (

@@ -38,7 +38,7 @@ import trio
 from akri_trio.kube import Backoff, Client, KubeConfig
 from akri_trio.kube.store import Store, by_field, drop_managed_fields, reflect
 from akri_trio.model.resources import CONFIGURATIONS
-from akri_trio.observe.http import Reply, serve_http
+from akri_trio.runtime.http import Reply, serve_http
 from akri_trio.webhook.certs import PATH
 from akri_trio.webhook.openapi import Schemas
 from akri_trio.webhook.parsers import builtin_parser
@@ -60,7 +60,7 @@ JSON_TYPE: Final = "application/json"
 MAX_BODY_BYTES: Final = 4 * 1024 * 1024
 # Each connection may hold a body of MAX_BODY_BYTES while it is read: 32 bound that to 128 MiB,
 # and the API server needs only a few at once. A connection over the cap takes the place of an
-# idle or slow one (akri_trio.observe.http.ConnectionCap), so idle clients cannot lock the API
+# idle or slow one (akri_trio.runtime.http.ConnectionCap), so idle clients cannot lock the API
 # server out.
 MAX_CONNECTIONS: Final = 32
 # A failed fetch is retried after 1 s, then less often, up to once a minute.

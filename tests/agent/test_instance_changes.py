@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from akri_trio.address import ObjectKey
-from akri_trio.agent.run import _configuration_changed, _instance_changed
+from akri_trio.agent.triggers import configuration_changed, instance_changed
 from akri_trio.agent.view import NodeView
 from akri_trio.kube.store import Change
 
@@ -31,13 +31,13 @@ def inst(rv: int, *, nodes: tuple[str, ...] = ("n",), usage: dict[str, str] | No
 
 def test_a_new_instance_enters_the_view_and_reconciles_its_configuration() -> None:
     view = NodeView("n")
-    assert list(_instance_changed(view)(Change(KEY, None, inst(1)))) == [CONFIG]
+    assert list(instance_changed(view)(Change(KEY, None, inst(1)))) == [CONFIG]
     assert view.instance(KEY) is not None
 
 
 def test_a_claim_updates_the_view_but_reconciles_nothing() -> None:
     view = NodeView("n")
-    mapper = _instance_changed(view)
+    mapper = instance_changed(view)
     mapper(Change(KEY, None, inst(1)))
     assert list(mapper(Change(KEY, inst(1), inst(2, usage={"cam-1-0": "n"})))) == []
     held = view.instance(KEY)
@@ -46,7 +46,7 @@ def test_a_claim_updates_the_view_but_reconciles_nothing() -> None:
 
 def test_another_node_joining_or_leaving_reconciles_nothing() -> None:
     view = NodeView("n")
-    mapper = _instance_changed(view)
+    mapper = instance_changed(view)
     mapper(Change(KEY, None, inst(1)))
     assert list(mapper(Change(KEY, inst(1), inst(2, nodes=("n", "m"))))) == []
     assert list(mapper(Change(KEY, inst(2, nodes=("n", "m")), inst(3)))) == []
@@ -56,7 +56,7 @@ def test_another_node_joining_or_leaving_reconciles_nothing() -> None:
 
 def test_this_nodes_own_membership_changing_reconciles_the_configuration() -> None:
     view = NodeView("n")
-    mapper = _instance_changed(view)
+    mapper = instance_changed(view)
     mapper(Change(KEY, None, inst(1, nodes=("m",))))
     assert list(mapper(Change(KEY, inst(1, nodes=("m",)), inst(2, nodes=("m", "n"))))) == [CONFIG]
     assert list(mapper(Change(KEY, inst(2, nodes=("m", "n")), inst(3, nodes=("m",))))) == [CONFIG]
@@ -71,13 +71,13 @@ def config(rv: int, *, capacity: int = 2, status: list[dict[str, Any]] | None = 
 
 
 def test_another_nodes_status_entry_reconciles_nothing() -> None:
-    mapper = _configuration_changed("n")
+    mapper = configuration_changed("n")
     other = [{"node": "m", "instances": 1}]
     assert list(mapper(Change(CONFIG, config(1), config(2, status=other)))) == []
 
 
 def test_a_spec_change_or_our_own_entry_changing_reconciles() -> None:
-    mapper = _configuration_changed("n")
+    mapper = configuration_changed("n")
     ours = [{"node": "n", "instances": 1}]
     assert list(mapper(Change(CONFIG, config(1), config(2, capacity=3)))) == [CONFIG]
     assert list(mapper(Change(CONFIG, config(1, status=ours), config(2)))) == [CONFIG]
@@ -88,12 +88,12 @@ def test_a_spec_change_or_our_own_entry_changing_reconciles() -> None:
 def test_the_echo_of_our_own_write_reconciles_nothing() -> None:
     view = NodeView("n")
     view.put_instance(inst(5))  # the answer to our write, folded in at once
-    assert list(_instance_changed(view)(Change(KEY, None, inst(5)))) == []
+    assert list(instance_changed(view)(Change(KEY, None, inst(5)))) == []
 
 
 def test_a_deletion_leaves_the_view_and_reconciles_the_configuration() -> None:
     view = NodeView("n")
-    mapper = _instance_changed(view)
+    mapper = instance_changed(view)
     mapper(Change(KEY, None, inst(1)))
     assert list(mapper(Change(KEY, inst(1), None))) == [CONFIG]
     assert view.instance(KEY) is None

@@ -1,17 +1,21 @@
-"""What the controller caches and which changes wake which reconciler (run.py's transforms and
-mappers), without a cluster: a busy kubelet or an agent writing status must wake nobody."""
+"""What the controller caches and which changes wake which reconciler (triggers.py's transforms
+and mappers), without a cluster: a busy kubelet or an agent writing status must wake nobody."""
 
 from __future__ import annotations
 
-from akri_trio.controller.run import (
-    _configuration_to_instances,
-    _instance_to_configuration,
-    _instance_to_services,
-    _pod_to_services,
-    _when_changed,
+from akri_trio.controller.triggers import (
+    configuration_to_instances,
+    instance_to_configuration,
+    instance_to_services,
+    labelled,
     make_caches,
+    never,
+    pod_to_services,
+    service_to_configurations,
     slim_node,
     slim_pod,
+    through,
+    when_changed,
 )
 from akri_trio.kube import JSON, Apply, Change, Init, InitApply, InitDone, ObjectKey, Store
 from akri_trio.model import naming
@@ -54,7 +58,7 @@ def test_a_nodes_heartbeats_are_not_cached() -> None:
 
 
 def test_unchanged_cached_objects_wake_nobody() -> None:
-    mapper = _when_changed(lambda change: [change.key])
+    mapper = when_changed(lambda change: [change.key])
     key = ObjectKey("ns", "p")
     pod = slim_pod(_pod("Running"))
     assert list(mapper(Change(key, pod, dict(pod)))) == []
@@ -69,14 +73,14 @@ def test_configuration_status_writes_do_not_reconcile_its_instances() -> None:
     }
     for event in (Init(), InitApply(inst), InitDone()):
         caches.instances.apply(event)
-    mapper = _configuration_to_instances(caches.instances)
+    mapper = configuration_to_instances(caches.instances)
     cfg = {"metadata": {"name": "cfg", "namespace": "ns", "uid": "c", "generation": 1}, "spec": {}}
     key = ObjectKey("ns", "cfg")
     with_status = {**cfg, "status": {"nodes": [{"node": "a"}]}}
     assert list(mapper(Change(key, cfg, with_status))) == []
     bumped = {**cfg, "metadata": {**cfg["metadata"], "generation": 2}, "spec": {"capacity": 3}}
     assert set(mapper(Change(key, cfg, bumped))) == {ObjectKey("ns", "cfg-1")}
-    assert set(_instance_to_configuration(Change(ObjectKey("ns", "cfg-1"), None, inst))) == {key}
+    assert set(instance_to_configuration(Change(ObjectKey("ns", "cfg-1"), None, inst))) == {key}
     caches.instances.apply(Apply(inst))  # the store still answers by index after an update
     assert caches.instances.keys_for("config", key) == {ObjectKey("ns", "cfg-1")}
 
@@ -110,8 +114,8 @@ def test_broker_churn_reconciles_services_only_when_it_can_change_them() -> None
     def mapped(old: str | None, new: str | None) -> list[ObjectKey]:
         return list(pods(Change(ObjectKey("ns", "p"), pod(old), pod(new))))
 
-    pods = _pod_to_services(caches, lambda change: {config})
-    instances = _instance_to_services(caches)
+    pods = pod_to_services(caches, lambda change: {config})
+    instances = instance_to_services(caches)
     # No Service yet: only a broker starting or stopping to run matters.
     assert mapped(None, "Pending") == [] and mapped("Pending", "Failed") == []
     assert mapped("Pending", "Running") == [config] and mapped("Running", None) == [config]
@@ -122,3 +126,23 @@ def test_broker_churn_reconciles_services_only_when_it_can_change_them() -> None
     svc = {"metadata": {"name": "cfg-svc", "namespace": "ns", "labels": labels}}
     _fill(caches.services, svc)
     assert mapped(None, "Pending") == [config] and mapped("Pending", "Failed") == [config]
+
+
+def test_a_labelled_broker_maps_to_its_instance_and_a_service_to_its_configuration() -> None:
+    caches = make_caches()
+    _fill(caches.configurations, {"metadata": {"name": "cfg", "namespace": "ns", "uid": "c"}})
+    inst = {
+        "metadata": {"name": "i", "namespace": "ns", "uid": "i"},
+        "spec": {"configurationName": "cfg"},
+    }
+    _fill(caches.instances, inst)
+    instance_of = through(caches.instances, "label", labelled(naming.LABEL_INSTANCE))
+    pod = {"metadata": {"name": "p", "namespace": "ns", "labels": {naming.LABEL_INSTANCE: "i"}}}
+    assert set(instance_of(Change(ObjectKey("ns", "p"), None, pod))) == {ObjectKey("ns", "i")}
+    stray = {"metadata": {"name": "q", "namespace": "ns"}}
+    assert set(instance_of(Change(ObjectKey("ns", "q"), None, stray))) == set()
+    # An instance Service names only its Instance; its Configuration is found through it.
+    svc = {"metadata": {"name": "i-svc", "namespace": "ns", "labels": {naming.LABEL_INSTANCE: "i"}}}
+    mapper = service_to_configurations(caches)
+    assert set(mapper(Change(ObjectKey("ns", "i-svc"), svc, None))) == {ObjectKey("ns", "cfg")}
+    assert list(never(Change(ObjectKey("ns", "i"), None, inst))) == []

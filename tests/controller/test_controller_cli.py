@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from akri_trio.controller.cli import parse_args
-from akri_trio.observe.http import DEFAULT_MAX_CONNECTIONS
+from akri_trio.runtime.http import DEFAULT_MAX_CONNECTIONS
 
 
 def test_metrics_max_connections_from_the_flag_the_env_or_the_default() -> None:

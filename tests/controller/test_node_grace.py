@@ -20,7 +20,7 @@ import trio.testing
 from akri_trio.controller import NodeState
 from akri_trio.controller.metrics import ControllerMetrics
 from akri_trio.controller.reconcilers import Reconcilers
-from akri_trio.controller.run import make_caches, slim_node
+from akri_trio.controller.triggers import make_caches, slim_node
 from akri_trio.kube import (
     JSON,
     Apply,

@@ -16,7 +16,7 @@ from akri_trio.controller import events as ev
 from akri_trio.controller import release_instance
 from akri_trio.controller.metrics import ControllerMetrics
 from akri_trio.controller.reconcilers import Reconcilers
-from akri_trio.controller.run import make_caches
+from akri_trio.controller.triggers import make_caches
 from akri_trio.kube import Client, load_config
 from akri_trio.model.convert import structure
 from akri_trio.model.resources import INSTANCES, Instance

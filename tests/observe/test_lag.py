@@ -11,7 +11,7 @@ import pytest
 import trio
 import trio.testing
 
-from akri_trio.observe.http import serve_observe
+from akri_trio.observe.endpoints import serve_observe
 from akri_trio.observe.lag import LagMonitor, current_lag, verdict
 from akri_trio.observe.metrics import event_loop_lag, new_registry
 from tests.support.polling import until_api

@@ -13,12 +13,11 @@ import pytest
 from akri_trio.address import ObjectKey
 from akri_trio.agent.cli import parse_args as agent_args
 from akri_trio.discovery.cli import build_parser as handler_parser
-from akri_trio.flaghelp import Parser
+from akri_trio.flaghelp import Parser, add_log_arguments
 from akri_trio.observe.cli import parse_status_args
-from akri_trio.observe.logs import (
+from akri_trio.runtime.logs import (
     JsonFormatter,
     TextFormatter,
-    add_log_arguments,
     fields,
     log_startup,
     setup_logging,

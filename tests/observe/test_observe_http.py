@@ -21,7 +21,7 @@ import trio
 import trio.testing
 from prometheus_client import Counter, Gauge
 
-from akri_trio.observe.http import (
+from akri_trio.observe.endpoints import (
     Readiness,
     evaluate_readiness,
     handle_connection,
@@ -324,7 +324,7 @@ async def test_a_taken_port_fails_before_reporting_started() -> None:
 
 FLOODED_SERVER = """
 import resource, sys, trio
-from akri_trio.observe.http import serve_observe
+from akri_trio.observe.endpoints import serve_observe
 from akri_trio.observe.metrics import Registry
 
 resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))

@@ -16,7 +16,7 @@ import pytest
 import trio
 import trio.testing
 
-from akri_trio.observe.http import (
+from akri_trio.runtime.http import (
     DEFAULT_MAX_CONNECTIONS,
     Reply,
     connection_cap,

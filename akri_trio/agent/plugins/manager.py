@@ -95,8 +95,6 @@ def one_per_resource(
 
 
 class PluginManager:
-    workloads: WorkloadMounts | None = None  # brokerInfo directories, when the agent has them
-
     def __init__(
         self,
         view: NodeView,
@@ -105,7 +103,9 @@ class PluginManager:
         observe: AllocateObserver | None = None,
         on_registered: Callable[[], None] | None = None,
         on_refused: RefusalObserver | None = None,
+        workloads: WorkloadMounts | None = None,
     ) -> None:
+        self.workloads = workloads  # brokerInfo directories, when the agent has them
         self.on_registered = on_registered
         self.on_refused = on_refused
         self.view = view

@@ -2,10 +2,11 @@
 
 A person reads text; a log pipeline (Loki, Elasticsearch, `jq`) wants one JSON object per line
 with fields it can filter on without parsing the message. So every command takes the same two
-flags, and a line about one Configuration, Instance, node or discovery handler carries them as
-fields (`log.info(..., extra=fields(configuration=key))`): in JSON they are keys, in text they
-follow the message as `key=value`. `setup_logging` can also stamp fields on every line of a
-process (the agent's node). A bad `--log-level` is a usage error before anything starts, not a
+flags (`akri_trio.flaghelp.add_log_arguments`), and a line about one Configuration, Instance,
+node or discovery handler carries them as fields
+(`log.info(..., extra=fields(configuration=key))`): in JSON they are keys, in text they follow
+the message as `key=value`. `setup_logging` can also stamp fields on every line of a process
+(the agent's node). A bad `--log-level` is a usage error before anything starts, not a
 `ValueError` from `logging` deep in start-up.
 """
 
@@ -20,15 +21,12 @@ import sys
 from collections.abc import Mapping
 from typing import Any, TextIO
 
-from akri_trio.flaghelp import add_env_argument
-
 __all__ = [
     "FIELDS",
     "FORMATS",
     "LEVELS",
     "JsonFormatter",
     "TextFormatter",
-    "add_log_arguments",
     "fields",
     "log_format",
     "log_level",
@@ -61,32 +59,6 @@ def log_format(text: str) -> str:
     if fmt not in FORMATS:
         raise argparse.ArgumentTypeError(f"invalid format {text!r} (choose from text, json)")
     return fmt
-
-
-def add_log_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
-    """--log-level (env AKRI_LOG_LEVEL, default INFO) and --log-format (env AKRI_LOG_FORMAT,
-    default text). A bad value from the environment is reported like a bad flag."""
-    # argparse applies `type` to a string default, so a value from the env is checked too.
-    add_env_argument(
-        parser,
-        "--log-level",
-        env=env,
-        var="AKRI_LOG_LEVEL",
-        default="INFO",
-        type=log_level,
-        metavar="LEVEL",
-        help=f"{', '.join(LEVELS)} (any case)",
-    )
-    add_env_argument(
-        parser,
-        "--log-format",
-        env=env,
-        var="AKRI_LOG_FORMAT",
-        default="text",
-        type=log_format,
-        metavar="{text,json}",
-        help="text for people, json for one object per line",
-    )
 
 
 def fields(**values: object) -> dict[str, str]:

@@ -1,11 +1,12 @@
-"""The observability endpoint: /healthz, /readyz and /metrics over HTTP/1.1 on trio.
+"""A small HTTP/1.1 server on trio: the health/metrics endpoints and the admission webhook.
 
-Kubelet probes and Prometheus scrapes need a tiny HTTP server in every agent and controller
-pod; pulling in a web framework for three GET routes is not worth it. h11 (already here as an
-httpx dependency) does the protocol, so a malformed request is h11's to reject and ours only
-to answer with 400. Routing is a pure function of (method, target) so it is tested without
-sockets; the shell only moves bytes. The same shell (`serve_http`), with TLS, a bounded request
-body and a cap on open connections, serves the admission webhook (akri_trio.webhook.server).
+Kubelet probes, Prometheus scrapes and the API server's AdmissionReviews need a tiny HTTP server;
+pulling in a web framework for a few routes is not worth it. h11 (already here as an httpx
+dependency) does the protocol, so a malformed request is h11's to reject and ours only to answer
+with 400. What to answer is the caller's pure function of (method, target, body) (`Respond`;
+akri_trio.observe.endpoints routes /healthz, /readyz and /metrics); this shell only moves bytes.
+`serve_http`, with TLS, a bounded request body and a cap on open connections, serves the
+admission webhook (akri_trio.webhook.server) too.
 
 The timeouts this module owns are protocol-level: a connection waiting for its next request
 (a fresh one, or a kept-alive one between requests; a TLS handshake included) is closed after
@@ -25,46 +26,31 @@ whom to close is a pure function (`evictee`).
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import functools
 import logging
 import resource
 import ssl
-from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Mapping
 from typing import Any, Final, TypeAlias, TypeVar
 
-import attrs
 import h11
 import trio
-
-from akri_trio.flaghelp import add_env_argument
-from akri_trio.observe.metrics import CONTENT_TYPE, Registry, render
 
 __all__ = [
     "DEFAULT_MAX_CONNECTIONS",
     "ConnectionCap",
-    "NamedChecks",
-    "Readiness",
     "Reply",
     "Respond",
-    "add_metrics_max_connections",
     "connection_cap",
-    "evaluate_readiness",
     "evictee",
-    "handle_connection",
     "linger",
-    "route",
     "send_reply",
     "serve_connection",
     "serve_http",
-    "serve_observe",
 ]
 
 log = logging.getLogger(__name__)
-
-NamedChecks: TypeAlias = Mapping[str, Callable[[], bool]] | Sequence[tuple[str, Callable[[], bool]]]
-# Either one callable saying (ready, why) or named boolean checks, reported one per line.
-Readiness: TypeAlias = Callable[[], tuple[bool, str]] | NamedChecks
 
 TEXT = "text/plain; charset=utf-8"
 # Request heads are a line and a Host header; anything bigger is not one of our clients. h11
@@ -95,7 +81,7 @@ _REASONS = {
 }
 
 
-@attrs.frozen
+@dataclasses.dataclass(frozen=True)
 class Reply:
     status: int
     body: bytes
@@ -109,56 +95,6 @@ Respond: TypeAlias = Callable[[str, str, bytes], Reply]
 
 # --------------------------------------------------------------------------------------------
 # Pure core
-
-
-def evaluate_readiness(ready: Readiness) -> tuple[bool, str]:
-    """Run the checks; (all passed, a body naming each check). A check that raises fails."""
-    if callable(ready):
-        try:
-            ok, why = ready()
-        except Exception as exc:
-            return False, f"readiness check raised {exc!r}\n"
-        return ok, (why or ("ok" if ok else "not ready")) + "\n"
-    checks = list(ready.items()) if isinstance(ready, Mapping) else list(ready)
-    lines: list[str] = []
-    failing: list[str] = []
-    for name, check in checks:
-        try:
-            ok = bool(check())
-            detail = "ok" if ok else "failed"
-        except Exception as exc:
-            ok, detail = False, f"failed: {exc!r}"
-        if not ok:
-            failing.append(name)
-        # The kube-apiserver's verbose /readyz layout, familiar to anyone reading probe output.
-        lines.append(f"[{'+' if ok else '-'}]{name} {detail}")
-    lines.append(f"not ready: {', '.join(failing)}" if failing else "ok")
-    return not failing, "\n".join(lines) + "\n"
-
-
-def route(
-    method: str, target: str, *, registry: Registry, ready: Readiness, live: Readiness = ()
-) -> Reply:
-    """The response to one request. HEAD is GET without the body (the shell drops it).
-    /healthz runs the `live` checks (the event loop's lag), /readyz the `ready` ones."""
-    path = target.split("?", 1)[0]
-    if path not in ("/healthz", "/readyz", "/metrics"):
-        return Reply(404, b"not found\n")
-    if method not in ("GET", "HEAD"):
-        return Reply(405, b"method not allowed\n", headers=(("allow", "GET, HEAD"),))
-    if path in ("/healthz", "/readyz"):
-        # Answering at all is most of /healthz: a wedged event loop never gets here. A loop
-        # that only crawls does, and its lag check says so.
-        ok, why = evaluate_readiness(live if path == "/healthz" else ready)
-        return Reply(200 if ok else 503, why.encode())
-    try:
-        body = render(registry)
-    except Exception:
-        # A broken gauge callback: a 500 makes the scrape fail visibly (up == 0) instead of
-        # silently exporting a partial set that dashboards would read as real zeros.
-        log.exception("rendering /metrics failed")
-        return Reply(500, b"metrics collection failed\n")
-    return Reply(200, body, content_type=CONTENT_TYPE)
 
 
 def connection_cap(requested: int, fd_limit: int) -> int:
@@ -182,13 +118,13 @@ def evictee(connections: Mapping[K, tuple[bool, float]]) -> K | None:
 # I/O shell
 
 
-@attrs.define(eq=False)
+@dataclasses.dataclass(eq=False)
 class Activity:
     """What one connection is doing, for the cap: waiting for a request (idle) or busy with
     one, and since when."""
 
     idle: bool = True
-    since: float = attrs.field(factory=trio.current_time)
+    since: float = dataclasses.field(default_factory=trio.current_time)
 
     def mark(self, *, idle: bool) -> None:
         self.idle, self.since = idle, trio.current_time()
@@ -225,49 +161,9 @@ class ConnectionCap:
                 self.open.pop(scope, None)
 
 
-def add_metrics_max_connections(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
-    """--metrics-max-connections (METRICS_MAX_CONNECTIONS): the observe endpoint's cap."""
-    add_env_argument(
-        parser,
-        "--metrics-max-connections",
-        env=env,
-        var="METRICS_MAX_CONNECTIONS",
-        type=int,
-        default=DEFAULT_MAX_CONNECTIONS,
-        help="connections the health and metrics server serves at once (at most a quarter of "
-        "the file descriptor limit); one more takes the place of the one idle longest",
-    )
-
-
 def fd_limit() -> int:
     """This process's soft limit on open file descriptors."""
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-
-
-async def serve_observe(
-    host: str | None,
-    port: int,
-    *,
-    registry: Registry,
-    ready: Readiness = (),
-    live: Readiness = (),
-    request_timeout: float = 10.0,
-    idle_timeout: float | None = None,
-    max_connections: int = DEFAULT_MAX_CONNECTIONS,
-    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
-) -> None:
-    """Serve /healthz (`live` checks), /readyz (`ready` checks) and /metrics until cancelled
-    (see `serve_http`)."""
-    await serve_http(
-        host,
-        port,
-        _observe(registry, ready, live),
-        name="observe endpoint",
-        request_timeout=request_timeout,
-        idle_timeout=idle_timeout,
-        max_connections=max_connections,
-        task_status=task_status,
-    )
 
 
 async def serve_http(
@@ -325,23 +221,6 @@ async def serve_http(
         # serve_listeners closes them when it ran; this covers failing before it started.
         for listener in listeners:
             await trio.aclose_forcefully(listener)
-
-
-async def handle_connection(
-    stream: trio.abc.HalfCloseableStream,
-    *,
-    registry: Registry,
-    ready: Readiness,
-    request_timeout: float,
-) -> None:
-    """The observe endpoint on one connection (see `serve_connection`)."""
-    await serve_connection(stream, _observe(registry, ready), request_timeout=request_timeout)
-
-
-def _observe(registry: Registry, ready: Readiness, live: Readiness = ()) -> Respond:
-    return lambda method, target, _body: route(
-        method, target, registry=registry, ready=ready, live=live
-    )
 
 
 async def serve_connection(

@@ -1,0 +1,83 @@
+"""Which watched change wakes the agent's Configuration queue: the runner's mappers.
+
+Each is a plain function of a change (kube's `Mapper`: change -> keys), tested without a
+cluster; run.py only passes them to the runner. The Instance mapper also folds the change into
+the node view, so a reconcile never reads a view older than the change that caused it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import attrs
+
+from akri_trio.agent.status import node_entry_of
+from akri_trio.agent.view import NodeView, config_key
+from akri_trio.kube import Change, Mapper, ObjectKey
+from akri_trio.model.resources import Instance
+
+__all__ = ["configuration_changed", "instance_changed", "plan_inputs"]
+
+
+def instance_changed(view: NodeView) -> Mapper:
+    """The Instance watch's mapper: fold each change into the node view, and reconcile the
+    Configuration whose plan it may change. Both in one step, so a reconcile never reads a view
+    older than the change that caused it."""
+
+    def mapper(change: Change) -> Iterable[ObjectKey]:
+        before = view.instance(change.key)
+        if change.new is None:
+            view.drop_instance(change.key)
+            return () if before is None else (config_key(before),)
+        after = view.put_instance(change.new)
+        if after is before:
+            return ()
+        # Claims (every Allocate), brokerInfo and the other nodes' comings and goings are not
+        # the plan's business: on a shared Instance they are most of the traffic.
+        if before is None or plan_inputs(before, view.node) != plan_inputs(after, view.node):
+            return (config_key(after),)
+        return ()
+
+    return mapper
+
+
+def configuration_changed(node: str) -> Mapper:
+    """The Configuration watch's mapper: reconcile on every change but the other nodes' status
+    entries (N nodes each writing their own entry would make every agent reconcile N times)."""
+
+    def mapper(change: Change) -> Iterable[ObjectKey]:
+        old, new = change.old, change.new
+        if old is None or new is None or _but_status(old) != _but_status(new):
+            return (change.key,)
+        if node_entry_of(old.get("status"), node) != node_entry_of(new.get("status"), node):
+            return (change.key,)  # ours: e.g. removed by someone else
+        return ()
+
+    return mapper
+
+
+def _but_status(obj: Mapping[str, Any]) -> dict[str, Any]:
+    meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k != "resourceVersion"}
+    return {**{k: v for k, v in obj.items() if k != "status"}, "metadata": meta}
+
+
+def plan_inputs(inst: Instance, node: str) -> Instance:
+    """What `instances.plan` and the status depend on: everything but deviceUsage, brokerInfo
+    and which other nodes serve it (only whether this one does, and holds its finalizer)."""
+    meta, spec = inst.metadata, inst.spec
+    return attrs.evolve(
+        inst,
+        metadata=attrs.evolve(
+            meta,
+            resource_version="",
+            generation=0,
+            finalizers=tuple(f for f in meta.finalizers if f == node),
+        ),
+        spec=attrs.evolve(
+            spec,
+            device_usage={},
+            broker_info={},
+            nodes=tuple(n for n in spec.nodes if n == node),
+        ),
+    )
