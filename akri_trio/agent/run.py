@@ -221,6 +221,20 @@ def _plan_inputs(inst: Instance, node: str) -> Instance:
     )
 
 
+def embedded_handlers(settings: AgentSettings) -> list[AnyHandler]:
+    """The handlers this agent runs in-process. A built-in handler's module, and so its
+    libraries, is imported here, only when the settings enable it."""
+    handlers: list[AnyHandler] = []
+    if settings.enable_debug_echo:
+        echo = DebugEcho(shared=settings.debug_echo_shared)
+        if settings.debug_echo_availability is not None:
+            echo = attrs.evolve(echo, availability_path=settings.debug_echo_availability)
+        handlers.append(echo)
+    handlers.extend(load_handler(name, os.environ) for name in settings.embedded_handlers)
+    handlers.extend(settings.handlers)
+    return handlers
+
+
 async def run_agent(
     settings: AgentSettings,
     *,
@@ -233,14 +247,7 @@ async def run_agent(
         return
     view = NodeView(settings.node, max_capacity=settings.limits.max_capacity)
     registry = Registry(clock=trio.current_time)
-    if settings.enable_debug_echo:
-        echo = DebugEcho(shared=settings.debug_echo_shared)
-        if settings.debug_echo_availability is not None:
-            echo = attrs.evolve(echo, availability_path=settings.debug_echo_availability)
-        registry.register(embedded(echo))
-    for name in settings.embedded_handlers:
-        registry.register(embedded(load_handler(name, os.environ)))
-    for handler in settings.handlers:
+    for handler in embedded_handlers(settings):
         registry.register(embedded(handler))
     metrics = AgentMetrics()
     registry.subscribe(lambda _: metrics.update_handlers(registry))
