@@ -31,7 +31,7 @@ import logging
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
@@ -43,7 +43,6 @@ from akri_trio.agent.configurations import (
     ConfigurationLimits,
     ConfigurationReconciler,
 )
-from akri_trio.agent.dra.node import DraNode
 from akri_trio.agent.events import AgentEvents
 from akri_trio.agent.metrics import AgentMetrics
 from akri_trio.agent.plugins.claims import Claims
@@ -78,6 +77,9 @@ from akri_trio.kube import (
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES, Instance
 from akri_trio.observe.http import DEFAULT_MAX_CONNECTIONS, serve_observe
 from akri_trio.observe.lag import LAG_THRESHOLD_S, SAMPLE_PERIOD_S, LagMonitor
+
+if TYPE_CHECKING:
+    from akri_trio.agent.dra.node import DraNode
 
 log = logging.getLogger(__name__)
 
@@ -288,6 +290,9 @@ async def run_agent(
         ("instances-synced", lambda: instances.synced),
     ]
     if settings.allocation == "dra":  # no device plugins, nothing to reclaim
+        # Imported here: DRA's gRPC services and protobufs cost a device-plugin agent memory.
+        from akri_trio.agent.dra.node import DraNode
+
         dra = DraNode(
             api,
             view,

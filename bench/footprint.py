@@ -1,0 +1,241 @@
+"""What each akri-trio process costs at rest: its import time, its resident memory after
+start-up, and the CPU it burns while nothing changes.
+
+On a small board every role's start-up time and resident set is paid on every node, so each is
+measured against a floor taken in the same run: a bare `python -c pass` (its `-X importtime`
+total and its RSS). The import time of a role is the `-X importtime` cumulative time of the
+modules its entry point imports, beyond those the bare interpreter imports too (median of
+`--repeat` fresh interpreters). Then the real processes start, each against the local cluster
+and each scoped to the bench namespace: the agent (no Configuration; the debugEcho handler
+embedded), the controller (`--namespace akri-bench --no-leader-elect`), the webhook (a
+self-signed certificate) and a `discovery-handler debugEcho` registering with that agent. After
+`--settle` seconds their RSS is read, and their CPU over `--idle` seconds of nothing changing
+(utime + stime from /proc/<pid>/stat, % of one core).
+
+Usage: python -m bench.footprint [--repeat 5] [--settle 10] [--idle 60] [--no-write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+
+import trio
+
+from bench._agent_proc import agent_process, child_process
+from bench._common import (
+    BENCH_NS,
+    bench_api,
+    cluster_env,
+    code_stamp,
+    machine,
+    prepare_namespace,
+    table,
+    write_run,
+)
+from bench.scale import cpu_seconds, rss_mb
+
+# What each role's entry point imports before it does anything (akri_trio.__main__ dispatches
+# to these lazily, so each process pays for its own role only).
+ROLE_IMPORTS: dict[str, tuple[str, ...]] = {
+    "agent": ("akri_trio.agent.cli", "akri_trio.agent.run"),
+    "controller": ("akri_trio.controller.cli", "akri_trio.controller.run"),
+    "webhook": ("akri_trio.webhook.cli", "akri_trio.webhook.server"),
+    "discovery-handler debugEcho": (
+        "akri_trio.discovery.cli",
+        "akri_trio.discovery.standalone",
+        "akri_trio.discovery.handlers.debug_echo",
+    ),
+    "cli (akri-trio --help)": ("akri_trio.cli",),
+}
+NODE = "bench-footprint-node"
+
+
+# --- import time and RSS after import: fresh interpreters, no cluster -------------------------
+
+
+def _top_level_importtimes(stderr: str) -> dict[str, int]:
+    """{module: cumulative us} of the top-level entries of an `-X importtime` report."""
+    out: dict[str, int] = {}
+    for line in stderr.splitlines():
+        if not line.startswith("import time:") or "|" not in line:
+            continue
+        _, cumulative, name = line.split("|")
+        if name.startswith(" ") and not name.startswith("  "):  # one space: top level
+            try:
+                out[name.strip()] = int(cumulative)
+            except ValueError:  # the header line
+                continue
+    return out
+
+
+def import_ms(modules: Sequence[str], floor: dict[str, int]) -> float:
+    """The import time of `modules` in a fresh interpreter beyond the interpreter's own."""
+    code = "; ".join(f"import {m}" for m in modules) or "pass"
+    report = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stderr
+    own = _top_level_importtimes(report)
+    return sum(us for name, us in own.items() if name not in floor) / 1000
+
+
+def rss_after_import(modules: Sequence[str]) -> float:
+    """VmRSS in MB of a fresh interpreter that imported `modules`."""
+    # /proc read inline: importing a helper would add its own imports to what is measured
+    code = "".join(f"import {m}\n" for m in modules) + (
+        "for line in open('/proc/self/status'):\n"
+        "    if line.startswith('VmRSS:'):\n"
+        "        print(int(line.split()[1]) / 1024)\n"
+    )
+    return float(
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        ).stdout.split()[-1]
+    )
+
+
+def imports_table(repeat: int) -> str:
+    floor_report = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", "pass"], capture_output=True, text=True
+    ).stderr
+    floor = _top_level_importtimes(floor_report)
+    floor_ms = sum(floor.values()) / 1000
+    floor_rss = rss_after_import(())
+    rows = [["python -c pass (floor)", f"{floor_ms:.1f}", "1.0", f"{floor_rss:.1f}", "1.0"]]
+    for role, modules in ROLE_IMPORTS.items():
+        ms = statistics.median(import_ms(modules, floor) for _ in range(repeat))
+        rss = rss_after_import(modules)
+        rows.append([role, f"{ms:.0f}", f"{ms / floor_ms:.1f}", f"{rss:.1f}", f"{rss / floor_rss:.1f}"])  # fmt: skip
+    headers = ["role", "import ms", "x floor", "RSS after import MB", "x floor"]
+    return table(headers, rows)
+
+
+# --- the real processes, against the cluster ---------------------------------------------------
+
+
+@asynccontextmanager
+async def controller_process(root: Path, kubeconfig: str) -> AsyncIterator[trio.Process]:
+    cmd = [
+        sys.executable, "-m", "akri_trio", "controller",
+        "--kubeconfig", kubeconfig,
+        "--namespace", BENCH_NS,
+        "--no-leader-elect",
+        "--metrics-port", "-1",
+        "--log-level", "WARNING",
+    ]  # fmt: skip
+    async with child_process(cmd, root / "controller.log") as proc:
+        yield proc
+
+
+@asynccontextmanager
+async def webhook_process(root: Path, kubeconfig: str) -> AsyncIterator[trio.Process]:
+    from akri_trio.webhook.certs import serving_certs
+
+    certs = serving_certs("bench-webhook", BENCH_NS, dt.datetime.now(dt.UTC), ips=["127.0.0.1"])
+    (root / "tls.crt").write_bytes(certs.cert_pem)
+    (root / "tls.key").write_bytes(certs.key_pem)
+    cmd = [
+        sys.executable, "-m", "akri_trio", "webhook",
+        "--tls-cert-file", str(root / "tls.crt"),
+        "--tls-key-file", str(root / "tls.key"),
+        "--kubeconfig", kubeconfig,
+        "--host", "127.0.0.1",
+        "--port", "0",
+        "--log-level", "WARNING",
+    ]  # fmt: skip
+    async with child_process(cmd, root / "webhook.log") as proc:
+        yield proc
+
+
+@asynccontextmanager
+async def handler_process(root: Path) -> AsyncIterator[trio.Process]:
+    cmd = [
+        sys.executable, "-m", "akri_trio", "discovery-handler", "debugEcho",
+        "--registration-socket", str(root / "akri" / "agent-registration.sock"),
+        "--socket", str(root / "echo.sock"),
+        "--log-level", "WARNING",
+    ]  # fmt: skip
+    env = {**os.environ, "DEBUG_ECHO_AVAILABILITY": str(root / "avail")}
+    async with child_process(cmd, root / "handler.log", env) as proc:
+        yield proc
+
+
+async def processes_table(args: argparse.Namespace) -> str:
+    env = cluster_env()
+    async with bench_api(env["KUBECONFIG"]) as api:
+        await prepare_namespace(api)
+    with tempfile.TemporaryDirectory(prefix="akf", dir="/tmp") as tmp:
+        root = Path(tmp)
+        async with AsyncExitStack() as stack:
+            procs = {
+                "agent (no Configuration)": await stack.enter_async_context(
+                    agent_process(root, env["KUBECONFIG"], NODE)
+                ),
+                "controller (bench namespace)": await stack.enter_async_context(
+                    controller_process(root, env["KUBECONFIG"])
+                ),
+                "webhook": await stack.enter_async_context(
+                    webhook_process(root, env["KUBECONFIG"])
+                ),
+                "discovery-handler debugEcho": await stack.enter_async_context(
+                    handler_process(root)
+                ),
+            }
+            await trio.sleep(args.settle)
+            for name, proc in procs.items():
+                if proc.returncode is not None:
+                    raise SystemExit(f"{name} exited ({proc.returncode}); see its log in {root}")
+            floor_rss = rss_after_import(())
+            rss = {name: rss_mb(proc.pid)[0] for name, proc in procs.items()}
+            cpu0 = {name: cpu_seconds(proc.pid) for name, proc in procs.items()}
+            t0 = time.monotonic()
+            await trio.sleep(args.idle)
+            wall = time.monotonic() - t0
+            rows = [
+                [
+                    name,
+                    f"{rss[name]:.1f}",
+                    f"{rss[name] / floor_rss:.1f}",
+                    f"{100 * (cpu_seconds(proc.pid) - cpu0[name]) / wall:.3f}",
+                ]
+                for name, proc in procs.items()
+            ]
+    headers = ["process", "RSS MB settled", "x floor RSS", f"idle CPU % ({args.idle:.0f} s)"]
+    return table(headers, rows)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.footprint", description=__doc__)
+    p.add_argument("--repeat", type=int, default=5, help="fresh interpreters per import time")
+    p.add_argument("--settle", type=float, default=10.0, help="seconds before RSS is read")
+    p.add_argument("--idle", type=float, default=60.0, help="the idle CPU window")
+    p.add_argument("--no-cluster", action="store_true", help="the import table only")
+    p.add_argument("--no-write", action="store_true", help="do not append to bench/RESULTS.md")
+    args = p.parse_args()
+    parts = [imports_table(args.repeat)]
+    print(parts[0], flush=True)
+    if not args.no_cluster:
+        parts.append(trio.run(processes_table, args))
+        print(parts[1], flush=True)
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    text = f"### footprint {stamp} ({machine()}; akri_trio code {code_stamp()})\n\n" + "\n\n".join(
+        parts
+    )
+    if not args.no_write:
+        write_run("footprint", text)
+
+
+if __name__ == "__main__":
+    main()
