@@ -25,8 +25,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import Sequence
+from contextlib import AsyncExitStack
 from pathlib import Path
 
 import trio
@@ -117,7 +117,9 @@ def imports_table(repeat: int) -> str:
     for role, modules in ROLE_IMPORTS.items():
         ms = statistics.median(import_ms(modules, floor) for _ in range(repeat))
         rss = rss_after_import(modules)
-        rows.append([role, f"{ms:.0f}", f"{ms / floor_ms:.1f}", f"{rss:.1f}", f"{rss / floor_rss:.1f}"])  # fmt: skip
+        rows.append(
+            [role, f"{ms:.0f}", f"{ms / floor_ms:.1f}", f"{rss:.1f}", f"{rss / floor_rss:.1f}"]
+        )
     headers = ["role", "import ms", "x floor", "RSS after import MB", "x floor"]
     return table(headers, rows)
 
@@ -125,51 +127,38 @@ def imports_table(repeat: int) -> str:
 # --- the real processes, against the cluster ---------------------------------------------------
 
 
-@asynccontextmanager
-async def controller_process(root: Path, kubeconfig: str) -> AsyncIterator[trio.Process]:
-    cmd = [
-        sys.executable, "-m", "akri_trio", "controller",
-        "--kubeconfig", kubeconfig,
-        "--namespace", BENCH_NS,
-        "--no-leader-elect",
-        "--metrics-port", "-1",
-        "--log-level", "WARNING",
-    ]  # fmt: skip
-    async with child_process(cmd, root / "controller.log") as proc:
-        yield proc
+def role_command(*args: str) -> list[str]:
+    """`akri-trio ARGS` as this interpreter runs it, logging warnings only."""
+    return [sys.executable, "-m", "akri_trio", *args, "--log-level", "WARNING"]
 
 
-@asynccontextmanager
-async def webhook_process(root: Path, kubeconfig: str) -> AsyncIterator[trio.Process]:
+def controller_command(kubeconfig: str) -> list[str]:
+    return role_command(
+        "controller", "--kubeconfig", kubeconfig, "--namespace", BENCH_NS,
+        "--no-leader-elect", "--metrics-port", "-1",
+    )  # fmt: skip
+
+
+def webhook_command(root: Path, kubeconfig: str) -> list[str]:
+    """The webhook serving a fresh self-signed certificate written under `root`."""
     from akri_trio.webhook.certs import serving_certs
 
     certs = serving_certs("bench-webhook", BENCH_NS, dt.datetime.now(dt.UTC), ips=["127.0.0.1"])
     (root / "tls.crt").write_bytes(certs.cert_pem)
     (root / "tls.key").write_bytes(certs.key_pem)
-    cmd = [
-        sys.executable, "-m", "akri_trio", "webhook",
-        "--tls-cert-file", str(root / "tls.crt"),
-        "--tls-key-file", str(root / "tls.key"),
-        "--kubeconfig", kubeconfig,
-        "--host", "127.0.0.1",
-        "--port", "0",
-        "--log-level", "WARNING",
-    ]  # fmt: skip
-    async with child_process(cmd, root / "webhook.log") as proc:
-        yield proc
+    return role_command(
+        "webhook", "--tls-cert-file", str(root / "tls.crt"), "--tls-key-file",
+        str(root / "tls.key"), "--kubeconfig", kubeconfig, "--host", "127.0.0.1", "--port", "0",
+    )  # fmt: skip
 
 
-@asynccontextmanager
-async def handler_process(root: Path) -> AsyncIterator[trio.Process]:
-    cmd = [
-        sys.executable, "-m", "akri_trio", "discovery-handler", "debugEcho",
+def handler_command(root: Path) -> list[str]:
+    """`discovery-handler debugEcho`, registering with the agent whose root is `root`."""
+    return role_command(
+        "discovery-handler", "debugEcho",
         "--registration-socket", str(root / "akri" / "agent-registration.sock"),
         "--socket", str(root / "echo.sock"),
-        "--log-level", "WARNING",
-    ]  # fmt: skip
-    env = {**os.environ, "DEBUG_ECHO_AVAILABILITY": str(root / "avail")}
-    async with child_process(cmd, root / "handler.log", env) as proc:
-        yield proc
+    )  # fmt: skip
 
 
 async def processes_table(args: argparse.Namespace) -> str:
@@ -178,19 +167,20 @@ async def processes_table(args: argparse.Namespace) -> str:
         await prepare_namespace(api)
     with tempfile.TemporaryDirectory(prefix="akf", dir="/tmp") as tmp:
         root = Path(tmp)
+        handler_env = {**os.environ, "DEBUG_ECHO_AVAILABILITY": str(root / "avail")}
         async with AsyncExitStack() as stack:
             procs = {
                 "agent (no Configuration)": await stack.enter_async_context(
                     agent_process(root, env["KUBECONFIG"], NODE)
                 ),
                 "controller (bench namespace)": await stack.enter_async_context(
-                    controller_process(root, env["KUBECONFIG"])
+                    child_process(controller_command(env["KUBECONFIG"]), root / "controller.log")
                 ),
                 "webhook": await stack.enter_async_context(
-                    webhook_process(root, env["KUBECONFIG"])
+                    child_process(webhook_command(root, env["KUBECONFIG"]), root / "webhook.log")
                 ),
                 "discovery-handler debugEcho": await stack.enter_async_context(
-                    handler_process(root)
+                    child_process(handler_command(root), root / "handler.log", handler_env)
                 ),
             }
             await trio.sleep(args.settle)
