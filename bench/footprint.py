@@ -10,9 +10,14 @@ and each scoped to the bench namespace: the agent (no Configuration; the debugEc
 embedded), the controller (`--namespace akri-bench --no-leader-elect`), the webhook (a
 self-signed certificate) and a `discovery-handler debugEcho` registering with that agent. After
 `--settle` seconds their RSS is read, and their CPU over `--idle` seconds of nothing changing
-(utime + stime from /proc/<pid>/stat, % of one core).
+(utime + stime from /proc/<pid>/stat, % of one core: one window, so the clock tick's 10 ms is
+0.017 % of a minute). Then a Configuration of `--devices` debugEcho devices (a kubelet stand-in
+takes their plugins), and the agent's and the controller's RSS and idle CPU again once settled.
+The agent's API requests are not counted here (counting wakes it); `--agent-flags` gives it
+more flags, e.g. the periods of an earlier default to compare with.
 
-Usage: python -m bench.footprint [--repeat 5] [--settle 10] [--idle 60] [--no-write]
+Usage: python -m bench.footprint [--repeat 5] [--settle 10] [--idle 60] [--devices 200]
+       [--agent-flags "..."] [--no-write]
 """
 
 from __future__ import annotations
@@ -31,18 +36,22 @@ from pathlib import Path
 
 import trio
 
+from akri_trio.kube.client import Client
+from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
 from bench._agent_proc import agent_process, child_process
 from bench._common import (
     BENCH_NS,
     bench_api,
     cluster_env,
-    code_stamp,
+    echo_config,
     machine,
     prepare_namespace,
+    purge_namespace,
     table,
     write_run,
 )
-from bench.scale import cpu_seconds, rss_mb
+from bench.scale import count_instances, cpu_seconds, rss_mb, until
+from tests.support.kubelet_standin import KubeletStandin
 
 # What each role's entry point imports before it does anything (akri_trio.__main__ dispatches
 # to these lazily, so each process pays for its own role only).
@@ -161,48 +170,110 @@ def handler_command(root: Path) -> list[str]:
     )  # fmt: skip
 
 
+async def akri_versions(api: Client) -> dict[str, str]:
+    """{kind/name: resourceVersion} of the akri objects in the bench namespace."""
+    out: dict[str, str] = {}
+    for resource in (CONFIGURATIONS, INSTANCES):
+        for obj in (await api.list(resource, namespace=BENCH_NS)).items:
+            out[f"{resource.plural}/{obj['metadata']['name']}"] = obj["metadata"]["resourceVersion"]
+    return out
+
+
+async def measure(
+    api: Client, procs: dict[str, trio.Process], idle: float, tries: int = 3
+) -> dict[str, tuple[float, float]]:
+    """{name: (RSS MB, CPU % of one core over `idle` seconds)}, from the first of `tries`
+    windows in which no akri object of the bench namespace changed (the shared cluster's test
+    fixtures purge every namespace now and then: a window with the agent re-creating what was
+    purged is not idle). Raises if none was."""
+    for _ in range(tries):
+        before = await akri_versions(api)
+        rss = {name: rss_mb(proc.pid)[0] for name, proc in procs.items()}
+        cpu0 = {name: cpu_seconds(proc.pid) for name, proc in procs.items()}
+        t0 = time.monotonic()
+        await trio.sleep(idle)
+        wall = time.monotonic() - t0
+        cpu = {
+            name: 100 * (cpu_seconds(proc.pid) - cpu0[name]) / wall for name, proc in procs.items()
+        }
+        if await akri_versions(api) == before:
+            return {name: (rss[name], cpu[name]) for name in procs}
+        print("  an akri object changed during the window (purged?); measuring again", flush=True)
+    raise SystemExit(f"no undisturbed {idle:g} s window in {tries} tries")
+
+
+async def with_devices(api: Client, kubelet: KubeletStandin, n: int, limit: float) -> None:
+    """Our Configuration of `n` debugEcho devices applied; return once the API server has its
+    `n` Instances and the kubelet stand-in every plugin (and the agent's own), healthy."""
+    await api.create(CONFIGURATIONS, echo_config("footprint", [f"fp-{i:04d}" for i in range(n)], 1))
+
+    async def all_there() -> bool:
+        return await count_instances(api) >= n
+
+    await until(all_there, limit)
+
+    def registered(k: KubeletStandin) -> bool:
+        healthy = sum(1 for r in k.devices if k.healthy(r))
+        return len(k.registrations) == n + 1 and healthy == n + 1
+
+    await trio.to_thread.run_sync(kubelet.wait_for, registered, limit)
+
+
 async def processes_table(args: argparse.Namespace) -> str:
     env = cluster_env()
+    floor_rss = rss_after_import(())
+    rows: list[list[str]] = []
+
+    def add(phase: str, measured: dict[str, tuple[float, float]]) -> None:
+        for name, (rss, cpu) in measured.items():
+            rows.append([name, phase, f"{rss:.1f}", f"{rss / floor_rss:.1f}", f"{cpu:.3f}"])
+
     async with bench_api(env["KUBECONFIG"]) as api:
         await prepare_namespace(api)
-    with tempfile.TemporaryDirectory(prefix="akf", dir="/tmp") as tmp:
-        root = Path(tmp)
-        handler_env = {**os.environ, "DEBUG_ECHO_AVAILABILITY": str(root / "avail")}
-        async with AsyncExitStack() as stack:
-            procs = {
-                "agent (no Configuration)": await stack.enter_async_context(
-                    agent_process(root, env["KUBECONFIG"], NODE)
-                ),
-                "controller (bench namespace)": await stack.enter_async_context(
-                    child_process(controller_command(env["KUBECONFIG"]), root / "controller.log")
-                ),
-                "webhook": await stack.enter_async_context(
-                    child_process(webhook_command(root, env["KUBECONFIG"]), root / "webhook.log")
-                ),
-                "discovery-handler debugEcho": await stack.enter_async_context(
-                    child_process(handler_command(root), root / "handler.log", handler_env)
-                ),
-            }
-            await trio.sleep(args.settle)
-            for name, proc in procs.items():
-                if proc.returncode is not None:
-                    raise SystemExit(f"{name} exited ({proc.returncode}); see its log in {root}")
-            floor_rss = rss_after_import(())
-            rss = {name: rss_mb(proc.pid)[0] for name, proc in procs.items()}
-            cpu0 = {name: cpu_seconds(proc.pid) for name, proc in procs.items()}
-            t0 = time.monotonic()
-            await trio.sleep(args.idle)
-            wall = time.monotonic() - t0
-            rows = [
-                [
-                    name,
-                    f"{rss[name]:.1f}",
-                    f"{rss[name] / floor_rss:.1f}",
-                    f"{100 * (cpu_seconds(proc.pid) - cpu0[name]) / wall:.3f}",
-                ]
-                for name, proc in procs.items()
-            ]
-    headers = ["process", "RSS MB settled", "x floor RSS", f"idle CPU % ({args.idle:.0f} s)"]
+        with tempfile.TemporaryDirectory(prefix="akf", dir="/tmp") as tmp:
+            root = Path(tmp)
+            handler_env = {**os.environ, "DEBUG_ECHO_AVAILABILITY": str(root / "avail")}
+            kubelet = KubeletStandin(root / "dp").start()
+            try:
+                async with AsyncExitStack() as stack:
+                    procs = {
+                        "agent": await stack.enter_async_context(
+                            agent_process(
+                                root,
+                                env["KUBECONFIG"],
+                                NODE,
+                                *args.agent_flags,
+                                count_requests=False,
+                            )
+                        ),
+                        "controller (bench namespace)": await stack.enter_async_context(
+                            child_process(
+                                controller_command(env["KUBECONFIG"]), root / "controller.log"
+                            )
+                        ),
+                        "webhook": await stack.enter_async_context(
+                            child_process(
+                                webhook_command(root, env["KUBECONFIG"]), root / "webhook.log"
+                            )
+                        ),
+                        "discovery-handler debugEcho": await stack.enter_async_context(
+                            child_process(handler_command(root), root / "handler.log", handler_env)
+                        ),
+                    }
+                    await trio.sleep(args.settle)
+                    for name, proc in procs.items():
+                        if proc.returncode is not None:
+                            raise SystemExit(f"{name} exited ({proc.returncode}); logs: {root}")
+                    add("no Configuration", await measure(api, procs, args.idle))
+                    if args.devices:
+                        await with_devices(api, kubelet, args.devices, args.limit)
+                        await trio.sleep(args.settle)
+                        busy = {k: v for k, v in procs.items() if k.startswith(("agent", "contr"))}
+                        add(f"{args.devices} devices, settled", await measure(api, busy, args.idle))
+            finally:
+                kubelet.stop()
+                await purge_namespace(api)
+    headers = ["process", "phase", "RSS MB", "x floor RSS", f"idle CPU % ({args.idle:.0f} s)"]
     return table(headers, rows)
 
 
@@ -211,6 +282,14 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=5, help="fresh interpreters per import time")
     p.add_argument("--settle", type=float, default=10.0, help="seconds before RSS is read")
     p.add_argument("--idle", type=float, default=60.0, help="the idle CPU window")
+    p.add_argument("--devices", type=int, default=200, help="then this many debugEcho devices")
+    p.add_argument("--limit", type=float, default=120.0, help="seconds the devices may take")
+    p.add_argument(
+        "--agent-flags",
+        type=str.split,
+        default=[],
+        help='more agent flags, one string (e.g. "--kubelet-poll-period 0.2")',
+    )
     p.add_argument("--no-cluster", action="store_true", help="the import table only")
     p.add_argument("--no-write", action="store_true", help="do not append to bench/RESULTS.md")
     args = p.parse_args()
@@ -220,9 +299,8 @@ def main() -> None:
         parts.append(trio.run(processes_table, args))
         print(parts[1], flush=True)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    text = f"### footprint {stamp} ({machine()}; akri_trio code {code_stamp()})\n\n" + "\n\n".join(
-        parts
-    )
+    flags = f"; agent flags: `{' '.join(args.agent_flags)}`" if args.agent_flags else ""
+    text = f"### footprint {stamp} ({machine()}{flags})\n\n" + "\n\n".join(parts)
     if not args.no_write:
         write_run("footprint", text)
 

@@ -46,12 +46,14 @@ from akri_trio.agent.configurations import (
 from akri_trio.agent.events import AgentEvents
 from akri_trio.agent.metrics import AgentMetrics
 from akri_trio.agent.plugins.claims import Claims
+from akri_trio.agent.plugins.kubelet import POLL_S as KUBELET_POLL_S
 from akri_trio.agent.plugins.kubelet import KubeletWatch
 from akri_trio.agent.plugins.manager import PluginManager
 from akri_trio.agent.reclaimer import DEFAULT_PERIOD_S, Reclaimer
 from akri_trio.agent.status import node_entry_of
 from akri_trio.agent.view import NodeView, config_key
 from akri_trio.discovery.handlers import load_handler
+from akri_trio.discovery.handlers.debug_echo import DEFAULT_POLL_S as DEBUG_ECHO_POLL_S
 from akri_trio.discovery.handlers.debug_echo import DebugEcho
 from akri_trio.discovery.interface import AnyHandler
 from akri_trio.discovery.registration import (
@@ -102,6 +104,9 @@ class AgentSettings:
     enable_debug_echo: bool = False
     debug_echo_shared: bool = False
     debug_echo_availability: Path | None = None
+    debug_echo_poll_period: float = DEBUG_ECHO_POLL_S
+    # Seconds between two looks for a kubelet restart (akri_trio.agent.plugins.kubelet).
+    kubelet_poll_period: float = KUBELET_POLL_S
     metrics_port: int | None = 8080
     metrics_host: str = "0.0.0.0"
     metrics_max_connections: int = DEFAULT_MAX_CONNECTIONS
@@ -228,7 +233,9 @@ def embedded_handlers(settings: AgentSettings) -> list[AnyHandler]:
     libraries, is imported here, only when the settings enable it."""
     handlers: list[AnyHandler] = []
     if settings.enable_debug_echo:
-        echo = DebugEcho(shared=settings.debug_echo_shared)
+        echo = DebugEcho(
+            shared=settings.debug_echo_shared, poll_interval=settings.debug_echo_poll_period
+        )
         if settings.debug_echo_availability is not None:
             echo = attrs.evolve(echo, availability_path=settings.debug_echo_availability)
         handlers.append(echo)
@@ -264,7 +271,7 @@ async def run_agent(
         configuration=configs.get,
         instance=lambda key: _instance_ref(view, key),
     )
-    watch = KubeletWatch(settings.device_plugin_dir)
+    watch = KubeletWatch(settings.device_plugin_dir, settings.kubelet_poll_period)
     plugins = PluginManager(
         view,
         claims,
