@@ -28,11 +28,12 @@ from bench._common import BENCH_NS, REPO, bench_api, bench_echo
 
 @asynccontextmanager
 async def agent_process(
-    root: Path, kubeconfig: str, node: str, *extra: str
+    root: Path, kubeconfig: str, node: str, *extra: str, count_requests: bool = True
 ) -> AsyncIterator[trio.Process]:
     """This module as a child process, sockets under `root` (the kubelet's device-plugin dir
     is `root/dp`), its log in `root/agent.log`, the count of its API requests in
-    `root/requests.json` (see `requests_of`); SIGTERM (then SIGKILL) on exit."""
+    `root/requests.json` unless `count_requests` is False (see `requests_of`); SIGTERM (then
+    SIGKILL) on exit."""
     (root / "dp").mkdir(exist_ok=True)
     cmd = [
         sys.executable, "-m", "bench._agent_proc",
@@ -47,7 +48,8 @@ async def agent_process(
         "--log-level", "WARNING",
         *extra,
     ]  # fmt: skip
-    env = {**os.environ, REQUESTS_ENV: str(root / "requests.json")}
+    # Counting wakes the agent every REQUESTS_PERIOD_S: a bench of idleness goes without.
+    env = {**os.environ, REQUESTS_ENV: str(root / "requests.json")} if count_requests else None
     async with child_process(cmd, root / "agent.log", env) as proc:
         yield proc
 
@@ -156,7 +158,7 @@ def main(argv: list[str]) -> int:
     settings = parse_args(argv, os.environ)
     setup_logging(log_level(os.environ.get("AKRI_LOG_LEVEL", "INFO")), "text")
     availability = settings.debug_echo_availability or Path("/tmp/debug-echo-availability.txt")
-    poll = float(os.environ.get("BENCH_ECHO_POLL", "0.2"))
+    poll = float(os.environ.get("BENCH_ECHO_POLL", settings.debug_echo_poll_period))
     echo = bench_echo(availability, poll, shared=settings.debug_echo_shared)
     namespace = settings.namespace or BENCH_NS  # a bench may give its own with --namespace
     settings = attrs.evolve(

@@ -19,9 +19,12 @@ import trio
 from akri_trio.agent.brokerinfo import DEFAULT_PERIOD_S as BROKER_INFO_PERIOD_S
 from akri_trio.agent.brokerinfo import Limits
 from akri_trio.agent.configurations import ConfigurationLimits
+from akri_trio.agent.plugins.kubelet import POLL_S as KUBELET_POLL_S
 from akri_trio.agent.run import AgentSettings, run_agent
 from akri_trio.discovery.device_rules import DeviceRules, host_path_problem
 from akri_trio.discovery.handlers import BUILTIN
+from akri_trio.discovery.handlers.debug_echo import DEFAULT_POLL_S as DEBUG_ECHO_POLL_S
+from akri_trio.discovery.handlers.debug_echo import POLL_ENV as DEBUG_ECHO_POLL_ENV
 from akri_trio.discovery.host_critical import parse_allowances
 from akri_trio.flaghelp import (
     Parser,
@@ -35,7 +38,7 @@ from akri_trio.kube.client import Client
 from akri_trio.kube.config import KubeConfig, load_config
 from akri_trio.model import limits as model_limits
 from akri_trio.observe.endpoints import add_metrics_max_connections
-from akri_trio.observe.lag import LAG_THRESHOLD_S
+from akri_trio.observe.lag import LAG_THRESHOLD_S, SAMPLE_PERIOD_S
 from akri_trio.rpc import uds
 from akri_trio.runtime.logs import log_startup, setup_logging
 from akri_trio.shutdown import run_until_signalled
@@ -129,6 +132,27 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
     )
     add_env_argument(
         p,
+        "--debug-echo-poll-period",
+        env=env,
+        var=DEBUG_ECHO_POLL_ENV,
+        type=float,
+        default=DEBUG_ECHO_POLL_S,
+        metavar="SECONDS",
+        help="how often debugEcho looks at its availability file, as the standalone handler's",
+    )
+    add_env_argument(
+        p,
+        "--kubelet-poll-period",
+        env=env,
+        var="AKRI_KUBELET_POLL_PERIOD",
+        type=float,
+        default=KUBELET_POLL_S,
+        metavar="SECONDS",
+        help="how often the device-plugin directory and kubelet.sock are looked at for a "
+        "kubelet restart (the plugins then register again)",
+    )
+    add_env_argument(
+        p,
         "--metrics-host",
         env=env,
         var="METRICS_HOST",
@@ -145,6 +169,17 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         metavar="SECONDS",
         help="/healthz fails while the event loop runs this late (akri_event_loop_lag_seconds "
         "has each sample)",
+    )
+    add_env_argument(
+        p,
+        "--event-loop-lag-period",
+        env=env,
+        var="AKRI_EVENT_LOOP_LAG_PERIOD",
+        type=float,
+        default=SAMPLE_PERIOD_S,
+        metavar="SECONDS",
+        help="how often the lag sampler wakes (one akri_event_loop_lag_seconds sample each): "
+        "a stall longer than this is always sampled",
     )
     add_metrics_max_connections(p, env)
     add_env_argument(
@@ -241,7 +276,12 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         default=Path("/var/run/cdi"),
         help="DRA: where the container runtime reads CDI specs (one is written per claim)",
     )
-    p.add_argument("--reclaim-period", type=float, default=10.0)
+    p.add_argument(
+        "--reclaim-period",
+        type=float,
+        default=10.0,
+        help="seconds between two passes of the slot reclaimer (one PodResources List)",
+    )
     p.add_argument(
         "--reclaim-grace",
         type=float,
@@ -309,6 +349,9 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         p.error(f"brokerInfo limits: {exc}")
     if not args.event_loop_lag_threshold > 0:
         p.error("--event-loop-lag-threshold must be a positive number of seconds")
+    for flag in ("event_loop_lag_period", "debug_echo_poll_period", "kubelet_poll_period"):
+        if not getattr(args, flag) > 0:
+            p.error(f"--{flag.replace('_', '-')} must be a positive number of seconds")
     if not args.broker_info_period > 0:
         p.error("--broker-info-period must be a positive number of seconds")
     # No handler may hand a container a path the agent was given: they are the node's keys.
@@ -342,10 +385,13 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         enable_debug_echo=args.enable_debug_echo,
         debug_echo_shared=args.debug_echo_shared,
         debug_echo_availability=args.debug_echo_availability,
+        debug_echo_poll_period=args.debug_echo_poll_period,
+        kubelet_poll_period=args.kubelet_poll_period,
         metrics_port=None if args.metrics_port < 0 else args.metrics_port,
         metrics_host=args.metrics_host,
         metrics_max_connections=args.metrics_max_connections,
         lag_threshold=args.event_loop_lag_threshold,
+        lag_period=args.event_loop_lag_period,
         configuration_selector=args.configuration_selector,
         handler_group=args.handler_group,
         limits=ConfigurationLimits(

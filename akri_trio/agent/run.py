@@ -33,7 +33,7 @@ import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
@@ -45,16 +45,17 @@ from akri_trio.agent.configurations import (
     ConfigurationLimits,
     ConfigurationReconciler,
 )
-from akri_trio.agent.dra.node import DraNode
 from akri_trio.agent.events import AgentEvents
 from akri_trio.agent.metrics import AgentMetrics
 from akri_trio.agent.plugins.claims import Claims
+from akri_trio.agent.plugins.kubelet import POLL_S as KUBELET_POLL_S
 from akri_trio.agent.plugins.kubelet import KubeletWatch
 from akri_trio.agent.plugins.manager import PluginManager
 from akri_trio.agent.reclaimer import DEFAULT_PERIOD_S, Reclaimer
 from akri_trio.agent.triggers import configuration_changed, instance_changed
 from akri_trio.agent.view import NodeView
 from akri_trio.discovery.handlers import load_handler
+from akri_trio.discovery.handlers.debug_echo import DEFAULT_POLL_S as DEBUG_ECHO_POLL_S
 from akri_trio.discovery.handlers.debug_echo import DebugEcho
 from akri_trio.discovery.interface import AnyHandler
 from akri_trio.discovery.registration import (
@@ -80,6 +81,9 @@ from akri_trio.observe.endpoints import serve_observe
 from akri_trio.observe.lag import LAG_THRESHOLD_S, SAMPLE_PERIOD_S, LagMonitor
 from akri_trio.runtime.http import DEFAULT_MAX_CONNECTIONS
 
+if TYPE_CHECKING:
+    from akri_trio.agent.dra.node import DraNode
+
 log = logging.getLogger(__name__)
 
 REGISTRATION_SOCKET = "agent-registration.sock"
@@ -101,6 +105,9 @@ class AgentSettings:
     enable_debug_echo: bool = False
     debug_echo_shared: bool = False
     debug_echo_availability: Path | None = None
+    debug_echo_poll_period: float = DEBUG_ECHO_POLL_S
+    # Seconds between two looks for a kubelet restart (akri_trio.agent.plugins.kubelet).
+    kubelet_poll_period: float = KUBELET_POLL_S
     metrics_port: int | None = 8080
     metrics_host: str = "0.0.0.0"
     metrics_max_connections: int = DEFAULT_MAX_CONNECTIONS
@@ -159,6 +166,22 @@ def _field(obj: Mapping[str, Any] | None, *path: str) -> Any:
     return obj
 
 
+def embedded_handlers(settings: AgentSettings) -> list[AnyHandler]:
+    """The handlers this agent runs in-process. A built-in handler's module, and so its
+    libraries, is imported here, only when the settings enable it."""
+    handlers: list[AnyHandler] = []
+    if settings.enable_debug_echo:
+        echo = DebugEcho(
+            shared=settings.debug_echo_shared, poll_interval=settings.debug_echo_poll_period
+        )
+        if settings.debug_echo_availability is not None:
+            echo = attrs.evolve(echo, availability_path=settings.debug_echo_availability)
+        handlers.append(echo)
+    handlers.extend(load_handler(name, os.environ) for name in settings.embedded_handlers)
+    handlers.extend(settings.handlers)
+    return handlers
+
+
 async def run_agent(
     settings: AgentSettings,
     *,
@@ -171,14 +194,7 @@ async def run_agent(
         return
     view = NodeView(settings.node, max_capacity=settings.limits.max_capacity)
     registry = Registry(clock=trio.current_time)
-    if settings.enable_debug_echo:
-        echo = DebugEcho(shared=settings.debug_echo_shared)
-        if settings.debug_echo_availability is not None:
-            echo = attrs.evolve(echo, availability_path=settings.debug_echo_availability)
-        registry.register(embedded(echo))
-    for name in settings.embedded_handlers:
-        registry.register(embedded(load_handler(name, os.environ)))
-    for handler in settings.handlers:
+    for handler in embedded_handlers(settings):
         registry.register(embedded(handler))
     metrics = AgentMetrics()
     registry.subscribe(lambda _: metrics.update_handlers(registry))
@@ -208,7 +224,7 @@ async def run_agent(
             period=settings.broker_info_period,
             on_problems=lambda k: controller.queue.enqueue(k),
         )
-    watch = KubeletWatch(settings.device_plugin_dir)
+    watch = KubeletWatch(settings.device_plugin_dir, settings.kubelet_poll_period)
     plugins = PluginManager(
         view,
         claims,
@@ -235,6 +251,9 @@ async def run_agent(
         ("instances-synced", lambda: instances.synced),
     ]
     if settings.allocation == "dra":  # no device plugins, nothing to reclaim
+        # Imported here: DRA's gRPC services and protobufs cost a device-plugin agent memory.
+        from akri_trio.agent.dra.node import DraNode
+
         dra = DraNode(
             api,
             view,

@@ -151,3 +151,31 @@ def test_a_mount_directory_that_holds_the_node_keys_is_a_usage_error(
 def test_mount_directories_from_the_environment() -> None:
     env = {"AGENT_NODE_NAME": "n1", "AKRI_HANDLER_MOUNT_DIRS": "/srv/a,/srv/b"}
     assert parse_args([], env).limits.devices.mount_dirs == ("/srv/a", "/srv/b")
+
+
+def test_every_periodic_wake_up_is_a_flag_with_an_idle_default() -> None:
+    env = {"AGENT_NODE_NAME": "n1"}
+    default = parse_args([], env)
+    # one wake-up a second at most while nothing changes
+    assert (default.lag_period, default.kubelet_poll_period) == (1.0, 1.0)
+    assert (default.debug_echo_poll_period, default.reclaim_period) == (1.0, 10.0)
+    given = parse_args(
+        [
+            "--event-loop-lag-period", "0.1",
+            "--kubelet-poll-period", "0.2",
+            "--debug-echo-poll-period", "0.3",
+        ],
+        env,
+    )  # fmt: skip
+    assert (given.lag_period, given.kubelet_poll_period, given.debug_echo_poll_period) == (
+        0.1,
+        0.2,
+        0.3,
+    )
+    from_env = parse_args(
+        [], {**env, "AKRI_KUBELET_POLL_PERIOD": "5", "DEBUG_ECHO_POLL_PERIOD": "2"}
+    )
+    assert (from_env.kubelet_poll_period, from_env.debug_echo_poll_period) == (5.0, 2.0)
+    for flag in ("--event-loop-lag-period", "--kubelet-poll-period", "--debug-echo-poll-period"):
+        with pytest.raises(SystemExit):
+            parse_args([flag, "0"], env)

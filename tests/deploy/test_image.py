@@ -105,7 +105,12 @@ def test_dockerfile_promises() -> None:
     text = (REPO / "Dockerfile").read_text()
     instructions = [line for line in text.splitlines() if line and not line.startswith("#")]
     froms = [line for line in instructions if line.startswith("FROM ")]
-    assert froms == ["FROM ${BASE} AS builder", "FROM ${BASE}"]
+    assert froms == ["FROM ${BASE} AS builder", "FROM ${BASE} AS runtime", "FROM scratch"]
+    # the image is the trimmed runtime stage in one layer, bytecode included
+    assert "COPY --from=runtime / /" in instructions
+    assert "PYTHONDONTWRITEBYTECODE=1" in text
+    # no compiler, headers or test suites ship
+    assert "lxml/includes" in text and "$py/test" in text
     assert instructions[0].startswith("ARG BASE=")
     # the CA bundle reaches pip only through the secret mount, never a COPY or an ENV
     assert "--mount=type=secret,id=cacert" in text

@@ -4,9 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import trio
 
-from akri_trio.discovery.handlers.debug_echo import PROPERTY, DebugEcho, parse_details
+from akri_trio.discovery.handlers.debug_echo import (
+    DEFAULT_POLL_S,
+    POLL_ENV,
+    PROPERTY,
+    DebugEcho,
+    parse_details,
+)
 from akri_trio.discovery.interface import discover_changes
 from akri_trio.model.device import Device
 
@@ -60,3 +67,11 @@ async def test_starts_offline_when_file_says_so(
     with trio.move_on_after(5):
         await discover_changes(handler, parse_details("descriptions: [x]"), {}, send)
     assert sent == [[]]
+
+
+def test_the_poll_period_comes_from_the_environment() -> None:
+    assert DebugEcho.from_env({}).poll_interval == DEFAULT_POLL_S == 1.0
+    assert DebugEcho.from_env({POLL_ENV: "0.25"}).poll_interval == 0.25
+    for bad in ("0", "-1", "soon"):
+        with pytest.raises(ValueError):
+            DebugEcho.from_env({POLL_ENV: bad})

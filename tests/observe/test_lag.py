@@ -52,7 +52,8 @@ async def test_the_sampler_records_how_late_it_woke(
 
 async def test_a_blocking_call_fails_healthz_and_shows_in_the_metric_until_recovered() -> None:
     registry = new_registry(process=False)
-    monitor = LagMonitor(0.2, event_loop_lag(registry).observe)
+    # sampled more often than the stall lasts, so the stall always spans a wake-up
+    monitor = LagMonitor(0.2, event_loop_lag(registry).observe, period=0.1)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(monitor.run)
         port = await nursery.start(

@@ -35,7 +35,9 @@ log = logging.getLogger(__name__)
 
 API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
-POLL_S = 0.2
+# How often the plugin directory and kubelet.sock are stat-ed for a kubelet restart: a restart
+# takes seconds, and each look wakes an otherwise idle agent.
+POLL_S = 1.0
 
 
 # sun_path holds 108 bytes with the NUL; gRPC C-core refuses paths over 107 characters.
@@ -71,8 +73,9 @@ def _dir_stamp(path: Path) -> tuple[int, int] | None:
 class KubeletWatch:
     """Wakes waiters whenever the device-plugins directory or kubelet.sock changes."""
 
-    def __init__(self, plugin_dir: Path) -> None:
+    def __init__(self, plugin_dir: Path, period: float = POLL_S) -> None:
         self.plugin_dir = plugin_dir
+        self.period = period
         self.kubelet_socket = plugin_dir / KUBELET_SOCKET
         self.changes = Changed()
 
@@ -83,7 +86,7 @@ class KubeletWatch:
         last = self._stamp()
         task_status.started()
         while True:
-            await trio.sleep(POLL_S)
+            await trio.sleep(self.period)
             stamp = self._stamp()
             if stamp != last:
                 last = stamp

@@ -33,6 +33,10 @@ SHARED_ENV: Final = "DEBUG_ECHO_INSTANCES_SHARED"
 # Ours, not upstream's: lets tests and side-by-side handlers use their own file.
 AVAILABILITY_ENV: Final = "DEBUG_ECHO_AVAILABILITY_PATH"
 DEFAULT_AVAILABILITY_PATH: Final = Path("/tmp/debug-echo-availability.txt")
+# Ours too: seconds between two looks at the availability file. Each look wakes the process, so
+# an idle node pays for every one; a second is quick enough for a test handler.
+POLL_ENV: Final = "DEBUG_ECHO_POLL_PERIOD"
+DEFAULT_POLL_S: Final = 1.0
 OFFLINE: Final = "OFFLINE"
 
 
@@ -62,6 +66,17 @@ def shared_from_env(env: Mapping[str, str]) -> bool:
     return env.get(SHARED_ENV, "").strip().lower() in ("true", "1")
 
 
+def poll_period_from_env(env: Mapping[str, str]) -> float:
+    """`DEBUG_ECHO_POLL_PERIOD` seconds (positive), or the default when unset."""
+    text = env.get(POLL_ENV, "").strip()
+    if not text:
+        return DEFAULT_POLL_S
+    period = float(text)
+    if not period > 0:
+        raise ValueError(f"{POLL_ENV} must be a positive number of seconds, not {text!r}")
+    return period
+
+
 FileSignature = tuple[int, int, int] | None
 
 
@@ -86,7 +101,7 @@ class DebugEcho:
 
     shared: bool = False
     availability_path: Path = DEFAULT_AVAILABILITY_PATH
-    poll_interval: float = 0.2  # a stat of a tiny local file: ~0 % CPU, 100 ms mean latency
+    poll_interval: float = DEFAULT_POLL_S  # one stat of a tiny local file a look
     max_details_bytes: int = MAX_DETAILS_BYTES
     name: str = NAME
 
@@ -97,6 +112,7 @@ class DebugEcho:
         return cls(
             shared=shared_from_env(env),
             availability_path=Path(path),
+            poll_interval=poll_period_from_env(env),
             max_details_bytes=max_details_bytes(env),
         )
 

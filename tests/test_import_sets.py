@@ -1,0 +1,88 @@
+"""Each process imports what it runs: the controller, the webhook and the CLI load no discovery
+handler's library, and the agent loads one only for a handler it embeds (`--embedded-handler`),
+so an agent with no handler or with debugEcho alone carries none of them. Checked in a fresh
+interpreter, the way each process starts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+# The top-level packages that only a discovery handler needs (ONVIF's SOAP stack, OPC UA,
+# mDNS, udev, the linear-time regex engine) and the OPC UA client's crypto.
+HANDLER_LIBRARIES = frozenset({"zeep", "lxml", "asyncua", "zeroconf", "pyudev", "re2"})
+CRYPTO = "cryptography"
+
+# The agent's start-up up to its handlers: the CLI parses the flags, run_agent's first step
+# builds the embedded handlers; what follows (watches, plugins) imports nothing per handler.
+AGENT_PROBE = """
+import json, os, sys
+from akri_trio.agent.cli import parse_args
+from akri_trio.agent.run import embedded_handlers
+embedded_handlers(parse_args({argv!r}, {{}}))
+print(json.dumps(sorted({{m.partition(".")[0] for m in sys.modules}})))
+"""
+AGENT_FLAGS = ["--node-name", "n1"]
+
+
+def top_level_modules(code: str) -> set[str]:
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    return set(json.loads(out.splitlines()[-1]))
+
+
+def imported_by(*modules: str) -> set[str]:
+    lines = [f"import {m}" for m in modules]
+    lines.append(
+        'import json, sys; print(json.dumps(sorted({m.partition(".")[0] for m in sys.modules})))'
+    )
+    return top_level_modules("\n".join(lines))
+
+
+@pytest.mark.parametrize(
+    "modules",
+    [
+        ("akri_trio.controller.cli", "akri_trio.controller.run"),
+        ("akri_trio.cli",),
+        ("akri_trio.teardown",),
+    ],
+    ids=["controller", "cli", "teardown"],
+)
+def test_the_controller_and_the_cli_import_no_handler_library(modules: tuple[str, ...]) -> None:
+    loaded = imported_by(*modules)
+    assert not loaded & HANDLER_LIBRARIES
+    assert CRYPTO not in loaded
+
+
+def test_the_webhook_imports_no_handler_library() -> None:
+    # cryptography is the webhook's own: it makes and rotates its serving certificate.
+    assert not imported_by("akri_trio.webhook.cli", "akri_trio.webhook.server") & HANDLER_LIBRARIES
+
+
+def agent_imports(*flags: str) -> set[str]:
+    return top_level_modules(AGENT_PROBE.format(argv=[*AGENT_FLAGS, *flags]))
+
+
+@pytest.mark.parametrize(
+    "flags", [(), ("--enable-debug-echo",), ("--embedded-handler", "debugEcho")], ids=str
+)
+def test_an_agent_without_a_library_handler_imports_none(flags: tuple[str, ...]) -> None:
+    loaded = agent_imports(*flags)
+    assert not loaded & HANDLER_LIBRARIES
+    assert CRYPTO not in loaded
+
+
+@pytest.mark.parametrize(
+    ("handler", "libraries"),
+    [("udev", {"pyudev", "re2"}), ("opcua", set()), ("zeroconf", {"re2"})],
+)
+def test_an_embedded_handler_brings_its_own_libraries_only(
+    handler: str, libraries: set[str]
+) -> None:
+    # The OPC UA and mDNS clients are imported on the first discovery, not at start-up; re2
+    # compiles the filters of the handlers that take them.
+    assert agent_imports("--embedded-handler", handler) & HANDLER_LIBRARIES == libraries
