@@ -87,6 +87,13 @@ def files_source(cert_file: Path, key_file: Path) -> Source:
     return read
 
 
+def _owners_of(secret: dict[str, object] | None) -> list[object]:
+    """The ownerReferences `secret` has (kept when it is renewed)."""
+    meta = secret.get("metadata") if secret else None
+    owners = meta.get("ownerReferences") if isinstance(meta, dict) else None
+    return list(owners) if isinstance(owners, list) else []
+
+
 class SecretKeeper:
     """The Secret `secret`: read it (a Source), and with `manage` make and renew it."""
 
@@ -122,7 +129,13 @@ class SecretKeeper:
             await self._trust(held.ca_pem if held else b"")
             return secret
         await self._trust(new.ca_pem)  # trusted before anyone serves it
-        metadata: dict[str, object] = {"name": self.secret.name, "namespace": self.secret.namespace}
+        metadata: dict[str, object] = {
+            "name": self.secret.name,
+            "namespace": self.secret.namespace,
+            # owned by the release's ValidatingWebhookConfiguration: uninstalling deletes it, and
+            # the garbage collector then deletes this Secret, which no chart render made
+            "ownerReferences": _owners_of(secret) or [await self._owner()],
+        }
         body = {"apiVersion": "v1", "kind": "Secret", "metadata": metadata}
         body |= {"type": "kubernetes.io/tls", "data": secret_data(new)}
         try:
@@ -139,6 +152,17 @@ class SecretKeeper:
             return await self._get()
         log.info("webhook certificate %s in %s", "made" if held is None else "renewed", self.secret)
         return dict(written)
+
+    async def _owner(self) -> dict[str, object]:
+        m = self.manage
+        assert m is not None
+        vwc = await self.api.get(WEBHOOK_CONFIGURATIONS, m.webhook_configuration)
+        return {
+            "apiVersion": f"{WEBHOOK_CONFIGURATIONS.group}/{WEBHOOK_CONFIGURATIONS.version}",
+            "kind": WEBHOOK_CONFIGURATIONS.kind,
+            "name": m.webhook_configuration,
+            "uid": vwc["metadata"]["uid"],
+        }
 
     async def _trust(self, ca_pem: bytes) -> None:
         """Every webhook of the ValidatingWebhookConfiguration trusts `ca_pem`'s CA

@@ -25,6 +25,7 @@ from akri_trio.webhook.certs import webhook_configuration
 from akri_trio.webhook.rotation import SECRETS
 from tests.support.akri_cluster import NAMESPACES, install_crds
 from tests.support.kubectl import free_port
+from tests.support.polling import until_api
 from tests.webhook import live
 from tests.webhook.test_webhook_cluster import configuration
 
@@ -125,6 +126,22 @@ async def test_an_expiring_certificate_is_renewed_with_every_configuration_admit
                 assert last["data"]["tls.crt"] != first["data"]["tls.crt"]
                 # a refusal still comes from the webhook after the renewals
                 await live.wait_enforced(api, bad)
+                # the Secret belongs to the registration, renewals kept: uninstalling the
+                # registration takes the Secret that no chart render made with it
+                vwc = await api.get(live.WEBHOOK_CONFIGURATIONS, hook)
+                (owner,) = last["metadata"]["ownerReferences"]
+                assert (owner["kind"], owner["name"]) == ("ValidatingWebhookConfiguration", hook)
+                assert owner["uid"] == vwc["metadata"]["uid"]
+            await api.delete(live.WEBHOOK_CONFIGURATIONS, hook)
+
+            async def secret_gone() -> bool:
+                try:
+                    await api.get(SECRETS, SECRET, namespace=namespace)
+                except NotFound:
+                    return True
+                return False
+
+            await until_api(secret_gone, what="the webhook's Secret collected with its owner")
         finally:
             for res, name, ns_name in (
                 (live.WEBHOOK_CONFIGURATIONS, hook, None),
