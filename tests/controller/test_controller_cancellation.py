@@ -12,7 +12,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -69,12 +69,6 @@ class GatedPods(Client):
             self.reached.set()
             await trio.sleep_forever()
         return answer
-
-
-@pytest.fixture
-async def api(cluster: dict[str, str]) -> AsyncIterator[Client]:
-    async with Client.open(load_config(cluster["KUBECONFIG"])) as client:
-        yield client
 
 
 async def _expected(api: Client, ns: str, n: int, node: str) -> set[str]:

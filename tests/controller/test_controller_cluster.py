@@ -18,7 +18,7 @@ import pytest
 import trio
 
 from akri_trio.controller.run import ControllerSettings, RunningController, run_controller
-from akri_trio.kube import JSON, Client, NotFound, Resource, load_config
+from akri_trio.kube import JSON, Client, NotFound, Resource
 from akri_trio.kube.events import EVENTS
 from akri_trio.model import naming
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
@@ -53,12 +53,6 @@ class CountingClient(Client):
     async def request(self, method: str, path: str, **kw: Any) -> JSON:
         self.requests.append(f"{method} {path}")
         return await super().request(method, path, **kw)
-
-
-@pytest.fixture
-async def api(cluster: dict[str, str]) -> AsyncIterator[Client]:
-    async with Client.open(load_config(cluster["KUBECONFIG"])) as client:
-        yield client
 
 
 @asynccontextmanager

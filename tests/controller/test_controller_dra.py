@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from typing import Any
 
-import pytest
 import trio
 
 from akri_trio import dra
@@ -23,7 +22,7 @@ from akri_trio.dra import (
     RESOURCE_CLAIMS,
     RESOURCE_SLICES,
 )
-from akri_trio.kube import JSON, Client, NotFound, load_config
+from akri_trio.kube import JSON, Client, NotFound
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
 from tests.controller.support import (
     NODES,
@@ -37,12 +36,6 @@ from tests.controller.support import (
     unique,
     until,
 )
-
-
-@pytest.fixture
-async def api(cluster: dict[str, str]) -> AsyncIterator[Client]:
-    async with Client.open(load_config(cluster["KUBECONFIG"])) as client:
-        yield client
 
 
 @asynccontextmanager

@@ -15,13 +15,10 @@ import json
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from akri_trio.kube import JSON, Client, load_config
+from akri_trio.kube import JSON, Client
 from akri_trio.kube.events import EVENTS
 from akri_trio.model.resources import CONFIGURATIONS
 from tests.controller.support import (
@@ -38,12 +35,6 @@ from tests.controller.support import (
 
 REPO = Path(__file__).resolve().parents[2]
 GRACE_S = 30  # long enough for the controller to start and clean the others first
-
-
-@pytest.fixture
-async def api(cluster: dict[str, str]) -> AsyncIterator[Client]:
-    async with Client.open(load_config(cluster["KUBECONFIG"])) as client:
-        yield client
 
 
 def _lines(log: Path) -> list[dict[str, Any]]:

@@ -5,13 +5,12 @@ Configurations of the namespaces it is given, waits while an Instance still hold
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 import trio
 
-from akri_trio.kube import Client, load_config
+from akri_trio.kube import Client
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
 from akri_trio.teardown import remaining, teardown
 from tests.support.akri_cluster import (
@@ -38,10 +37,8 @@ def _configuration(name: str, namespace: str) -> dict[str, Any]:
 
 
 @pytest.fixture
-async def api(cluster: dict[str, str]) -> AsyncIterator[Client]:
-    async with Client.open(load_config(cluster["KUBECONFIG"])) as client:
-        await install_crds(client)
-        yield client
+async def crds(api: Client) -> None:
+    await install_crds(api)
 
 
 def _instance(name: str, namespace: str, owner: dict[str, Any]) -> dict[str, Any]:
@@ -67,7 +64,7 @@ def _instance(name: str, namespace: str, owner: dict[str, Any]) -> dict[str, Any
 
 
 async def test_teardown_deletes_waits_for_finalizers_and_keeps_other_namespaces(
-    api: Client,
+    api: Client, crds: None
 ) -> None:
     suffix = uuid.uuid4().hex[:6]
     ns, other = f"teardown-{suffix}", f"teardown-other-{suffix}"
