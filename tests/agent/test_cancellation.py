@@ -51,19 +51,21 @@ from tests.support.akri_cluster import (
 )
 from tests.support.cancellation import (
     ControlledKubelet,
-    FlakyClient,
-    GatedClient,
+    Gate,
     Hold,
+    Refusing,
     all_tasks,
     closed_port,
     eventually,
     fds_return_to,
+    is_usage_write,
     live_asyncgens,
     open_fds,
     socket_files,
     tasks_awaiting,
     tasks_return_to,
 )
+from tests.support.intercept import Intercepting
 from tests.support.kubelet_standin import KubeletStandin
 
 NS = "cancel-tests"
@@ -267,13 +269,13 @@ async def test_agent_cancelled_during_allocate_write_leaves_claim_whole_or_absen
     slot, instance_res, config_res = f"{name}-0", f"akri.sh/{name}", "akri.sh/gate"
     async with node_harness(cluster, short_tmp) as node:
         node.kubelet.start()
-        gated = GatedClient(node.client)
-        first = await node.start_agent(gated)
+        gate = Gate(is_usage_write)
+        first = await node.start_agent(Intercepting(node.client, gate).client)
         await ns.create(CONFIGURATIONS, debug_echo_config("gate", NS, ["g0"], capacity=1))
         await node.wait(lambda k: k.healthy(instance_res) == [slot])
         await node.wait(lambda k: k.healthy(config_res) == ["gate-0"])
 
-        gated.hold = hold
+        gate.hold = hold
         allocated = trio.Event()
         codes: list[grpc.StatusCode] = []
 
@@ -283,7 +285,7 @@ async def test_agent_cancelled_during_allocate_write_leaves_claim_whole_or_absen
 
         node.nursery.start_soon(allocate)
         with trio.fail_after(20):
-            await gated.reached.wait()
+            await gate.reached.wait()
         if hold is Hold.BEFORE_SEND:
             # Read, decide, write, remember: nothing is remembered while the write is pending.
             assert view_usage(first.agent, name) == {}
@@ -295,13 +297,13 @@ async def test_agent_cancelled_during_allocate_write_leaves_claim_whole_or_absen
         assert codes[0] in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED), codes
         assert node.plugin_sockets() == []
         assert socket_files(node.handlers_dir) == []
-        assert gated.writes_started == 1
+        assert gate.started == 1
 
         usage = await usage_of(ns, name)
         if hold is Hold.BEFORE_SEND:
             assert usage == {}
         if hold is Hold.AFTER_ANSWER:
-            assert gated.writes_answered == 1
+            assert gate.answered == 1
             assert usage == {slot: NODE}
         assert usage in ({}, {slot: NODE})  # ON_THE_WIRE: either, never anything else
         claimed = bool(usage)
@@ -767,8 +769,8 @@ async def test_allocate_while_api_unreachable_claims_nothing(
     async with node_harness(cluster, short_tmp) as node:
         node.kubelet.start()
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{closed_port()}") as dead:
-            flaky = FlakyClient(node.client, dead)
-            running = await node.start_agent(flaky)
+            flaky = Refusing(dead)
+            running = await node.start_agent(Intercepting(node.client, flaky).client)
             await ns.create(CONFIGURATIONS, debug_echo_config("down", NS, ["n0"], capacity=1))
             await node.wait(lambda k: k.healthy(config_res) == ["down-0"])
             await node.wait(lambda k: k.healthy(instance_res) == [slot])

@@ -41,18 +41,7 @@ from tests.controller.support import (
     until,
     with_nodes,
 )
-
-
-class CountingClient(Client):
-    """The real client, counting the requests it sends (watches are streams, not counted)."""
-
-    def __init__(self, real: Client) -> None:
-        super().__init__(real.http, default_namespace=real.default_namespace)
-        self.requests: list[str] = []
-
-    async def request(self, method: str, path: str, **kw: Any) -> JSON:
-        self.requests.append(f"{method} {path}")
-        return await super().request(method, path, **kw)
+from tests.support.intercept import Intercepting
 
 
 @asynccontextmanager
@@ -79,12 +68,12 @@ def _names(pods: list[JSON]) -> set[str]:
 
 async def test_pod_brokers_are_made_recreated_and_removed(api: Client) -> None:
     async with namespace(api, "ctl-pods") as ns, fake_nodes(api, 2) as (node1, node2):
-        counting = CountingClient(api)
+        counting = Intercepting(api)  # counts the requests it sends
         config = await _create_config(api, broker_config("cfg", ns, pod=pod_spec(nowhere=True)))
         await make_instance(api, config, "cfg-aaaaaa", [node1, node2])
         await make_instance(api, config, "cfg-bbbbbb", [node1], shared=False)
         broker1, broker2 = f"{node1}-cfg-aaaaaa-pod", f"{node2}-cfg-aaaaaa-pod"
-        async with controller(counting, ns):
+        async with controller(counting.client, ns):
             expected = {broker1, broker2, "cfg-bbbbbb-pod"}
             pods = await until(
                 lambda: _wait_names(api, ns, expected), what=f"brokers {sorted(expected)}"
@@ -105,9 +94,9 @@ async def test_pod_brokers_are_made_recreated_and_removed(api: Client) -> None:
 
             # Idle: nothing changes, nothing is sent.
             await trio.sleep(1)
-            counting.requests.clear()
+            counting.seen.clear()
             await trio.sleep(3)
-            assert counting.requests == [], counting.requests
+            assert counting.seen == [], counting.seen
 
             # A deleted broker comes back under a new uid.
             old_uid = pod["metadata"]["uid"]
