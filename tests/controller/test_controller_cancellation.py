@@ -27,7 +27,6 @@ from tests.controller.support import (
     make_instance,
     namespace,
     pod_spec,
-    until,
 )
 from tests.support.cancellation import (
     Gate,
@@ -39,6 +38,7 @@ from tests.support.cancellation import (
     tasks_return_to,
 )
 from tests.support.intercept import Intercepting
+from tests.support.polling import until_api
 
 STOP_S = 5.0
 REPO = Path(__file__).resolve().parents[2]
@@ -97,7 +97,7 @@ async def test_cancelled_mid_create_converges_after_restart(
 
         async with trio.open_nursery() as nursery:
             await nursery.start(lambda **kw: run_controller(settings, api=api, **kw))
-            await until(lambda: _converged(api, ns, want), what="every broker exactly once")
+            await until_api(lambda: _converged(api, ns, want), what="every broker exactly once")
             nursery.cancel_scope.cancel()
 
 
@@ -121,13 +121,13 @@ async def test_sigkilled_mid_create_converges_after_restart(
             async def some() -> bool:
                 return len(await brokers(api, ns)) >= 5
 
-            await until(some, what="the first brokers", poll=0.02)
+            await until_api(some, what="the first brokers", poll=0.02)
             proc.send_signal(signal.SIGKILL)
             proc.wait()
             made = {p["metadata"]["name"] for p in await brokers(api, ns)}
             assert made < want, "killed too late to be in the middle"
             proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=log)  # noqa: ASYNC220
-            await until(lambda: _converged(api, ns, want), what="every broker exactly once")
+            await until_api(lambda: _converged(api, ns, want), what="every broker exactly once")
         finally:
             proc.kill()
             proc.wait()

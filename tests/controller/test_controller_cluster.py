@@ -38,10 +38,10 @@ from tests.controller.support import (
     service_names,
     set_pod_phase,
     set_ready,
-    until,
     with_nodes,
 )
 from tests.support.intercept import Intercepting
+from tests.support.polling import until_api
 
 
 @asynccontextmanager
@@ -75,7 +75,7 @@ async def test_pod_brokers_are_made_recreated_and_removed(api: Client) -> None:
         broker1, broker2 = f"{node1}-cfg-aaaaaa-pod", f"{node2}-cfg-aaaaaa-pod"
         async with controller(counting.client, ns):
             expected = {broker1, broker2, "cfg-bbbbbb-pod"}
-            pods = await until(
+            pods = await until_api(
                 lambda: _wait_names(api, ns, expected), what=f"brokers {sorted(expected)}"
             )
             pod = next(p for p in pods if p["metadata"]["name"] == broker2)
@@ -109,21 +109,19 @@ async def test_pod_brokers_are_made_recreated_and_removed(api: Client) -> None:
                     return False
                 return bool(new["metadata"]["uid"] != old_uid)
 
-            await until(recreated, what="the deleted broker recreated")
+            await until_api(recreated, what="the deleted broker recreated")
 
             # A node leaves the Instance: its broker goes.
             await api.merge_patch(
                 INSTANCES, "cfg-aaaaaa", {"spec": {"nodes": [node1]}}, namespace=ns
             )
-            await until(
-                lambda: _wait_names(api, ns, expected - {broker2}),
-                what="node 2's broker removed",
+            await until_api(
+                lambda: _wait_names(api, ns, expected - {broker2}), what="node 2's broker removed"
             )
             # The Instance goes: its brokers go.
             await api.delete(INSTANCES, "cfg-bbbbbb", namespace=ns)
-            await until(
-                lambda: _wait_names(api, ns, {broker1}),
-                what="the Instance's broker removed",
+            await until_api(
+                lambda: _wait_names(api, ns, {broker1}), what="the Instance's broker removed"
             )
 
 
@@ -139,7 +137,7 @@ async def test_failed_broker_is_recreated_with_backoff(api: Client) -> None:
         async with controller(api, ns) as running:
             uids: list[str] = []
             for _ in range(3):
-                pod = (await until(lambda: _wait_names(api, ns, {"cfg-cccccc-pod"})))[0]
+                pod = (await until_api(lambda: _wait_names(api, ns, {"cfg-cccccc-pod"})))[0]
                 if uids and pod["metadata"]["uid"] == uids[-1]:
                     continue
                 uids.append(pod["metadata"]["uid"])
@@ -149,7 +147,7 @@ async def test_failed_broker_is_recreated_with_backoff(api: Client) -> None:
                     pods = await brokers(api, ns)
                     return bool(pods) and pods[0]["metadata"]["uid"] != uid
 
-                await until(replaced, seconds=20, what="the failed broker replaced")
+                await until_api(replaced, seconds=20, what="the failed broker replaced")
             assert len(set(uids)) == 3
             assert running.reconcilers is not None
             retry = running.reconcilers.retries[next(iter(running.reconcilers.retries))]
@@ -162,12 +160,12 @@ async def test_services_follow_running_brokers(api: Client) -> None:
         await make_instance(api, config, "cfg-aaaaaa", [node])
         await make_instance(api, config, "cfg-bbbbbb", [node])
         async with controller(api, ns):
-            pods = await until(lambda: _count(api, ns, 2), what="2 brokers")
+            pods = await until_api(lambda: _count(api, ns, 2), what="2 brokers")
             assert await service_names(api, ns) == set()  # nothing Running yet
             for pod in pods:
                 await set_pod_phase(api, pod, "Running")
             want = {"cfg-aaaaaa-svc", "cfg-bbbbbb-svc", "cfg-svc"}
-            await until(lambda: _services_are(api, ns, want), what=f"services {want}")
+            await until_api(lambda: _services_are(api, ns, want), what=f"services {want}")
             svc = await api.get(SERVICES, "cfg-svc", namespace=ns)
             assert svc["spec"]["selector"] == {
                 "controller": "akri.sh",
@@ -184,12 +182,12 @@ async def test_services_follow_running_brokers(api: Client) -> None:
             )
             assert {s["metadata"]["name"] for s in by_instance.items} == want - {"cfg-svc"}
             await api.delete(INSTANCES, "cfg-aaaaaa", namespace=ns)
-            await until(
+            await until_api(
                 lambda: _services_are(api, ns, {"cfg-bbbbbb-svc", "cfg-svc"}),
                 what="the Instance's Service gone",
             )
             await api.delete(INSTANCES, "cfg-bbbbbb", namespace=ns)
-            await until(lambda: _services_are(api, ns, set()), what="every Service gone")
+            await until_api(lambda: _services_are(api, ns, set()), what="every Service gone")
 
 
 async def _count(api: Client, ns: str, n: int) -> list[JSON] | None:
@@ -220,7 +218,7 @@ async def test_job_broker_per_generation(api: Client) -> None:
                 }
 
             first = f"cfg-aaaaaa-{generation}-job"
-            await until(lambda: _equals(jobs, {first}), what=f"job {first}")
+            await until_api(lambda: _equals(jobs, {first}), what=f"job {first}")
             job = await api.get(JOBS, first, namespace=ns)
             template_labels = job["spec"]["template"]["metadata"]["labels"]
             assert template_labels[naming.LABEL_INSTANCE] == "cfg-aaaaaa"
@@ -232,7 +230,7 @@ async def test_job_broker_per_generation(api: Client) -> None:
             )
             second = f"cfg-aaaaaa-{patched['metadata']['generation']}-job"
             assert second != first
-            await until(lambda: _equals(jobs, {second}), what=f"only job {second}")
+            await until_api(lambda: _equals(jobs, {second}), what=f"only job {second}")
 
 
 async def _equals(get: Any, want: Any) -> bool:
@@ -257,7 +255,7 @@ async def test_lost_node_is_removed_everywhere(api: Client, how: str) -> None:
         )
         alone = await make_instance(api, config, "cfg-bbbbbb", [lost], finalizers=[lost])
         async with controller(api, ns) as running:
-            await until(
+            await until_api(
                 lambda: _true(
                     lost in (running.reconcilers.node_states if running.reconcilers else {})
                 ),
@@ -268,14 +266,14 @@ async def test_lost_node_is_removed_everywhere(api: Client, how: str) -> None:
             else:
                 await api.delete(NODES, lost)
 
-            inst = await until(
+            inst = await until_api(
                 lambda: with_nodes(api, ns, "cfg-aaaaaa", [other]),
                 what="the lost node removed from the shared Instance",
             )
             assert inst["spec"]["deviceUsage"] == {"cfg-aaaaaa-2": other}
             assert inst["metadata"]["finalizers"] == [other]
             assert inst["metadata"]["uid"] == shared["metadata"]["uid"]
-            await until(
+            await until_api(
                 lambda: instance_gone(api, ns, "cfg-bbbbbb"),
                 what="the Instance left with no node deleted",
             )
@@ -312,7 +310,7 @@ async def test_events_tell_kubectl_describe_what_the_controller_did(
         config = await _create_config(api, broker_config("cfg", ns, pod=pod_spec(nowhere=True)))
         inst = await make_instance(api, config, "cfg-aaaaaa", [node], shared=False)
         async with controller(api, ns):
-            pod = (await until(lambda: _wait_names(api, ns, {"cfg-aaaaaa-pod"})))[0]
+            pod = (await until_api(lambda: _wait_names(api, ns, {"cfg-aaaaaa-pod"})))[0]
             await set_pod_phase(api, pod, "Failed")
 
             async def replaced() -> JSON | None:
@@ -320,14 +318,14 @@ async def test_events_tell_kubectl_describe_what_the_controller_did(
                 new = [p for p in pods if p["metadata"]["uid"] != pod["metadata"]["uid"]]
                 return new[0] if new else None
 
-            await set_pod_phase(api, await until(replaced, what="a new broker"), "Running")
+            await set_pod_phase(api, await until_api(replaced, what="a new broker"), "Running")
             want = {"BrokerCreated", "BrokerFailed", "BrokerRecreated", "ServiceCreated"}
 
             async def told() -> dict[str, list[JSON]] | None:
                 reasons = await _reasons(api, inst)
                 return reasons if want <= reasons.keys() else None
 
-            reasons = await until(told, what=f"Events {sorted(want)} on the Instance")
+            reasons = await until_api(told, what=f"Events {sorted(want)} on the Instance")
             (failed,) = reasons["BrokerFailed"]
             assert failed["type"] == "Warning"
             assert (
@@ -336,7 +334,7 @@ async def test_events_tell_kubectl_describe_what_the_controller_did(
             )
             assert failed["source"]["component"] == "akri-controller"
             assert "2 creates since it last ran stably" in reasons["BrokerRecreated"][0]["message"]
-            await until(
+            await until_api(
                 lambda: _has(api, config, "ServiceCreated"),
                 what="ServiceCreated on the Configuration",
             )
@@ -375,7 +373,7 @@ async def test_a_refused_broker_is_a_warning_with_the_api_servers_message(api: C
             async def refused() -> list[JSON] | None:
                 return (await _reasons(api, inst)).get("BrokerFailed")
 
-            (event,) = await until(refused, what="a BrokerFailed Event on the Instance")
+            (event,) = await until_api(refused, what="a BrokerFailed Event on the Instance")
             assert event["type"] == "Warning"
             assert event["message"].startswith("could not create broker Pod cfg-aaaaaa-pod: ")
             assert "exceeded quota" in event["message"]

@@ -109,15 +109,6 @@ async def agent(space: Space, short_tmp: Path) -> AsyncIterator[RunningAgent]:
         kubelet.stop()
 
 
-async def until(check: Any) -> Any:
-    """Await `check()` until it returns something truthy; that value. The caller bounds it."""
-    while True:
-        value = await check()
-        if value:
-            return value
-        await trio.sleep(0.05)
-
-
 PODS = Resource.core("pods", "Pod")
 
 

@@ -11,6 +11,7 @@ a Register call.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import gc
 import os
@@ -30,6 +31,7 @@ from akri_trio.agent.plugins.claims import USAGE_FIELD_MANAGER
 from akri_trio.rpc.gen import deviceplugin_v1beta1_pb2 as dp
 from tests.support.intercept import Send
 from tests.support.kubelet_standin import KubeletStandin
+from tests.support.polling import until_state
 
 # ---- tasks --------------------------------------------------------------------------------------
 
@@ -49,15 +51,12 @@ def all_tasks() -> list[trio.lowlevel.Task]:
 
 
 async def tasks_return_to(before: int) -> None:
-    """Wait (at most EVENTUALLY_S) until this run has no more tasks than `before`: trio
+    """Wait (at most 10 s) until this run has no more tasks than `before`: trio
     finalizes a collected async generator in a short-lived system task of its own, which may
     still be running at the moment a scenario ends. A leaked task stays, and fails here with
     the names of every task."""
-    with trio.move_on_after(EVENTUALLY_S):
-        while True:
-            if len(all_tasks()) <= before:
-                break
-            await trio.sleep(POLL_S)
+    with contextlib.suppress(AssertionError):  # the assertion below names the tasks
+        await until_state(lambda: len(all_tasks()) <= before, what="the tasks of before")
     tasks = all_tasks()
     assert len(tasks) == before, f"leaked tasks: {sorted(t.name for t in tasks)}"
 
@@ -88,24 +87,6 @@ def live_asyncgens(function: Callable[..., Any]) -> list[types.AsyncGeneratorTyp
         and obj.ag_code is code
         and obj.ag_frame is not None
     ]
-
-
-EVENTUALLY_S = 10.0
-POLL_S = 0.02
-
-
-async def eventually(check: Callable[[], bool], what: str) -> None:
-    """Wait (at most EVENTUALLY_S) for a condition the code under test reaches on its own;
-    fails with `what` when the deadline passes. Polling, because what is checked here (the
-    heap, the fd table, a directory) has no event to wait on; the deadline is the assertion."""
-    try:
-        with trio.fail_after(EVENTUALLY_S):
-            while True:
-                if check():
-                    return
-                await trio.sleep(POLL_S)
-    except trio.TooSlowError:
-        raise AssertionError(f"not within {EVENTUALLY_S}s: {what}") from None
 
 
 # ---- file descriptors and socket files ------------------------------------------------------
@@ -145,16 +126,12 @@ def _kind(target: str) -> str:
 
 
 async def fds_return_to(before: Mapping[int, str]) -> None:
-    """Wait (at most EVENTUALLY_S) until this process holds no more fds than `before`:
+    """Wait (at most 10 s) until this process holds no more fds than `before`:
     grpcio's threads release a stopped server's fds a moment after `stop()` returns. Fails
     with what is extra."""
     try:
-        with trio.fail_after(EVENTUALLY_S):
-            while True:
-                if len(open_fds()) <= len(before):
-                    return
-                await trio.sleep(POLL_S)
-    except trio.TooSlowError:
+        await until_state(lambda: len(open_fds()) <= len(before), what="the fds of before")
+    except AssertionError:
         now = open_fds()
         extra = Counter(_kind(t) for t in now.values()) - Counter(_kind(t) for t in before.values())
         new = {fd: t for fd, t in now.items() if before.get(fd) != t}
