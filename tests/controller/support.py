@@ -21,7 +21,7 @@ from akri_trio.kube import JSON, Client, NotFound, Resource
 from akri_trio.model import naming
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
 from tests.support.akri_cluster import NAMESPACES, ensure_namespace, install_crds
-from tests.support.polling import until_api
+from tests.support.polling import until_api, until_state
 
 T = TypeVar("T")
 BUSYBOX = "docker.io/library/busybox:latest"
@@ -296,8 +296,6 @@ async def running_controller(
         running: RunningController = await nursery.start(
             lambda **kw: run_controller(settings, api=api, **kw)
         )
-        with trio.fail_after(30):
-            while not running.synced:  # noqa: ASYNC110  (a flag the controller sets)
-                await trio.sleep(0.05)
+        await until_state(lambda: running.synced, 30, "the controller's caches synced")
         yield running
         nursery.cancel_scope.cancel()

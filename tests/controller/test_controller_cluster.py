@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import trio
 
-from akri_trio.controller.run import ControllerSettings, RunningController, run_controller
+from akri_trio.controller.run import ControllerSettings, RunningController
 from akri_trio.kube import JSON, Client, NotFound, Resource
 from akri_trio.kube.events import EVENTS
 from akri_trio.model import naming
@@ -34,6 +34,7 @@ from tests.controller.support import (
     make_instance,
     namespace,
     pod_spec,
+    running_controller,
     served_configuration,
     service_names,
     set_pod_phase,
@@ -47,15 +48,8 @@ from tests.support.polling import until_api
 @asynccontextmanager
 async def controller(api: Client, ns: str) -> AsyncIterator[RunningController]:
     settings = ControllerSettings(namespace=ns, leader_elect=False, metrics_port=None)
-    async with trio.open_nursery() as nursery:
-        running: RunningController = await nursery.start(
-            lambda **kw: run_controller(settings, api=api, **kw)
-        )
-        with trio.fail_after(30):
-            while not running.synced:  # noqa: ASYNC110  (a flag the controller sets)
-                await trio.sleep(0.05)
+    async with running_controller(api, settings) as running:
         yield running
-        nursery.cancel_scope.cancel()
 
 
 async def _create_config(api: Client, body: JSON) -> JSON:

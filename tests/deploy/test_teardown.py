@@ -19,6 +19,7 @@ from tests.support.akri_cluster import (
     install_crds,
     purge_akri,
 )
+from tests.support.polling import until_api
 
 pytestmark = pytest.mark.k8s
 
@@ -63,6 +64,10 @@ def _instance(name: str, namespace: str, owner: dict[str, Any]) -> dict[str, Any
     }
 
 
+async def configurations_gone(api: Client, ns: str) -> bool:
+    return (await remaining(api, [ns]))[0] == 0
+
+
 async def test_teardown_deletes_waits_for_finalizers_and_keeps_other_namespaces(
     api: Client, crds: None
 ) -> None:
@@ -87,8 +92,9 @@ async def test_teardown_deletes_waits_for_finalizers_and_keeps_other_namespaces(
             nursery.start_soon(run)
             with trio.fail_after(20):
                 # the Configurations go at once; the Instance waits for its finalizer
-                while (await remaining(api, [ns]))[0]:  # noqa: ASYNC110  (polling the API server)
-                    await trio.sleep(0.1)
+                await until_api(
+                    lambda: configurations_gone(api, ns), 20, "the Configurations deleted"
+                )
                 await trio.sleep(1.5)
                 assert not done.is_set()
                 assert await remaining(api, [ns]) == (0, 1)

@@ -262,9 +262,7 @@ async def test_periodic_rescan_without_a_monitor() -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(handler.discover, parse_details(details('KERNEL=="null"')), {}, send)
         start = trio.current_time()
-        with trio.fail_after(20):
-            while handler.stats.scans < 3:  # noqa: ASYNC110 (a counter, no event to wait on)
-                await trio.sleep(0.01)
+        await until_state(lambda: handler.stats.scans >= 3, 20, "3 scans", poll=0.01)
         took = trio.current_time() - start
         nursery.cancel_scope.cancel()
     assert took >= 0.4  # scans at t = 0, 0.2, 0.4: never faster than the interval
