@@ -40,7 +40,7 @@ from akri_trio.kube import (
     run_watch,
 )
 from akri_trio.kube.client import APISERVER_REQUEST_TIMEOUT_S
-from tests.support.akri_cluster import CRDS, NAMESPACES
+from tests.support.akri_cluster import CRDS, NAMESPACES, established
 from tests.support.polling import until_api
 
 pytestmark = pytest.mark.k8s
@@ -117,20 +117,17 @@ def widgets_crd(kubeconfig: Path) -> str:
     async def ensure() -> None:
         async with Client.open(load_config(kubeconfig)) as client:
             await client.apply(CRDS, WIDGET_CRD, field_manager="akri-trio-tests", force=True)
-            with trio.fail_after(30):
-                while True:
-                    crd = await client.get(CRDS, "widgets.test.akri.sh")
-                    conditions = (crd.get("status") or {}).get("conditions") or []
-                    established = any(
-                        c["type"] == "Established" and c["status"] == "True" for c in conditions
-                    )
-                    if established:
-                        try:
-                            await client.list_page(WIDGETS, limit=1)
-                            return
-                        except NotFound:  # discovery lags Established by a moment
-                            pass
-                    await trio.sleep(0.2)
+
+            async def served() -> bool:
+                if not await established(client, "widgets.test.akri.sh"):
+                    return False
+                try:
+                    await client.list_page(WIDGETS, limit=1)
+                except NotFound:  # discovery lags Established by a moment
+                    return False
+                return True
+
+            await until_api(served, 30, "the widgets CRD served", poll=0.2)
 
     run(ensure)
     return "widgets.test.akri.sh"
