@@ -583,21 +583,23 @@ async def agreement(
     """Wait (bounded) until deviceUsage in the API server, the agent's view and the
     configuration plugin's latest list (capacity 1: a vdev exactly when the slot is free)
     agree; returns that deviceUsage."""
-    with trio.fail_after(20):
-        while True:
-            try:
-                usage = await usage_of(api, name)
-            except NotFound:  # deleted and not yet re-created
-                await trio.sleep(0.05)
-                continue
-            vdevs = node.kubelet.healthy(config_res)
-            if (
-                view_usage(running.agent, name) == usage
-                and node.kubelet.answered(config_res) > answered
-                and len(vdevs) == 1 - len(usage)
-            ):
-                return usage
-            await trio.sleep(0.05)
+
+    async def agreed() -> tuple[dict[str, str]] | None:  # a tuple: an empty usage is an answer
+        try:
+            usage = await usage_of(api, name)
+        except NotFound:  # deleted and not yet re-created
+            return None
+        vdevs = node.kubelet.healthy(config_res)
+        if (
+            view_usage(running.agent, name) == usage
+            and node.kubelet.answered(config_res) > answered
+            and len(vdevs) == 1 - len(usage)
+        ):
+            return (usage,)
+        return None
+
+    (usage,) = await until_api(agreed, 20, "API, view and plugin agree", poll=0.05)
+    return usage
 
 
 def streams_open_in_agent() -> int:
