@@ -15,7 +15,7 @@ import trio
 from akri_trio import dra
 from akri_trio.controller.run import ControllerSettings, RunningController, run_controller
 from akri_trio.dra import DEVICE_CLASSES, RESOURCE_SLICES
-from akri_trio.kube import Client, NotFound, load_config
+from akri_trio.kube import Client, NotFound
 from akri_trio.model.resources import CONFIGURATIONS
 from tests.controller.support import (
     broker_config,
@@ -35,9 +35,9 @@ DRA_MANIFEST = Path(__file__).parents[2] / "k8s" / "dra.yaml"  # DRA mode's opt-
 
 
 @pytest.fixture
-async def admin(cluster: dict[str, str]) -> AsyncIterator[Client]:
-    async with Client.open(load_config(cluster["KUBECONFIG"])) as client:
-        yield client
+def admin(api: Client) -> Client:
+    """The cluster admin's client (the shared `api`), beside the service accounts' ones."""
+    return api
 
 
 @pytest.fixture
