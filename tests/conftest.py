@@ -15,11 +15,13 @@ set, for machines where several test sessions share one cluster.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from hypothesis import settings
 
+from akri_trio.kube.client import Client
+from akri_trio.kube.config import load_config
 from akri_trio_dev import run_cluster_command
 from akri_trio_dev.cluster.exports import parse_exports
 from tests.support.tiers import mark_tiers
@@ -65,6 +67,13 @@ def cluster() -> Iterator[dict[str, str]]:
     yield env
     if not was_running and not os.environ.get("AKRI_TRIO_KEEP_CLUSTER"):
         _cli("down")
+
+
+@pytest.fixture
+async def api(cluster: dict[str, str]) -> AsyncIterator[Client]:
+    """A kube Client on the local cluster, for one test."""
+    async with Client.open(load_config(cluster["KUBECONFIG"])) as client:
+        yield client
 
 
 @pytest.fixture(scope="session")

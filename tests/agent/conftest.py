@@ -9,14 +9,7 @@ from pathlib import Path
 import pytest
 
 from akri_trio.kube.client import Client
-from akri_trio.kube.config import load_config
 from tests.support.akri_cluster import install_crds, purge_akri
-
-
-@pytest.fixture
-async def api(cluster: dict[str, str]) -> AsyncIterator[Client]:
-    async with Client.open(load_config(cluster["KUBECONFIG"])) as client:
-        yield client
 
 
 @pytest.fixture

@@ -30,6 +30,7 @@ from tests.support.akri_cluster import (
     ensure_namespace,
 )
 from tests.support.kubelet_standin import KubeletStandin
+from tests.support.polling import until_api
 
 NS = "agent-tests"
 
@@ -106,15 +107,6 @@ async def _instances(api: Client) -> dict[str, dict[str, Any]]:
     return {o["metadata"]["name"]: o for o in (await api.list(INSTANCES, namespace=NS)).items}
 
 
-async def _until(check: Callable[[], Any]) -> Any:
-    with trio.fail_after(20):
-        while True:
-            value = await check()
-            if value:
-                return value
-            await trio.sleep(0.1)
-
-
 async def test_discovered_devices_become_instances_and_plugins(akri: Client, nodes: Any) -> None:
     node = await nodes("node-a")
     await akri.create(
@@ -128,7 +120,7 @@ async def test_discovered_devices_become_instances_and_plugins(akri: Client, nod
         found = await _instances(akri)
         return found if len(found) == 2 else None
 
-    instances = await _until(two)
+    instances = await until_api(two)
     assert set(instances) == {"echo-8120fe", "echo-a19705"}  # BLAKE2b-3 of foo0 / foo1 (shared)
     spec = instances["echo-8120fe"]["spec"]
     assert spec["brokerProperties"] == {"DEBUG_ECHO_DESCRIPTION": "foo0", "GREETING": "hi"}
@@ -155,7 +147,7 @@ async def test_discovered_devices_become_instances_and_plugins(akri: Client, nod
 async def test_unchanged_discovery_makes_no_writes(akri: Client, nodes: Any) -> None:
     await nodes("node-a")
     await akri.create(CONFIGURATIONS, debug_echo_config("quiet", NS, ["q0"]))
-    await _until(lambda: _instances(akri))
+    await until_api(lambda: _instances(akri))
     await trio.sleep(1.5)  # let the first round of writes (Instance, status) settle
     before = {n: o["metadata"]["resourceVersion"] for n, o in (await _instances(akri)).items()}
     config_rv = (await akri.get(CONFIGURATIONS, "quiet", namespace=NS))["metadata"][
@@ -174,12 +166,12 @@ async def test_offline_removes_instances_and_restore_brings_them_back(
 ) -> None:
     node = await nodes("node-a")
     await akri.create(CONFIGURATIONS, debug_echo_config("flaky", NS, ["f0", "f1"]))
-    await _until(lambda: _count(akri, 2))
+    await until_api(lambda: _count(akri, 2))
     nodes.availability.write_text("OFFLINE")
-    await _until(lambda: _count(akri, 0))
+    await until_api(lambda: _count(akri, 0))
     await node.wait(lambda k: k.healthy("akri.sh/flaky") == [])
     nodes.availability.write_text("ONLINE")
-    await _until(lambda: _count(akri, 2))
+    await until_api(lambda: _count(akri, 2))
     await node.wait(lambda k: len(k.healthy("akri.sh/flaky")) == 2)
 
 
@@ -268,7 +260,7 @@ async def test_invalid_details_show_in_the_configuration_status(akri: Client, no
         conditions = _conditions(await _node_status(akri, "bad"))
         return conditions if conditions.get("DiscoveryDetailsValid", ("",))[0] == "False" else None
 
-    _, message = (await _until(invalid))["DiscoveryDetailsValid"]
+    _, message = (await until_api(invalid))["DiscoveryDetailsValid"]
     assert "descriptions" in message  # the handler's own words, naming the field
     assert await _instances(akri) == {}
 
@@ -285,7 +277,7 @@ async def test_unsolvable_property_shows_in_the_status(akri: Client, nodes: Any)
         conditions = _conditions(await _node_status(akri, "props"))
         return conditions if conditions.get("PropertiesResolved", ("",))[0] == "False" else None
 
-    _, message = (await _until(unsolvable))["PropertiesResolved"]
+    _, message = (await until_api(unsolvable))["PropertiesResolved"]
     assert "pw" in message and "nope" in message
     assert await _instances(akri) == {}
 

@@ -9,6 +9,7 @@ Instance with its device node in the Allocate response.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from akri_trio.model.naming import device_hash
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
 from tests.support.akri_cluster import ensure_namespace
 from tests.support.kubelet_standin import KubeletStandin
+from tests.support.polling import until_api
 
 NS = "handler-tests"
 NODE = "handlers-node"
@@ -73,18 +75,19 @@ async def test_bad_details_of_every_handler_show_in_the_status(
 ) -> None:
     for handler, (details, _) in BAD.items():
         await akri.create(CONFIGURATIONS, _config(f"bad-{handler}", handler, details))
+
+    async def invalid(name: str) -> dict[str, Any] | None:
+        """The conditions, once DiscoveryDetailsValid is False."""
+        obj = await akri.get(CONFIGURATIONS, name, namespace=NS)
+        entries = (obj.get("status") or {}).get("nodes") or []
+        conditions = {c["type"]: c for c in (entries[0] if entries else {}).get("conditions") or []}
+        valid = conditions.get("DiscoveryDetailsValid")
+        return conditions if valid and valid["status"] == "False" else None
+
     for handler, (_, field) in BAD.items():
-        with trio.fail_after(30):
-            while True:
-                obj = await akri.get(CONFIGURATIONS, f"bad-{handler}", namespace=NS)
-                entries = (obj.get("status") or {}).get("nodes") or []
-                conditions = {
-                    c["type"]: c for c in (entries[0] if entries else {}).get("conditions") or []
-                }
-                valid = conditions.get("DiscoveryDetailsValid")
-                if valid and valid["status"] == "False":
-                    break
-                await trio.sleep(0.2)
+        name = f"bad-{handler}"
+        conditions = await until_api(partial(invalid, name), 30, f"{name} invalid", poll=0.2)
+        valid = conditions["DiscoveryDetailsValid"]
         assert field in valid["message"], (handler, valid["message"])
         assert conditions["HandlerAvailable"]["status"] == "True"
 

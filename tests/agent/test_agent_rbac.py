@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import tempfile
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +24,20 @@ from tests.support.akri_cluster import (
     ensure_namespace,
 )
 from tests.support.kubelet_standin import KubeletStandin
+from tests.support.polling import until_api
 from tests.support.rbac import manifest_client
 
 MANIFEST = Path(__file__).parents[2] / "k8s" / "agent.yaml"
 NS = "rbac-tests"
 SECRETS = Resource.core("secrets", "Secret")
+
+
+async def gone(api: Client, name: str) -> bool:
+    try:
+        await api.get(INSTANCES, name, namespace=NS)
+    except NotFound:
+        return True
+    return False
 
 
 @pytest.fixture
@@ -84,13 +94,8 @@ async def test_agent_works_with_exactly_the_manifest_rbac(akri: Client, agent_ap
                 conditions = {c["type"]: c["status"] for c in status["nodes"][0]["conditions"]}
                 assert conditions["PropertiesResolved"] == "True"
                 await akri.delete(CONFIGURATIONS, "rbac", namespace=NS)
-                with trio.fail_after(20):  # the agent releases its finalizer: the Instance goes
-                    while True:
-                        try:
-                            await akri.get(INSTANCES, name, namespace=NS)
-                        except NotFound:
-                            break
-                        await trio.sleep(0.2)
+                # the agent releases its finalizer: the Instance goes
+                await until_api(partial(gone, akri, name), 20, f"Instance {name} gone", poll=0.2)
                 nursery.cancel_scope.cancel()
         finally:
             kubelet.stop()

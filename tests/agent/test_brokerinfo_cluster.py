@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import trio
 
 from akri_trio.address import ObjectKey
 from akri_trio.agent.brokerinfo import BrokerInfo, Limits, node_entries
@@ -21,6 +20,7 @@ from akri_trio.kube.client import PATCH_APPLY, Client
 from akri_trio.kube.errors import ApiError
 from akri_trio.model.resources import INSTANCES
 from tests.support.akri_cluster import NAMESPACES, ensure_namespace, install_crds
+from tests.support.polling import until_api
 
 # One namespace per test (a deleted namespace takes a while to go).
 NS = ""
@@ -41,14 +41,16 @@ async def ensure_brokerinfo_schema(api: Client, namespace: str) -> None:
     }
     path = INSTANCES.path(namespace, "bi-schema-probe")
     params = {"fieldManager": "bi-probe", "dryRun": "All"}
-    with trio.fail_after(30):
-        while True:
-            try:
-                await api.request("PATCH", path, params=params, body=body, content_type=PATCH_APPLY)
-                return
-            except ApiError:
-                await install_crds(api)
-                await trio.sleep(0.2)
+
+    async def taken() -> bool:
+        try:
+            await api.request("PATCH", path, params=params, body=body, content_type=PATCH_APPLY)
+        except ApiError:
+            await install_crds(api)
+            return False
+        return True
+
+    await until_api(taken, 30, "a brokerInfo apply taken", poll=0.2)
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -51,20 +51,22 @@ from tests.support.akri_cluster import (
 )
 from tests.support.cancellation import (
     ControlledKubelet,
-    FlakyClient,
-    GatedClient,
+    Gate,
     Hold,
+    Refusing,
     all_tasks,
     closed_port,
-    eventually,
     fds_return_to,
+    is_usage_write,
     live_asyncgens,
     open_fds,
     socket_files,
     tasks_awaiting,
     tasks_return_to,
 )
+from tests.support.intercept import Intercepting
 from tests.support.kubelet_standin import KubeletStandin
+from tests.support.polling import until_api, until_state
 
 NS = "cancel-tests"
 NODE = "node-a"
@@ -231,15 +233,6 @@ def view_usage(agent: Agent, name: str) -> dict[str, str] | None:
     return None if inst is None else dict(inst.spec.device_usage)
 
 
-async def until(check: Callable[[], Awaitable[bool]]) -> None:
-    """Poll the API server (bounded) until `check` holds: the test's client has no watch."""
-    with trio.fail_after(20):
-        while True:
-            if await check():
-                return
-            await trio.sleep(0.1)
-
-
 async def no_instances(api: Client) -> bool:
     return not (await api.list(INSTANCES, namespace=NS)).items
 
@@ -267,13 +260,13 @@ async def test_agent_cancelled_during_allocate_write_leaves_claim_whole_or_absen
     slot, instance_res, config_res = f"{name}-0", f"akri.sh/{name}", "akri.sh/gate"
     async with node_harness(cluster, short_tmp) as node:
         node.kubelet.start()
-        gated = GatedClient(node.client)
-        first = await node.start_agent(gated)
+        gate = Gate(is_usage_write)
+        first = await node.start_agent(Intercepting(node.client, gate).client)
         await ns.create(CONFIGURATIONS, debug_echo_config("gate", NS, ["g0"], capacity=1))
         await node.wait(lambda k: k.healthy(instance_res) == [slot])
         await node.wait(lambda k: k.healthy(config_res) == ["gate-0"])
 
-        gated.hold = hold
+        gate.hold = hold
         allocated = trio.Event()
         codes: list[grpc.StatusCode] = []
 
@@ -283,7 +276,7 @@ async def test_agent_cancelled_during_allocate_write_leaves_claim_whole_or_absen
 
         node.nursery.start_soon(allocate)
         with trio.fail_after(20):
-            await gated.reached.wait()
+            await gate.reached.wait()
         if hold is Hold.BEFORE_SEND:
             # Read, decide, write, remember: nothing is remembered while the write is pending.
             assert view_usage(first.agent, name) == {}
@@ -295,13 +288,13 @@ async def test_agent_cancelled_during_allocate_write_leaves_claim_whole_or_absen
         assert codes[0] in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED), codes
         assert node.plugin_sockets() == []
         assert socket_files(node.handlers_dir) == []
-        assert gated.writes_started == 1
+        assert gate.started == 1
 
         usage = await usage_of(ns, name)
         if hold is Hold.BEFORE_SEND:
             assert usage == {}
         if hold is Hold.AFTER_ANSWER:
-            assert gated.writes_answered == 1
+            assert gate.answered == 1
             assert usage == {slot: NODE}
         assert usage in ({}, {slot: NODE})  # ON_THE_WIRE: either, never anything else
         claimed = bool(usage)
@@ -310,8 +303,8 @@ async def test_agent_cancelled_during_allocate_write_leaves_claim_whole_or_absen
         await node.wait(lambda k: k.healthy(config_res) == [])  # the old stream's end noted
         answered = node.kubelet.answered(config_res)
         second = await node.start_agent()
-        await eventually(
-            lambda: view_usage(second.agent, name) == usage, "restarted view == deviceUsage"
+        await until_state(
+            lambda: view_usage(second.agent, name) == usage, what="restarted view == deviceUsage"
         )
         expected_vdevs = [] if claimed else ["gate-0"]
         await node.wait(
@@ -357,7 +350,7 @@ async def test_agent_cancelled_while_plugins_retry_register_removes_everything(
                 if r.getMessage().startswith(f"registering {resource} with the kubelet (attempt 2)")
             } == {f"akri.sh/{name}", "akri.sh/early"}
 
-        await eventually(retrying, "both plugins retrying Register")
+        await until_state(retrying, what="both plugins retrying Register")
         plugins = running.agent.plugins
         assert {plugin_name(p) for p in plugins.running} == {f"{NS}/{name}", f"{NS}/early"}
         assert plugins.registered == set()
@@ -382,8 +375,8 @@ async def test_agent_cancelled_during_an_inflight_register_removes_everything(
         await ns.create(CONFIGURATIONS, debug_echo_config("held", NS, ["h0"], capacity=1))
         parked = await trio.to_thread.run_sync(node.kubelet.register_parked.wait, 20.0)
         assert parked, "no Register call reached the kubelet"
-        await eventually(
-            lambda: len(tasks_awaiting("register")) >= 1, "a Register call awaiting its answer"
+        await until_state(
+            lambda: len(tasks_awaiting("register")) >= 1, what="a Register call awaiting its answer"
         )
         assert running.agent.plugins.registered == set()
         assert len(node.plugin_sockets()) == 2
@@ -426,7 +419,7 @@ async def test_kubelet_channel_closed_mid_listandwatch_ends_the_stream_only(
         sockets = node.plugin_sockets()
 
         node.kubelet.disconnect(resource)
-        await eventually(lambda: list_and_watch_streams() == 1, "the dropped stream's end")
+        await until_state(lambda: list_and_watch_streams() == 1, what="the dropped stream's end")
         assert f"{NS}/{name}" in {plugin_name(p) for p in running.agent.plugins.running}
         assert f"{NS}/{name}" in {plugin_name(p) for p in running.agent.plugins.registered}
         assert node.plugin_sockets() == sockets
@@ -488,7 +481,9 @@ async def test_kubelet_process_killed_mid_listandwatch_ends_the_stream_only(
             await process.wait()
             if process.stdout is not None:
                 await process.stdout.aclose()
-        await eventually(lambda: list_and_watch_streams() == 2, "the dead kubelet's stream end")
+        await until_state(
+            lambda: list_and_watch_streams() == 2, what="the dead kubelet's stream end"
+        )
         # The plugin still serves the stand-in's stream: a claim reaches it.
         await node.allocate(resource, [[f"{name}-0"]])
         await node.wait(lambda k: k.healthy("akri.sh/dead") == [])
@@ -588,21 +583,23 @@ async def agreement(
     """Wait (bounded) until deviceUsage in the API server, the agent's view and the
     configuration plugin's latest list (capacity 1: a vdev exactly when the slot is free)
     agree; returns that deviceUsage."""
-    with trio.fail_after(20):
-        while True:
-            try:
-                usage = await usage_of(api, name)
-            except NotFound:  # deleted and not yet re-created
-                await trio.sleep(0.05)
-                continue
-            vdevs = node.kubelet.healthy(config_res)
-            if (
-                view_usage(running.agent, name) == usage
-                and node.kubelet.answered(config_res) > answered
-                and len(vdevs) == 1 - len(usage)
-            ):
-                return usage
-            await trio.sleep(0.05)
+
+    async def agreed() -> tuple[dict[str, str]] | None:  # a tuple: an empty usage is an answer
+        try:
+            usage = await usage_of(api, name)
+        except NotFound:  # deleted and not yet re-created
+            return None
+        vdevs = node.kubelet.healthy(config_res)
+        if (
+            view_usage(running.agent, name) == usage
+            and node.kubelet.answered(config_res) > answered
+            and len(vdevs) == 1 - len(usage)
+        ):
+            return (usage,)
+        return None
+
+    (usage,) = await until_api(agreed, 20, "API, view and plugin agree", poll=0.05)
+    return usage
 
 
 def streams_open_in_agent() -> int:
@@ -614,8 +611,8 @@ async def stream_open(node: Node, running: RunningAgent, handler: Handler, name:
     """Wait until the Configuration's Discover stream is open on both ends and its Instance's
     plugins serve the kubelet."""
     registry = running.agent.registry
-    await eventually(
-        lambda: registry.get("debugEcho") == {handler.endpoint: ACTIVE}, "the stream is active"
+    await until_state(
+        lambda: registry.get("debugEcho") == {handler.endpoint: ACTIVE}, what="the stream is active"
     )
     await node.wait(lambda k: len(k.healthy(f"akri.sh/{name}")) >= 1)
     assert streams_open_in_agent() == 1
@@ -642,19 +639,21 @@ async def test_configuration_deleted_mid_discover_stream(
 
         await ns.delete(CONFIGURATIONS, "disc", namespace=NS)
         registry = running.agent.registry
-        await eventually(
-            lambda: registry.get("debugEcho") == {handler.endpoint: WAITING}, "handler Waiting"
+        await until_state(
+            lambda: registry.get("debugEcho") == {handler.endpoint: WAITING}, what="handler Waiting"
         )
-        await eventually(lambda: discover_streams() == 0, "the handler's Discover generator ends")
+        await until_state(
+            lambda: discover_streams() == 0, what="the handler's Discover generator ends"
+        )
         assert streams_open_in_agent() == 0
         assert tasks_awaiting("run_configuration_discovery") == []
-        await eventually(lambda: not running.agent.plugins.running, "plugins stopped")
+        await until_state(lambda: not running.agent.plugins.running, what="plugins stopped")
         assert node.plugin_sockets() == []
         assert list_and_watch_streams() == 0
-        await eventually(
-            lambda: view_usage(running.agent, name) is None, "the Instance left the view"
+        await until_state(
+            lambda: view_usage(running.agent, name) is None, what="the Instance left the view"
         )
-        await until(lambda: no_instances(ns))
+        await until_api(lambda: no_instances(ns))
 
         # Discovery is not wedged: the same handler serves a new Configuration at once.
         again = instance("disc2", "y0")
@@ -666,7 +665,7 @@ async def test_configuration_deleted_mid_discover_stream(
         await running.stop()
         assert socket_files(node.handlers_dir) == []
         assert node.plugin_sockets() == []
-        await eventually(lambda: discover_streams() == 0, "the handler's generator ends")
+        await until_state(lambda: discover_streams() == 0, what="the handler's generator ends")
         await handler.stop()
         assert not handler.socket.exists()
     await baseline.check()
@@ -694,7 +693,9 @@ async def test_agent_cancelled_mid_discover_stream(
         assert socket_files(node.handlers_dir) == []
         assert node.plugin_sockets() == []
         assert list_and_watch_streams() == 0
-        await eventually(lambda: discover_streams() == 0, "the handler's Discover generator ends")
+        await until_state(
+            lambda: discover_streams() == 0, what="the handler's Discover generator ends"
+        )
         assert handler.socket.exists() and not handler.done.is_set()
 
         answered = node.kubelet.answered(config_res)
@@ -704,7 +705,7 @@ async def test_agent_cancelled_mid_discover_stream(
         # test_agent_restart_keeps_claims_until_handlers_reregister).
         await agreement(node, ns, again, name, config_res, answered)
         await again.stop()
-        await eventually(lambda: discover_streams() == 0, "the handler's generator ends")
+        await until_state(lambda: discover_streams() == 0, what="the handler's generator ends")
         await handler.stop()
     await baseline.check()
 
@@ -739,7 +740,7 @@ async def test_agent_restart_keeps_claims_until_handlers_reregister(
             )
 
         # The restarted agent has reconciled the Configuration without a handler.
-        await until(status_written)
+        await until_api(status_written)
         handler = await start_handler(node)
         await stream_open(node, again, handler, name)
         obj = await ns.get(INSTANCES, name, namespace=NS)
@@ -767,8 +768,8 @@ async def test_allocate_while_api_unreachable_claims_nothing(
     async with node_harness(cluster, short_tmp) as node:
         node.kubelet.start()
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{closed_port()}") as dead:
-            flaky = FlakyClient(node.client, dead)
-            running = await node.start_agent(flaky)
+            flaky = Refusing(dead)
+            running = await node.start_agent(Intercepting(node.client, flaky).client)
             await ns.create(CONFIGURATIONS, debug_echo_config("down", NS, ["n0"], capacity=1))
             await node.wait(lambda k: k.healthy(config_res) == ["down-0"])
             await node.wait(lambda k: k.healthy(instance_res) == [slot])

@@ -4,8 +4,8 @@ shutdown. The API client is a stand-in; time is trio's MockClock (autojump)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
-from typing import Any
 
 import httpx
 import pytest
@@ -16,6 +16,7 @@ from akri_trio.address import ObjectKey
 from akri_trio.agent.plugins.claims import RELEASE_BOUND_S, Claims
 from akri_trio.agent.view import NodeView
 from akri_trio.kube.client import JSON, Client
+from tests.support.intercept import Intercepting, Send
 
 
 def instance(name: str, rv: int = 1, usage: Mapping[str, str] | None = None) -> JSON:
@@ -31,32 +32,23 @@ def instance(name: str, rv: int = 1, usage: Mapping[str, str] | None = None) -> 
     }
 
 
-class DyingApi(Client):
-    """Answers the first deviceUsage write; after it the API server is gone: every request
-    hangs (a connection that never answers)."""
+class Dying:
+    """An `Intercepting` hook in place of an API server: answers the first deviceUsage write;
+    after it the API server is gone: every request hangs (a connection that never answers)."""
 
     def __init__(self) -> None:
-        super().__init__(httpx.AsyncClient())
         self.writes = 0
 
-    async def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        params: Mapping[str, str] | None = None,
-        body: Any = None,
-        content_type: str = "application/json",
-    ) -> JSON:
-        if method == "PATCH" and self.writes == 0:
+    async def __call__(self, request: httpx.Request, send: Send) -> httpx.Response:
+        if request.method == "PATCH" and self.writes == 0:
             self.writes += 1
-            name = path.rsplit("/", 1)[1]
+            name = request.url.path.rsplit("/", 1)[1]
             claimed = {
                 op["path"].rsplit("/", 1)[1]: op["value"]
-                for op in body  # the JSON patch: the keys it adds are the claims
+                for op in json.loads(request.content)  # the JSON patch: its adds are the claims
                 if op["op"] == "add" and op["path"].startswith("/spec/deviceUsage/")
             }
-            return instance(name, 2, claimed)
+            return httpx.Response(200, json=instance(name, 2, claimed))
         await trio.sleep_forever()
         raise AssertionError("unreachable")
 
@@ -65,7 +57,8 @@ async def test_a_cancelled_allocate_releases_within_the_bound(autojump_clock: Mo
     view = NodeView("n")
     for name in ("cam-a", "cam-b"):
         view.put_instance(instance(name))
-    claims = Claims(DyingApi(), view)
+    nowhere = Client(httpx.AsyncClient(base_url="https://api.invalid"))  # never sent to
+    claims = Claims(Intercepting(nowhere, Dying()).client, view)
     keys = [ObjectKey("ns", "cam-a"), ObjectKey("ns", "cam-b")]
     with trio.move_on_after(1) as caller:  # the kubelet (or a shutdown) gives up after 1 s
         await claims.claim_vdevs("cam", keys, [["cam-0", "cam-1"]])

@@ -20,7 +20,6 @@ import yaml
 from akri_trio.agent.run import Agent, AgentSettings, run_agent
 from akri_trio.discovery.handlers.debug_echo import DebugEcho
 from akri_trio.kube.client import PATCH_APPLY, Client
-from akri_trio.kube.config import load_config
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
 from tests.support.akri_cluster import ensure_namespace, install_crds, purge_namespace
 from tests.support.kubelet_standin import KubeletStandin
@@ -77,17 +76,17 @@ class Node:
 
 
 @pytest.fixture
-async def api(cluster: dict[str, str]) -> AsyncIterator[Client]:
-    async with Client.open(load_config(cluster["KUBECONFIG"])) as client:
-        await install_crds(client)
-        await ensure_namespace(client, NS)
-        await purge_namespace(client, NS)
-        yield client
-        await purge_namespace(client, NS)
+async def fleet_namespace(api: Client) -> AsyncIterator[str]:
+    """CRDs installed and NS empty, before and after the test."""
+    await install_crds(api)
+    await ensure_namespace(api, NS)
+    await purge_namespace(api, NS)
+    yield NS
+    await purge_namespace(api, NS)
 
 
 @pytest.fixture
-async def fleet(api: Client, short_tmp: Path) -> AsyncIterator[Any]:
+async def fleet(api: Client, fleet_namespace: str, short_tmp: Path) -> AsyncIterator[Any]:
     """`await fleet(n)` starts n agents sharing one availability file (`fleet.availability`)."""
     availability = short_tmp / "availability"
     availability.write_text("")

@@ -22,8 +22,9 @@ from akri_trio.discovery.interface import AnyHandler
 from akri_trio.kube import Resource
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
 from tests.discovery.test_host_critical import root_disk
-from tests.observe.conftest import Space, short_tmp, space, until
+from tests.observe.conftest import Space, short_tmp, space
 from tests.support.kubelet_standin import KubeletStandin
+from tests.support.polling import until_api
 
 pytestmark = pytest.mark.k8s
 __all__ = ["short_tmp", "space"]  # the fixtures this module uses
@@ -103,8 +104,7 @@ async def test_the_root_disk_is_dropped_with_a_reason_unless_allowed(
             found = await devices_accepted(space, name, agent.node)
             return found if found and found[0] == "False" else None
 
-        with trio.fail_after(60):
-            _, message = await until(refused)
+        _, message = await until_api(refused, 60)
         assert f"host path {disk!r} is a host-critical device" in message
         assert "mounted at /" in message and "--allow-host-devices NAMESPACE:block" in message
 
@@ -112,8 +112,7 @@ async def test_the_root_disk_is_dropped_with_a_reason_unless_allowed(
             items = (await space.api.list(EVENTS, namespace=space.name)).items
             return [e for e in items if e["reason"] == "DevicesRefused"]
 
-        with trio.fail_after(60):
-            (refusal,) = await until(event)
+        (refusal,) = await until_api(event, 60)
         assert refusal["involvedObject"]["name"] == name and disk in refusal["message"]
         assert (await space.api.list(INSTANCES, namespace=space.name)).items == []
 
@@ -124,7 +123,6 @@ async def test_the_root_disk_is_dropped_with_a_reason_unless_allowed(
             items = (await space.api.list(INSTANCES, namespace=space.name)).items
             return [i for i in items if agent.node in i["spec"].get("nodes", [])]
 
-        with trio.fail_after(60):
-            (inst,) = await until(instance)
+        (inst,) = await until_api(instance, 60)
         assert inst["spec"]["brokerProperties"]["UDEV_DEVNODE"] == disk
         await space.api.delete(CONFIGURATIONS, name, namespace=space.name)

@@ -19,7 +19,7 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
 from tests.support.akri_cluster import ensure_namespace, install_crds, purge_namespace
 from tests.support.chart import render
 from tests.support.kubelet_standin import KubeletStandin
-from tests.support.polling import until_api
+from tests.support.polling import until_api, when
 from tests.support.rbac import RBAC_KINDS, account_token
 from tests.support.traverse import traversable_by_others
 
@@ -46,6 +46,7 @@ LABEL = {"hostile-test": TAG}
 NS_A, NS_B = f"hostile-a-{TAG}", f"hostile-b-{TAG}"
 MAX_CAPACITY = 5
 MAX_PER_HANDLER = 4
+WAIT_S = 45  # polling the API server while a hostile handler floods it
 SECRET_VALUE = f"s3cr3t-{TAG}"
 OTHER_SECRET_VALUE = f"other-{TAG}"
 SECRETS = Resource.core("secrets", "Secret")
@@ -158,11 +159,6 @@ def config(
     }
 
 
-async def eventually(check: Callable[[], Awaitable[Any]], seconds: float = 45) -> Any:
-    """`check()`'s first truthy value (polling the API server), or fail after `seconds`."""
-    return await until_api(check, seconds)
-
-
 async def conditions(api: Client, name: str, namespace: str) -> dict[str, tuple[str, str, str]]:
     obj = await api.get(CONFIGURATIONS, name, namespace=namespace)
     entries = [e for e in (obj.get("status") or {}).get("nodes") or [] if e["node"] == NODE]
@@ -225,17 +221,17 @@ async def test_a_secret_of_another_namespace_is_refused_and_no_secret_is_ever_sh
         found = (await conditions(api, "thief", NS_A)).get("PropertiesResolved")
         return found if found and found[0] == "False" else None
 
-    _, reason, message = await eventually(thief_refused)
+    _, reason, message = await until_api(thief_refused, seconds=WAIT_S)
     assert reason == "OtherNamespace"
     assert message.startswith("discoveryProperties 'PASSWORD': ")
     assert f"Secret {NS_B}/creds" in message and "own namespace" in message
     assert await instances(api, NS_A, "thief") == {}
-    await eventually(lambda: instances(api, NS_A, "owner"))
+    await until_api(lambda: instances(api, NS_A, "owner"), seconds=WAIT_S)
 
     async def owner_resolved() -> bool:  # the status is written after the Instances
         return (await conditions(api, "owner", NS_A)).get("PropertiesResolved", ("",))[0] == "True"
 
-    await eventually(owner_resolved)
+    await until_api(owner_resolved, seconds=WAIT_S)
     assert f"Secret {NS_B}/creds" in agent.log()  # the refusal is logged
 
     for name in ("thief", "owner"):
@@ -250,7 +246,7 @@ async def test_a_second_configuration_of_the_same_name_is_refused_until_the_firs
 ) -> None:
     name = f"tenant-{TAG}"
     await api.create(CONFIGURATIONS, config(name, NS_A, ["a0"]), namespace=NS_A)
-    first = await eventually(lambda: instances(api, NS_A, name))
+    first = await until_api(lambda: instances(api, NS_A, name), seconds=WAIT_S)
     await trio.sleep(1.1)  # a later creationTimestamp (one-second resolution)
     await api.create(CONFIGURATIONS, config(name, NS_B, ["b0"]), namespace=NS_B)
 
@@ -258,13 +254,13 @@ async def test_a_second_configuration_of_the_same_name_is_refused_until_the_firs
         found = (await conditions(api, name, NS_B)).get("Accepted")
         return found if found and found[0] == "False" else None
 
-    _, reason, message = await eventually(refused)
+    _, reason, message = await until_api(refused, seconds=WAIT_S)
     assert reason == "NameTaken" and f"{NS_A}/{name}" in message
 
     async def owner_accepted() -> bool:
         return (await conditions(api, name, NS_A)).get("Accepted", ("",))[0] == "True"
 
-    await eventually(owner_accepted)
+    await until_api(owner_accepted, seconds=WAIT_S)
     assert await instances(api, NS_B, name) == {}
     assert list(await instances(api, NS_A, name)) == list(first)
     resource = f"akri.sh/{name}"
@@ -272,12 +268,12 @@ async def test_a_second_configuration_of_the_same_name_is_refused_until_the_firs
     assert f"Configuration {NS_B}/{name} refused on this node" in agent.log()
 
     await api.delete(CONFIGURATIONS, name, namespace=NS_A)  # B takes the name over
-    await eventually(lambda: instances(api, NS_B, name))
+    await until_api(lambda: instances(api, NS_B, name), seconds=WAIT_S)
 
     async def accepted() -> bool:
         return (await conditions(api, name, NS_B)).get("Accepted", ("",))[0] == "True"
 
-    await eventually(accepted)
+    await until_api(accepted, seconds=WAIT_S)
     b0 = instance_for(name, "b0")
     await kubelet_until(
         agent,
@@ -318,13 +314,13 @@ async def test_bad_devices_are_dropped_with_reasons_and_collisions_pick_one_devi
         found = (await conditions(api, name, NS_A)).get("DevicesAccepted")
         return found if found and found[0] == "False" else None
 
-    _, reason, message = await eventually(refused)
+    _, reason, message = await until_api(refused, seconds=WAIT_S)
     assert reason == "DevicesRefused"
     assert "'nul\\x00byte' dropped: property 'DEBUG_ECHO_DESCRIPTION' holds a NUL" in message
     assert "device id 'dup' sent 2 times" in message
     shared = instance_for(name, low)
     assert f"device ids {high!r} hash to Instance {shared}" in message
-    made = await eventually(lambda: instances(api, NS_A, name))
+    made = await until_api(lambda: instances(api, NS_A, name), seconds=WAIT_S)
     assert set(made) == {shared, instance_for(name, "dup")}
     # The Instance describes the lowest id, and Allocate hands out the same device.
     assert made[shared]["spec"]["brokerProperties"] == {"DEBUG_ECHO_DESCRIPTION": low}
@@ -352,10 +348,11 @@ async def test_device_and_capacity_limits_are_flags_with_a_status_condition(
         found = (await conditions(api, many, NS_A)).get("DevicesAccepted")
         return found if found and found[0] == "False" else None
 
-    _, _, message = await eventually(cut)
+    _, _, message = await until_api(cut, seconds=WAIT_S)
     assert f"only the first {MAX_PER_HANDLER} by id are used" in message
-    made = await eventually(
-        lambda: _when(instances(api, NS_A, many), lambda m: len(m) == MAX_PER_HANDLER)
+    made = await until_api(
+        lambda: when(lambda: instances(api, NS_A, many), lambda m: len(m) == MAX_PER_HANDLER),
+        seconds=WAIT_S,
     )
     assert set(made) == {instance_for(many, f"d{i}") for i in range(MAX_PER_HANDLER)}
 
@@ -363,14 +360,9 @@ async def test_device_and_capacity_limits_are_flags_with_a_status_condition(
         found = (await conditions(api, big, NS_A)).get("Accepted")
         return found if found and found[0] == "False" else None
 
-    _, reason, message = await eventually(too_big)
+    _, reason, message = await until_api(too_big, seconds=WAIT_S)
     assert reason == "CapacityTooLarge" and f"maximum {MAX_CAPACITY}" in message
     assert await instances(api, NS_A, big) == {}
-
-
-async def _when(value: Awaitable[Any], predicate: Callable[[Any], bool]) -> Any:
-    got = await value
-    return got if predicate(got) else None
 
 
 async def test_a_poisoned_device_usage_key_leaves_every_call_working(
@@ -379,7 +371,7 @@ async def test_a_poisoned_device_usage_key_leaves_every_call_working(
     name = f"poison-{TAG}"
     await api.create(CONFIGURATIONS, config(name, NS_A, ["p0"], capacity=3), namespace=NS_A)
     inst = instance_for(name, "p0")
-    await eventually(lambda: instances(api, NS_A, name))
+    await until_api(lambda: instances(api, NS_A, name), seconds=WAIT_S)
     resource = f"akri.sh/{inst}"
     await kubelet_until(agent, lambda k: len(k.healthy(resource)) == 3)
     poison = {f"{inst}-{'9' * 5000}": NODE, f"{inst}-x": "C:junk", f"{inst}-1": "someone"}
@@ -446,7 +438,7 @@ async def test_a_non_root_handler_serves_an_agent_without_capabilities(
     stack = contextlib.ExitStack()
     try:
         registration = directory / "agent-registration.sock"
-        await eventually(lambda: _returns(registration.exists()), 30)
+        await until_api(lambda: _returns(registration.exists()), seconds=30)
         non_root = [f"--reuid={HANDLER_GID}", f"--regid={HANDLER_GID}", "--clear-groups"]
         stack.enter_context(traversable_by_others(REPO, Path(sys.prefix)))
         handler = subprocess.Popen(  # noqa: ASYNC220  (a process for the whole test)
@@ -457,7 +449,7 @@ async def test_a_non_root_handler_serves_an_agent_without_capabilities(
         cfg = config(name, NS_A, ["n0"])
         cfg["spec"]["discoveryHandler"]["name"] = handler_name
         await api.create(CONFIGURATIONS, cfg, namespace=NS_A)
-        made = await eventually(lambda: _instances_on(api, node, name), 60)
+        made = await until_api(lambda: _instances_on(api, node, name), seconds=60)
         assert list(made) == [naming.instance_name(name, naming.device_hash("n0", node))]
         info = directory.stat()
         assert (info.st_gid, oct(info.st_mode & 0o7777)) == (HANDLER_GID, oct(0o3770))
@@ -526,7 +518,7 @@ async def test_the_chart_can_grant_secrets_per_namespace_only(
                     return True
                 return False
 
-            await eventually(readable, 30)  # RBAC is cached by the API server for a moment
+            await until_api(readable, seconds=30)  # RBAC is cached by the API server for a moment
             with pytest.raises(Forbidden):
                 await agent_api.get(SECRETS, "rbac-probe", namespace=NS_B)
             await agent_api.list(CONFIGURATIONS)  # the rest of its rights are cluster-wide

@@ -10,7 +10,6 @@ from typing import Any
 
 import httpx
 import pytest
-import trio
 
 from akri_trio.address import ObjectKey
 from akri_trio.agent.dra.publisher import NodePoolPublisher
@@ -22,6 +21,7 @@ from akri_trio.kube.errors import Invalid
 from akri_trio.model.limits import MAX_CAPACITY
 from akri_trio.model.resources import INSTANCES
 from tests.support.akri_cluster import ensure_namespace, install_crds
+from tests.support.polling import until_api
 
 NODE = "node-a"
 NS = "instance-capacity"
@@ -74,15 +74,18 @@ async def test_the_instance_crd_refuses_a_capacity_over_the_maximum(api: Client)
     await install_crds(api)
     await ensure_namespace(api, NS)
     name = "huge-capacity"
-    with trio.fail_after(30):
-        while True:  # a CRD's new schema reaches the API server's handlers shortly after
-            try:
-                await api.create(INSTANCES, _instance(name, HUGE), namespace=NS)
-            except Invalid as exc:
-                assert "spec.capacity" in str(exc) and str(MAX_CAPACITY) in str(exc)
-                break
-            await api.delete(INSTANCES, name, namespace=NS)
-            await trio.sleep(0.2)
+
+    async def refused() -> bool:
+        try:
+            await api.create(INSTANCES, _instance(name, HUGE), namespace=NS)
+        except Invalid as exc:
+            assert "spec.capacity" in str(exc) and str(MAX_CAPACITY) in str(exc)
+            return True
+        await api.delete(INSTANCES, name, namespace=NS)
+        return False
+
+    # a CRD's new schema reaches the API server's handlers shortly after
+    await until_api(refused, 30, f"capacity {HUGE} refused", poll=0.2)
     body = _instance(name, MAX_CAPACITY)
     del body["metadata"]["resourceVersion"]
     created = await api.create(INSTANCES, body, namespace=NS)

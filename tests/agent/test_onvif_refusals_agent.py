@@ -17,8 +17,9 @@ import trio
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
 from tests.agent.test_host_critical_agent import EVENTS, devices_accepted, run
 from tests.discovery.test_onvif_device import OnvifDeviceService, Probed, _match
-from tests.observe.conftest import Space, short_tmp, space, until
+from tests.observe.conftest import Space, short_tmp, space
 from tests.support.akri_cluster import debug_echo_config
+from tests.support.polling import until_api
 
 pytestmark = pytest.mark.k8s
 __all__ = ["short_tmp", "space"]  # the fixtures this module uses
@@ -52,7 +53,7 @@ async def test_refusing_cameras_are_counted_in_the_configuration_status(
                 return found if found and found[0] == status else None
 
             with trio.fail_after(60):
-                _, message = await until(lambda: healthy("False"))
+                _, message = await until_api(lambda: healthy("False"))
             assert message.startswith(
                 f"embedded-onvif: 1 camera(s) refused the configured credentials: {UUID} "
                 f"({url} rejected user 'admin'"
@@ -64,7 +65,7 @@ async def test_refusing_cameras_are_counted_in_the_configuration_status(
                 return [e for e in items if e["reason"] == "DiscoveryProblems"]
 
             with trio.fail_after(60):
-                (problem,) = await until(event)
+                (problem,) = await until_api(event)
             assert problem["involvedObject"]["name"] == name
             assert "1 camera(s) refused the configured credentials" in problem["message"]
 
@@ -74,7 +75,7 @@ async def test_refusing_cameras_are_counted_in_the_configuration_status(
                 return (await space.api.list(INSTANCES, namespace=space.name)).items
 
             with trio.fail_after(60):
-                assert await until(lambda: healthy("True")) == ("True", "")
-                (inst,) = await until(instance)
+                assert await until_api(lambda: healthy("True")) == ("True", "")
+                (inst,) = await until_api(instance)
             assert inst["spec"]["brokerProperties"]["ONVIF_DEVICE_UUID"] == UUID
             await space.api.delete(CONFIGURATIONS, name, namespace=space.name)

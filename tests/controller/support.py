@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager, suppress
 from typing import Any, TypeVar
 
@@ -21,6 +21,7 @@ from akri_trio.kube import JSON, Client, NotFound, Resource
 from akri_trio.model import naming
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
 from tests.support.akri_cluster import NAMESPACES, ensure_namespace, install_crds
+from tests.support.polling import until_api, until_state
 
 T = TypeVar("T")
 BUSYBOX = "docker.io/library/busybox:latest"
@@ -56,7 +57,7 @@ async def namespace(api: Client, prefix: str) -> AsyncIterator[str]:
             return False
 
     # Pods are refused until the namespace's default ServiceAccount exists.
-    await until(service_account, what=f"ServiceAccount {name}/default")
+    await until_api(service_account, what=f"ServiceAccount {name}/default")
     try:
         yield name
     finally:
@@ -238,26 +239,6 @@ async def make_instance(
     return await api.create(INSTANCES, body)
 
 
-async def until(
-    check: Callable[[], Awaitable[T | None]],
-    seconds: float = 30,
-    what: str = "",
-    poll: float = 0.2,
-) -> T:
-    """Poll the API server until `check()` is truthy (it has no event for most of what tests
-    wait on); fails naming `what` with the last value."""
-    last: T | None = None
-    try:
-        with trio.fail_after(seconds):
-            while True:
-                last = await check()
-                if last:
-                    return last
-                await trio.sleep(poll)
-    except trio.TooSlowError:
-        raise AssertionError(f"not within {seconds}s: {what} (last: {last!r})") from None
-
-
 async def brokers(api: Client, ns: str, config: str | None = None) -> list[JSON]:
     """Broker Pods (not being deleted) in `ns`, of `config` when given."""
     selector = naming.LABEL_CONFIGURATION + (f"={config}" if config else "")
@@ -315,8 +296,6 @@ async def running_controller(
         running: RunningController = await nursery.start(
             lambda **kw: run_controller(settings, api=api, **kw)
         )
-        with trio.fail_after(30):
-            while not running.synced:  # noqa: ASYNC110  (a flag the controller sets)
-                await trio.sleep(0.05)
+        await until_state(lambda: running.synced, 30, "the controller's caches synced")
         yield running
         nursery.cancel_scope.cancel()

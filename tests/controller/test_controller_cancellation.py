@@ -12,15 +12,13 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
 
 from akri_trio.controller.run import ControllerSettings, RunningController, run_controller
-from akri_trio.kube import JSON, Client, load_config
+from akri_trio.kube import Client, load_config
 from akri_trio.model.resources import CONFIGURATIONS
 from tests.controller.support import (
     broker_config,
@@ -29,52 +27,21 @@ from tests.controller.support import (
     make_instance,
     namespace,
     pod_spec,
-    until,
 )
-from tests.support.cancellation import Hold, all_tasks, fds_return_to, open_fds, tasks_return_to
+from tests.support.cancellation import (
+    Gate,
+    Hold,
+    all_tasks,
+    fds_return_to,
+    is_pod_create,
+    open_fds,
+    tasks_return_to,
+)
+from tests.support.intercept import Intercepting
+from tests.support.polling import until_api
 
 STOP_S = 5.0
 REPO = Path(__file__).resolve().parents[2]
-
-
-class GatedPods(Client):
-    """The real client; the `hold_at`-th broker POST parks at `hold` until cancelled."""
-
-    def __init__(self, real: Client, hold: Hold, hold_at: int, reached: trio.Event) -> None:
-        super().__init__(real.http, default_namespace=real.default_namespace)
-        self.hold, self.hold_at = hold, hold_at
-        self.posts = 0
-        self.reached = reached
-
-    async def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        params: Mapping[str, str] | None = None,
-        body: Any = None,
-        content_type: str = "application/json",
-    ) -> JSON:
-        held = method == "POST" and path.endswith("/pods")
-        if held:
-            self.posts += 1
-            held = self.posts == self.hold_at
-        if held and self.hold is Hold.BEFORE_SEND:
-            self.reached.set()
-            await trio.sleep_forever()
-        answer = await super().request(
-            method, path, params=params, body=body, content_type=content_type
-        )
-        if held:
-            self.reached.set()
-            await trio.sleep_forever()
-        return answer
-
-
-@pytest.fixture
-async def api(cluster: dict[str, str]) -> AsyncIterator[Client]:
-    async with Client.open(load_config(cluster["KUBECONFIG"])) as client:
-        yield client
 
 
 async def _expected(api: Client, ns: str, n: int, node: str) -> set[str]:
@@ -106,7 +73,7 @@ async def test_cancelled_mid_create_converges_after_restart(
         )
         tasks_before = len(all_tasks())
         fds_before = open_fds()
-        reached = trio.Event()
+        gate = Gate(is_pod_create, hold, at=3)
         async with trio.open_nursery() as nursery:
             scope = trio.CancelScope()
 
@@ -114,12 +81,12 @@ async def test_cancelled_mid_create_converges_after_restart(
                 # Its own connections, closed with it: the fd check sees what the run left.
                 with scope:
                     async with Client.open(load_config(cluster["KUBECONFIG"])) as own:
-                        gated = GatedPods(own, hold, 3, reached)
+                        gated = Intercepting(own, gate).client
                         await run_controller(settings, api=gated, task_status=task_status)
 
             await nursery.start(run)
             with trio.fail_after(30):
-                await reached.wait()
+                await gate.reached.wait()
             scope.cancel()
             stopped = trio.current_time()
         assert trio.current_time() - stopped < STOP_S
@@ -130,7 +97,7 @@ async def test_cancelled_mid_create_converges_after_restart(
 
         async with trio.open_nursery() as nursery:
             await nursery.start(lambda **kw: run_controller(settings, api=api, **kw))
-            await until(lambda: _converged(api, ns, want), what="every broker exactly once")
+            await until_api(lambda: _converged(api, ns, want), what="every broker exactly once")
             nursery.cancel_scope.cancel()
 
 
@@ -154,13 +121,13 @@ async def test_sigkilled_mid_create_converges_after_restart(
             async def some() -> bool:
                 return len(await brokers(api, ns)) >= 5
 
-            await until(some, what="the first brokers", poll=0.02)
+            await until_api(some, what="the first brokers", poll=0.02)
             proc.send_signal(signal.SIGKILL)
             proc.wait()
             made = {p["metadata"]["name"] for p in await brokers(api, ns)}
             assert made < want, "killed too late to be in the middle"
             proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=log)  # noqa: ASYNC220
-            await until(lambda: _converged(api, ns, want), what="every broker exactly once")
+            await until_api(lambda: _converged(api, ns, want), what="every broker exactly once")
         finally:
             proc.kill()
             proc.wait()

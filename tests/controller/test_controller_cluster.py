@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import trio
 
-from akri_trio.controller.run import ControllerSettings, RunningController, run_controller
-from akri_trio.kube import JSON, Client, NotFound, Resource, load_config
+from akri_trio.controller.run import ControllerSettings, RunningController
+from akri_trio.kube import JSON, Client, NotFound, Resource
 from akri_trio.kube.events import EVENTS
 from akri_trio.model import naming
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
@@ -34,45 +34,22 @@ from tests.controller.support import (
     make_instance,
     namespace,
     pod_spec,
+    running_controller,
     served_configuration,
     service_names,
     set_pod_phase,
     set_ready,
-    until,
     with_nodes,
 )
-
-
-class CountingClient(Client):
-    """The real client, counting the requests it sends (watches are streams, not counted)."""
-
-    def __init__(self, real: Client) -> None:
-        super().__init__(real.http, default_namespace=real.default_namespace)
-        self.requests: list[str] = []
-
-    async def request(self, method: str, path: str, **kw: Any) -> JSON:
-        self.requests.append(f"{method} {path}")
-        return await super().request(method, path, **kw)
-
-
-@pytest.fixture
-async def api(cluster: dict[str, str]) -> AsyncIterator[Client]:
-    async with Client.open(load_config(cluster["KUBECONFIG"])) as client:
-        yield client
+from tests.support.intercept import Intercepting
+from tests.support.polling import until_api
 
 
 @asynccontextmanager
 async def controller(api: Client, ns: str) -> AsyncIterator[RunningController]:
     settings = ControllerSettings(namespace=ns, leader_elect=False, metrics_port=None)
-    async with trio.open_nursery() as nursery:
-        running: RunningController = await nursery.start(
-            lambda **kw: run_controller(settings, api=api, **kw)
-        )
-        with trio.fail_after(30):
-            while not running.synced:  # noqa: ASYNC110  (a flag the controller sets)
-                await trio.sleep(0.05)
+    async with running_controller(api, settings) as running:
         yield running
-        nursery.cancel_scope.cancel()
 
 
 async def _create_config(api: Client, body: JSON) -> JSON:
@@ -85,14 +62,14 @@ def _names(pods: list[JSON]) -> set[str]:
 
 async def test_pod_brokers_are_made_recreated_and_removed(api: Client) -> None:
     async with namespace(api, "ctl-pods") as ns, fake_nodes(api, 2) as (node1, node2):
-        counting = CountingClient(api)
+        counting = Intercepting(api)  # counts the requests it sends
         config = await _create_config(api, broker_config("cfg", ns, pod=pod_spec(nowhere=True)))
         await make_instance(api, config, "cfg-aaaaaa", [node1, node2])
         await make_instance(api, config, "cfg-bbbbbb", [node1], shared=False)
         broker1, broker2 = f"{node1}-cfg-aaaaaa-pod", f"{node2}-cfg-aaaaaa-pod"
-        async with controller(counting, ns):
+        async with controller(counting.client, ns):
             expected = {broker1, broker2, "cfg-bbbbbb-pod"}
-            pods = await until(
+            pods = await until_api(
                 lambda: _wait_names(api, ns, expected), what=f"brokers {sorted(expected)}"
             )
             pod = next(p for p in pods if p["metadata"]["name"] == broker2)
@@ -111,9 +88,9 @@ async def test_pod_brokers_are_made_recreated_and_removed(api: Client) -> None:
 
             # Idle: nothing changes, nothing is sent.
             await trio.sleep(1)
-            counting.requests.clear()
+            counting.seen.clear()
             await trio.sleep(3)
-            assert counting.requests == [], counting.requests
+            assert counting.seen == [], counting.seen
 
             # A deleted broker comes back under a new uid.
             old_uid = pod["metadata"]["uid"]
@@ -126,21 +103,19 @@ async def test_pod_brokers_are_made_recreated_and_removed(api: Client) -> None:
                     return False
                 return bool(new["metadata"]["uid"] != old_uid)
 
-            await until(recreated, what="the deleted broker recreated")
+            await until_api(recreated, what="the deleted broker recreated")
 
             # A node leaves the Instance: its broker goes.
             await api.merge_patch(
                 INSTANCES, "cfg-aaaaaa", {"spec": {"nodes": [node1]}}, namespace=ns
             )
-            await until(
-                lambda: _wait_names(api, ns, expected - {broker2}),
-                what="node 2's broker removed",
+            await until_api(
+                lambda: _wait_names(api, ns, expected - {broker2}), what="node 2's broker removed"
             )
             # The Instance goes: its brokers go.
             await api.delete(INSTANCES, "cfg-bbbbbb", namespace=ns)
-            await until(
-                lambda: _wait_names(api, ns, {broker1}),
-                what="the Instance's broker removed",
+            await until_api(
+                lambda: _wait_names(api, ns, {broker1}), what="the Instance's broker removed"
             )
 
 
@@ -156,7 +131,7 @@ async def test_failed_broker_is_recreated_with_backoff(api: Client) -> None:
         async with controller(api, ns) as running:
             uids: list[str] = []
             for _ in range(3):
-                pod = (await until(lambda: _wait_names(api, ns, {"cfg-cccccc-pod"})))[0]
+                pod = (await until_api(lambda: _wait_names(api, ns, {"cfg-cccccc-pod"})))[0]
                 if uids and pod["metadata"]["uid"] == uids[-1]:
                     continue
                 uids.append(pod["metadata"]["uid"])
@@ -166,7 +141,7 @@ async def test_failed_broker_is_recreated_with_backoff(api: Client) -> None:
                     pods = await brokers(api, ns)
                     return bool(pods) and pods[0]["metadata"]["uid"] != uid
 
-                await until(replaced, seconds=20, what="the failed broker replaced")
+                await until_api(replaced, seconds=20, what="the failed broker replaced")
             assert len(set(uids)) == 3
             assert running.reconcilers is not None
             retry = running.reconcilers.retries[next(iter(running.reconcilers.retries))]
@@ -179,12 +154,12 @@ async def test_services_follow_running_brokers(api: Client) -> None:
         await make_instance(api, config, "cfg-aaaaaa", [node])
         await make_instance(api, config, "cfg-bbbbbb", [node])
         async with controller(api, ns):
-            pods = await until(lambda: _count(api, ns, 2), what="2 brokers")
+            pods = await until_api(lambda: _count(api, ns, 2), what="2 brokers")
             assert await service_names(api, ns) == set()  # nothing Running yet
             for pod in pods:
                 await set_pod_phase(api, pod, "Running")
             want = {"cfg-aaaaaa-svc", "cfg-bbbbbb-svc", "cfg-svc"}
-            await until(lambda: _services_are(api, ns, want), what=f"services {want}")
+            await until_api(lambda: _services_are(api, ns, want), what=f"services {want}")
             svc = await api.get(SERVICES, "cfg-svc", namespace=ns)
             assert svc["spec"]["selector"] == {
                 "controller": "akri.sh",
@@ -201,12 +176,12 @@ async def test_services_follow_running_brokers(api: Client) -> None:
             )
             assert {s["metadata"]["name"] for s in by_instance.items} == want - {"cfg-svc"}
             await api.delete(INSTANCES, "cfg-aaaaaa", namespace=ns)
-            await until(
+            await until_api(
                 lambda: _services_are(api, ns, {"cfg-bbbbbb-svc", "cfg-svc"}),
                 what="the Instance's Service gone",
             )
             await api.delete(INSTANCES, "cfg-bbbbbb", namespace=ns)
-            await until(lambda: _services_are(api, ns, set()), what="every Service gone")
+            await until_api(lambda: _services_are(api, ns, set()), what="every Service gone")
 
 
 async def _count(api: Client, ns: str, n: int) -> list[JSON] | None:
@@ -237,7 +212,7 @@ async def test_job_broker_per_generation(api: Client) -> None:
                 }
 
             first = f"cfg-aaaaaa-{generation}-job"
-            await until(lambda: _equals(jobs, {first}), what=f"job {first}")
+            await until_api(lambda: _equals(jobs, {first}), what=f"job {first}")
             job = await api.get(JOBS, first, namespace=ns)
             template_labels = job["spec"]["template"]["metadata"]["labels"]
             assert template_labels[naming.LABEL_INSTANCE] == "cfg-aaaaaa"
@@ -249,7 +224,7 @@ async def test_job_broker_per_generation(api: Client) -> None:
             )
             second = f"cfg-aaaaaa-{patched['metadata']['generation']}-job"
             assert second != first
-            await until(lambda: _equals(jobs, {second}), what=f"only job {second}")
+            await until_api(lambda: _equals(jobs, {second}), what=f"only job {second}")
 
 
 async def _equals(get: Any, want: Any) -> bool:
@@ -274,7 +249,7 @@ async def test_lost_node_is_removed_everywhere(api: Client, how: str) -> None:
         )
         alone = await make_instance(api, config, "cfg-bbbbbb", [lost], finalizers=[lost])
         async with controller(api, ns) as running:
-            await until(
+            await until_api(
                 lambda: _true(
                     lost in (running.reconcilers.node_states if running.reconcilers else {})
                 ),
@@ -285,14 +260,14 @@ async def test_lost_node_is_removed_everywhere(api: Client, how: str) -> None:
             else:
                 await api.delete(NODES, lost)
 
-            inst = await until(
+            inst = await until_api(
                 lambda: with_nodes(api, ns, "cfg-aaaaaa", [other]),
                 what="the lost node removed from the shared Instance",
             )
             assert inst["spec"]["deviceUsage"] == {"cfg-aaaaaa-2": other}
             assert inst["metadata"]["finalizers"] == [other]
             assert inst["metadata"]["uid"] == shared["metadata"]["uid"]
-            await until(
+            await until_api(
                 lambda: instance_gone(api, ns, "cfg-bbbbbb"),
                 what="the Instance left with no node deleted",
             )
@@ -329,7 +304,7 @@ async def test_events_tell_kubectl_describe_what_the_controller_did(
         config = await _create_config(api, broker_config("cfg", ns, pod=pod_spec(nowhere=True)))
         inst = await make_instance(api, config, "cfg-aaaaaa", [node], shared=False)
         async with controller(api, ns):
-            pod = (await until(lambda: _wait_names(api, ns, {"cfg-aaaaaa-pod"})))[0]
+            pod = (await until_api(lambda: _wait_names(api, ns, {"cfg-aaaaaa-pod"})))[0]
             await set_pod_phase(api, pod, "Failed")
 
             async def replaced() -> JSON | None:
@@ -337,14 +312,14 @@ async def test_events_tell_kubectl_describe_what_the_controller_did(
                 new = [p for p in pods if p["metadata"]["uid"] != pod["metadata"]["uid"]]
                 return new[0] if new else None
 
-            await set_pod_phase(api, await until(replaced, what="a new broker"), "Running")
+            await set_pod_phase(api, await until_api(replaced, what="a new broker"), "Running")
             want = {"BrokerCreated", "BrokerFailed", "BrokerRecreated", "ServiceCreated"}
 
             async def told() -> dict[str, list[JSON]] | None:
                 reasons = await _reasons(api, inst)
                 return reasons if want <= reasons.keys() else None
 
-            reasons = await until(told, what=f"Events {sorted(want)} on the Instance")
+            reasons = await until_api(told, what=f"Events {sorted(want)} on the Instance")
             (failed,) = reasons["BrokerFailed"]
             assert failed["type"] == "Warning"
             assert (
@@ -353,7 +328,7 @@ async def test_events_tell_kubectl_describe_what_the_controller_did(
             )
             assert failed["source"]["component"] == "akri-controller"
             assert "2 creates since it last ran stably" in reasons["BrokerRecreated"][0]["message"]
-            await until(
+            await until_api(
                 lambda: _has(api, config, "ServiceCreated"),
                 what="ServiceCreated on the Configuration",
             )
@@ -392,7 +367,7 @@ async def test_a_refused_broker_is_a_warning_with_the_api_servers_message(api: C
             async def refused() -> list[JSON] | None:
                 return (await _reasons(api, inst)).get("BrokerFailed")
 
-            (event,) = await until(refused, what="a BrokerFailed Event on the Instance")
+            (event,) = await until_api(refused, what="a BrokerFailed Event on the Instance")
             assert event["type"] == "Warning"
             assert event["message"].startswith("could not create broker Pod cfg-aaaaaa-pod: ")
             assert "exceeded quota" in event["message"]

@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from typing import Any
 
-import pytest
 import trio
 
 from akri_trio import dra
@@ -23,7 +22,7 @@ from akri_trio.dra import (
     RESOURCE_CLAIMS,
     RESOURCE_SLICES,
 )
-from akri_trio.kube import JSON, Client, NotFound, load_config
+from akri_trio.kube import JSON, Client, NotFound
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
 from tests.controller.support import (
     NODES,
@@ -35,14 +34,8 @@ from tests.controller.support import (
     pod_spec,
     running_controller,
     unique,
-    until,
 )
-
-
-@pytest.fixture
-async def api(cluster: dict[str, str]) -> AsyncIterator[Client]:
-    async with Client.open(load_config(cluster["KUBECONFIG"])) as client:
-        yield client
+from tests.support.polling import until_api
 
 
 @asynccontextmanager
@@ -109,7 +102,7 @@ async def test_a_configurations_device_class_comes_and_goes_with_it(api: Client)
             async def only_ours() -> bool:
                 return await _classes(api, ns) == {wanted}
 
-            await until(only_ours, what=f"DeviceClass {wanted} alone")
+            await until_api(only_ours, what=f"DeviceClass {wanted} alone")
             stored = await api.get(DEVICE_CLASSES, wanted)
             assert stored["spec"] == dra.device_class("cfg", ns)["spec"]
 
@@ -122,14 +115,14 @@ async def test_a_configurations_device_class_comes_and_goes_with_it(api: Client)
                 got = await api.get(DEVICE_CLASSES, wanted)
                 return bool(got["spec"] == dra.device_class("cfg", ns)["spec"])
 
-            await until(restored, what="the selector restored")
+            await until_api(restored, what="the selector restored")
 
             await api.delete(CONFIGURATIONS, "cfg", namespace=ns)
 
             async def none() -> bool:
                 return not await _classes(api, ns)
 
-            await until(none, what="DeviceClass deleted with its Configuration")
+            await until_api(none, what="DeviceClass deleted with its Configuration")
 
 
 async def test_a_shared_instance_is_one_pool_on_exactly_its_nodes(
@@ -157,7 +150,7 @@ async def test_a_shared_instance_is_one_pool_on_exactly_its_nodes(
                 slices = await _pool(api, pool)
                 return slices if slices and _selected(slices[0]) == sorted(nodes) else []
 
-            (first,) = await until(lambda: on([node]), what=f"pool {pool} on {node}")
+            (first,) = await until_api(lambda: on([node]), what=f"pool {pool} on {node}")
             generation = dra.generation_of(first)
             devices = {d["name"] for d in first["spec"]["devices"]}
             consumable = devices == {dra.device_name("cfg-shared")}
@@ -170,7 +163,7 @@ async def test_a_shared_instance_is_one_pool_on_exactly_its_nodes(
             async def ghost_gone() -> bool:
                 return not await _pool(api, dra.shared_pool(ns, "cfg-ghost"))
 
-            await until(ghost_gone, what="the orphaned pool deleted")
+            await until_api(ghost_gone, what="the orphaned pool deleted")
             # The non-shared Instance is its agent's to publish.
             assert not await _pool(api, dra.shared_pool(ns, "cfg-local1"))
 
@@ -178,7 +171,7 @@ async def test_a_shared_instance_is_one_pool_on_exactly_its_nodes(
             await api.merge_patch(
                 INSTANCES, "cfg-shared", {"spec": {"nodes": [node, other]}}, namespace=ns
             )
-            (second,) = await until(lambda: on([node, other]), what=f"{other} in the selector")
+            (second,) = await until_api(lambda: on([node, other]), what=f"{other} in the selector")
             assert dra.generation_of(second) > generation
 
             # The device vanishes: its devices stay tainted for the offline grace (shortened
@@ -197,13 +190,13 @@ async def test_a_shared_instance_is_one_pool_on_exactly_its_nodes(
                 )
                 return slices if devices and offline else []
 
-            (held,) = await until(tainted, what="the vanished devices tainted")
+            (held,) = await until_api(tainted, what="the vanished devices tainted")
             assert _selected(held) == sorted([node, other])
 
             async def gone() -> bool:
                 return not await _pool(api, pool)
 
-            await until(gone, what="the pool deleted when the grace ended")
+            await until_api(gone, what="the pool deleted when the grace ended")
 
 
 async def test_brokers_claim_their_instance_and_the_scheduler_allocates_it(
@@ -216,7 +209,7 @@ async def test_brokers_claim_their_instance_and_the_scheduler_allocates_it(
         )
         await make_instance(api, config, "cfg-aaaaaa", [node])
         async with controller(api, ns):
-            (pod,) = await until(lambda: brokers(api, ns), what="a broker Pod")
+            (pod,) = await until_api(lambda: brokers(api, ns), what="a broker Pod")
             spec = pod["spec"]
             assert spec["resourceClaims"] == [
                 {"name": "akri", "resourceClaimTemplateName": "cfg-aaaaaa-claim"}
@@ -238,7 +231,7 @@ async def test_brokers_claim_their_instance_and_the_scheduler_allocates_it(
 
             # kube-controller-manager makes the claim from the template, the scheduler
             # allocates one of the Instance's devices from the controller's shared pool.
-            claim = await until(allocated, seconds=60, what="the broker's claim allocated")
+            claim = await until_api(allocated, seconds=60, what="the broker's claim allocated")
             (result,) = claim["status"]["allocation"]["devices"]["results"]
             assert result["driver"] == "akri.sh"
             assert result["pool"] == dra.shared_pool(ns, "cfg-aaaaaa")

@@ -15,7 +15,7 @@ import trio
 from akri_trio import dra
 from akri_trio.controller.run import ControllerSettings, RunningController, run_controller
 from akri_trio.dra import DEVICE_CLASSES, RESOURCE_SLICES
-from akri_trio.kube import Client, NotFound, load_config
+from akri_trio.kube import Client, NotFound
 from akri_trio.model.resources import CONFIGURATIONS
 from tests.controller.support import (
     broker_config,
@@ -26,8 +26,8 @@ from tests.controller.support import (
     pod_spec,
     service_names,
     set_pod_phase,
-    until,
 )
+from tests.support.polling import until_api
 from tests.support.rbac import apply_rbac, manifest_client
 
 MANIFEST = Path(__file__).parents[2] / "k8s" / "controller.yaml"
@@ -35,9 +35,9 @@ DRA_MANIFEST = Path(__file__).parents[2] / "k8s" / "dra.yaml"  # DRA mode's opt-
 
 
 @pytest.fixture
-async def admin(cluster: dict[str, str]) -> AsyncIterator[Client]:
-    async with Client.open(load_config(cluster["KUBECONFIG"])) as client:
-        yield client
+def admin(api: Client) -> Client:
+    """The cluster admin's client (the shared `api`), beside the service accounts' ones."""
+    return api
 
 
 @pytest.fixture
@@ -59,7 +59,7 @@ async def test_controller_works_with_exactly_the_manifest_rbac(
             running: RunningController = await nursery.start(
                 lambda **kw: run_controller(settings, api=controller_api, **kw)
             )
-            pods = await until(lambda: brokers(admin, ns), what="a broker Pod")
+            pods = await until_api(lambda: brokers(admin, ns), what="a broker Pod")
             assert running.leading and running.synced
             await set_pod_phase(admin, pods[0], "Running")
             want = {"cfg-aaaaaa-svc", "cfg-svc"}
@@ -67,13 +67,13 @@ async def test_controller_works_with_exactly_the_manifest_rbac(
             async def services() -> bool:
                 return await service_names(admin, ns) == want
 
-            await until(services, what=f"Services {want}")
+            await until_api(services, what=f"Services {want}")
             await admin.delete(CONFIGURATIONS, "cfg", namespace=ns)
 
             async def no_brokers() -> bool:
                 return not await brokers(admin, ns)
 
-            await until(no_brokers, what="brokers gone")
+            await until_api(no_brokers, what="brokers gone")
             nursery.cancel_scope.cancel()
 
 
@@ -95,7 +95,7 @@ async def test_dra_mode_works_with_exactly_the_manifest_rbac(
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(lambda **kw: run_controller(settings, api=controller_api, **kw))
-                (pod,) = await until(lambda: brokers(admin, ns), what="a broker Pod")
+                (pod,) = await until_api(lambda: brokers(admin, ns), what="a broker Pod")
                 assert pod["spec"]["resourceClaims"][0]["resourceClaimTemplateName"]
 
                 async def published() -> bool:
@@ -103,7 +103,7 @@ async def test_dra_mode_works_with_exactly_the_manifest_rbac(
                     slices = await admin.list(RESOURCE_SLICES, label_selector=selector)
                     return bool(classes.items) and bool(slices.items)
 
-                await until(published, what="a DeviceClass and a shared pool")
+                await until_api(published, what="a DeviceClass and a shared pool")
                 await admin.delete(CONFIGURATIONS, "cfg", namespace=ns)
 
                 async def removed() -> bool:
@@ -111,7 +111,7 @@ async def test_dra_mode_works_with_exactly_the_manifest_rbac(
                     slices = await admin.list(RESOURCE_SLICES, label_selector=selector)
                     return not classes.items and not slices.items
 
-                await until(removed, what="class and pool deleted by the controller")
+                await until_api(removed, what="class and pool deleted by the controller")
                 nursery.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True):

@@ -15,13 +15,10 @@ import json
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from akri_trio.kube import JSON, Client, load_config
+from akri_trio.kube import JSON, Client
 from akri_trio.kube.events import EVENTS
 from akri_trio.model.resources import CONFIGURATIONS
 from tests.controller.support import (
@@ -32,18 +29,12 @@ from tests.controller.support import (
     namespace,
     served_configuration,
     set_ready,
-    until,
     with_nodes,
 )
+from tests.support.polling import until_api
 
 REPO = Path(__file__).resolve().parents[2]
 GRACE_S = 30  # long enough for the controller to start and clean the others first
-
-
-@pytest.fixture
-async def api(cluster: dict[str, str]) -> AsyncIterator[Client]:
-    async with Client.open(load_config(cluster["KUBECONFIG"])) as client:
-        yield client
 
 
 def _lines(log: Path) -> list[dict[str, Any]]:
@@ -73,7 +64,7 @@ class ControllerProcess:
         async def synced() -> bool:
             return any("controller synced" in line["message"] for line in _lines(self.log))
 
-        await until(synced, what="the controller synced")
+        await until_api(synced, what="the controller synced")
 
     def stop(self) -> int | None:
         if self.proc is None:
@@ -124,18 +115,18 @@ async def test_nodes_lost_while_no_controller_ran_are_cleaned_at_start(
             await set_ready(api, blip, False)
             await controller.start()
 
-            inst = await until(
+            inst = await until_api(
                 lambda: with_nodes(api, ns, "cfg-aaaaaa", [up]),
                 what=f"{gone} removed from the shared Instance",
             )
             assert inst["spec"]["deviceUsage"] == {"cfg-aaaaaa-1": up}
             assert inst["metadata"]["finalizers"] == [up]
             assert inst["metadata"]["uid"] == shared["metadata"]["uid"]
-            await until(
+            await until_api(
                 lambda: instance_gone(api, ns, "cfg-bbbbbb"),
                 what="the Instance left with no node deleted",
             )
-            await until(
+            await until_api(
                 lambda: with_nodes(api, ns, "cfg-cccccc", [up]), what=f"the NotReady {down} removed"
             )
 
@@ -144,14 +135,14 @@ async def test_nodes_lost_while_no_controller_ran_are_cleaned_at_start(
                 named = {entry.get("node") for entry in cfg["status"].get("nodes") or []}
                 return {up, blip} <= named and not named & {gone, down}
 
-            await until(status_released, what="the lost nodes' status entries removed")
+            await until_api(status_released, what="the lost nodes' status entries removed")
 
             async def node_lost() -> list[JSON]:
                 selector = f"involvedObject.uid={shared['metadata']['uid']}"
                 events = await api.list(EVENTS, namespace=ns, field_selector=selector)
                 return [e for e in events.items if e["reason"] == "NodeLost"]
 
-            (event,) = await until(node_lost, what="a NodeLost Event on the shared Instance")
+            (event,) = await until_api(node_lost, what="a NodeLost Event on the shared Instance")
             assert event["message"] == (
                 f"node {gone} lost (deleted while no controller ran): "
                 "removed from its nodes; freed cfg-aaaaaa-0"
@@ -169,7 +160,7 @@ async def test_nodes_lost_while_no_controller_ran_are_cleaned_at_start(
                 for line in _lines(controller.log)
             )
             assert await with_nodes(api, ns, "cfg-dddddd", [blip, up])
-            await until(
+            await until_api(
                 lambda: with_nodes(api, ns, "cfg-dddddd", [up]),
                 seconds=2 * GRACE_S,
                 what=f"{blip} removed once NotReady for the grace",

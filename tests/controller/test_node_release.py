@@ -8,16 +8,12 @@ handed a plan made from an Instance as read before its node's agent changed it.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
-import pytest
-
 from akri_trio.controller import events as ev
 from akri_trio.controller import release_instance
 from akri_trio.controller.metrics import ControllerMetrics
 from akri_trio.controller.reconcilers import Reconcilers
 from akri_trio.controller.triggers import make_caches
-from akri_trio.kube import Client, load_config
+from akri_trio.kube import Client
 from akri_trio.model.convert import structure
 from akri_trio.model.resources import INSTANCES, Instance
 from tests.controller.support import (
@@ -38,12 +34,6 @@ class RecordedEvents(Reconcilers):
     def record(self, event: ev.Event | None) -> None:
         if event is not None:
             self.events.append(event)
-
-
-@pytest.fixture
-async def api(cluster: dict[str, str]) -> AsyncIterator[Client]:
-    async with Client.open(load_config(cluster["KUBECONFIG"])) as client:
-        yield client
 
 
 async def test_node_lost_event_tells_the_slots_the_written_release_freed(api: Client) -> None:

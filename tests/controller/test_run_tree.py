@@ -11,8 +11,9 @@ import trio
 from akri_trio.controller import run
 from akri_trio.controller.run import ControllerSettings, RunningController, run_controller
 from akri_trio.kube import Client, load_config
-from tests.controller.support import namespace, until
+from tests.controller.support import namespace
 from tests.support.cancellation import all_tasks
+from tests.support.polling import until_api
 
 _BRANCH = re.compile(r"^(?P<indent>[ │]*)[├└]── (?P<label>.*)$")
 _NOTE = re.compile(r"^(?P<indent>[ │]*)│ +(?P<text>\S.*)$")
@@ -76,7 +77,7 @@ async def test_run_controller_runs_the_tree_its_docstring_draws(cluster: dict[st
         async def synced() -> bool:
             return running.synced
 
-        await until(synced, what="the controller synced")
+        await until_api(synced, what="the controller synced")
         (root,) = [t for t in all_tasks() if t.name == "run_controller"]
         stack = [("run_controller", root)]
         while stack:

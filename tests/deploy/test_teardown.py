@@ -5,13 +5,12 @@ Configurations of the namespaces it is given, waits while an Instance still hold
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 import trio
 
-from akri_trio.kube import Client, load_config
+from akri_trio.kube import Client
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
 from akri_trio.teardown import remaining, teardown
 from tests.support.akri_cluster import (
@@ -20,6 +19,7 @@ from tests.support.akri_cluster import (
     install_crds,
     purge_akri,
 )
+from tests.support.polling import until_api
 
 pytestmark = pytest.mark.k8s
 
@@ -38,10 +38,8 @@ def _configuration(name: str, namespace: str) -> dict[str, Any]:
 
 
 @pytest.fixture
-async def api(cluster: dict[str, str]) -> AsyncIterator[Client]:
-    async with Client.open(load_config(cluster["KUBECONFIG"])) as client:
-        await install_crds(client)
-        yield client
+async def crds(api: Client) -> None:
+    await install_crds(api)
 
 
 def _instance(name: str, namespace: str, owner: dict[str, Any]) -> dict[str, Any]:
@@ -66,8 +64,12 @@ def _instance(name: str, namespace: str, owner: dict[str, Any]) -> dict[str, Any
     }
 
 
+async def configurations_gone(api: Client, ns: str) -> bool:
+    return (await remaining(api, [ns]))[0] == 0
+
+
 async def test_teardown_deletes_waits_for_finalizers_and_keeps_other_namespaces(
-    api: Client,
+    api: Client, crds: None
 ) -> None:
     suffix = uuid.uuid4().hex[:6]
     ns, other = f"teardown-{suffix}", f"teardown-other-{suffix}"
@@ -90,8 +92,9 @@ async def test_teardown_deletes_waits_for_finalizers_and_keeps_other_namespaces(
             nursery.start_soon(run)
             with trio.fail_after(20):
                 # the Configurations go at once; the Instance waits for its finalizer
-                while (await remaining(api, [ns]))[0]:  # noqa: ASYNC110  (polling the API server)
-                    await trio.sleep(0.1)
+                await until_api(
+                    lambda: configurations_gone(api, ns), 20, "the Configurations deleted"
+                )
                 await trio.sleep(1.5)
                 assert not done.is_set()
                 assert await remaining(api, [ns]) == (0, 1)

@@ -16,9 +16,9 @@ import secrets
 import shutil
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import trio
@@ -37,12 +37,11 @@ from tests.support.akri_cluster import (
     purge_namespace,
 )
 from tests.support.kubelet_standin import KubeletStandin
-from tests.support.polling import until_api
+from tests.support.polling import until_api, when
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "k8s" / "examples" / "custom-handler" / "file_devices.py"
 NAMESPACES = Resource.core("namespaces", "Namespace", namespaced=False)
-T = TypeVar("T")
 WAIT_S = 60  # generous: the machine is shared; it takes seconds
 
 
@@ -76,11 +75,6 @@ def process(argv: list[str], env: dict[str, str], log: Path) -> Iterator[subproc
                 proc.wait(timeout=15)
             proc.kill()  # a no-op once it has exited
             proc.wait()
-
-
-async def until(check: Callable[[], Awaitable[T | None]], what: str) -> T:
-    value: T = await until_api(check, WAIT_S, what)
-    return value
 
 
 def configuration(name: str, namespace: str, details: str) -> dict[str, Any]:
@@ -152,7 +146,9 @@ async def test_example_handler_devices_become_instances(
             ):
                 details = json.dumps({"directory": str(devices), "pattern": "usb-*"})
                 await api.create(CONFIGURATIONS, configuration("files", ns, details), namespace=ns)
-                found = await until(instances, "the example handler's device as an Instance")
+                found = await until_api(
+                    instances, what="the example handler's device as an Instance", seconds=WAIT_S
+                )
                 assert list(found) == [str(devices / "usb-cam0")]
                 spec = found[str(devices / "usb-cam0")]["spec"]
                 assert spec["nodes"] == [node]
@@ -161,19 +157,21 @@ async def test_example_handler_devices_become_instances(
 
                 # The stream stays open: a new entry is a new full list, a new Instance.
                 (devices / "usb-cam1").touch()
-                await until(
-                    lambda: _when(instances, lambda found: len(found) == 2),
-                    "the second device's Instance",
+                await until_api(
+                    lambda: when(instances, lambda found: len(found) == 2),
+                    what="the second device's Instance",
+                    seconds=WAIT_S,
                 )
 
                 bad = configuration("bad", ns, json.dumps({"directory": "relative/path"}))
                 await api.create(CONFIGURATIONS, bad, namespace=ns)
-                rejected = await until(
-                    lambda: _when(
+                rejected = await until_api(
+                    lambda: when(
                         lambda: conditions("bad"),
                         lambda c: c is not None and c["DiscoveryDetailsValid"][0] == "False",
                     ),
-                    "the handler's INVALID_ARGUMENT in the Configuration's status",
+                    what="the handler's INVALID_ARGUMENT in the Configuration's status",
+                    seconds=WAIT_S,
                 )
                 assert rejected is not None
                 message = rejected["DiscoveryDetailsValid"][1]
@@ -183,7 +181,7 @@ async def test_example_handler_devices_become_instances(
                 # Deleted Configurations: the agent, still running, removes their Instances.
                 for name in ("files", "bad"):
                     await api.delete(CONFIGURATIONS, name, namespace=ns)
-                await until(_no_instances, "the Instances to go")
+                await until_api(_no_instances, what="the Instances to go", seconds=WAIT_S)
         finally:
             kubelet.stop()
             shutil.rmtree(devices, ignore_errors=True)
@@ -191,11 +189,6 @@ async def test_example_handler_devices_become_instances(
                 await purge_namespace(api, ns, limit_s=20)
                 with contextlib.suppress(NotFound):
                     await api.delete(NAMESPACES, ns)
-
-
-async def _when(get: Callable[[], Awaitable[T]], ok: Callable[[T], bool]) -> T | None:
-    value = await get()
-    return value if ok(value) else None
 
 
 def docs_handler(directory: Path) -> str:
@@ -219,7 +212,9 @@ async def test_docs_python_handler_registers_and_discovers(sock_dir: Path) -> No
             async def registered() -> list[str] | None:
                 return list(registry.get("thermometers")) or None
 
-            (endpoint,) = await until(registered, "docs/handlers.md's handler to register")
+            (endpoint,) = await until_api(
+                registered, what="docs/handlers.md's handler to register", seconds=WAIT_S
+            )
             assert registry.registrations("thermometers")[0].shared is True
             async with open_channel(endpoint) as channel:
                 stream = DiscoveryHandlerStub(channel).Discover(

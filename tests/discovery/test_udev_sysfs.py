@@ -14,7 +14,6 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -35,6 +34,7 @@ from akri_trio.discovery.registry import Registry
 from akri_trio.discovery.standalone import run_standalone
 from akri_trio.model.device import Device, DeviceSpec
 from akri_trio.runtime import Backoff
+from tests.support.polling import until_state
 
 SYS = Path("/sys")
 NULL = "/devices/virtual/mem/null"
@@ -164,13 +164,6 @@ def test_snapshots_carry_parents() -> None:
 # ---- events -------------------------------------------------------------------------------------
 
 
-async def until(predicate: Callable[[], bool]) -> None:
-    """Wait (at most 10 s) for the handler's counters to reach a state: they have no Event."""
-    with trio.fail_after(10):
-        while not predicate():  # noqa: ASYNC110
-            await trio.sleep(0.01)
-
-
 def netlink_fds() -> int:
     inodes = {line.split()[-1] for line in Path("/proc/net/netlink").read_text().splitlines()[1:]}
     count = 0
@@ -195,12 +188,12 @@ async def test_a_real_change_uevent_rescans_but_sends_nothing_new() -> None:
     async with trio.open_nursery() as nursery:
         # The handler itself (not discover_changes) must not repeat an unchanged list.
         nursery.start_soon(handler.discover, parse_details(details('KERNEL=="null"')), {}, send)
-        await until(lambda: len(sent) == 1 and handler.stats.monitor == "kernel")
+        await until_state(lambda: len(sent) == 1 and handler.stats.monitor == "kernel")
         assert netlink_fds() == before + 1
         scans = handler.stats.scans
         (SYS / NULL[1:] / "uevent").write_text("change")
-        await until(lambda: handler.stats.last_uevent == ("change", NULL))
-        await until(lambda: handler.stats.scans > scans)  # it re-enumerated...
+        await until_state(lambda: handler.stats.last_uevent == ("change", NULL))
+        await until_state(lambda: handler.stats.scans > scans)  # it re-enumerated...
         await trio.sleep(0.2)
         assert len(sent) == 1  # ...and found nothing new to say
         nursery.cancel_scope.cancel()
@@ -223,7 +216,7 @@ async def test_a_loop_device_appears_and_goes_by_events_alone(tmp_path: Path) ->
         nursery.start_soon(discover_changes, handler, parse_details(text), {}, send_lists.send)
         with trio.fail_after(10):
             assert await receive_lists.receive() == []
-            await until(lambda: handler.stats.monitor == "kernel")
+            await until_state(lambda: handler.stats.monitor == "kernel")
             try:
                 attached = await trio.run_process(
                     ["losetup", "-f", "--show", str(image)], capture_stdout=True
@@ -248,7 +241,7 @@ async def test_idles_without_cpu_when_nothing_changes() -> None:
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(handler.discover, parse_details(details('SUBSYSTEM=="mem"')), {}, send)
-        await until(lambda: len(sent) == 1)
+        await until_state(lambda: len(sent) == 1)
         cpu = time.process_time()
         await trio.sleep(1.0)
         used = time.process_time() - cpu
@@ -269,9 +262,7 @@ async def test_periodic_rescan_without_a_monitor() -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(handler.discover, parse_details(details('KERNEL=="null"')), {}, send)
         start = trio.current_time()
-        with trio.fail_after(20):
-            while handler.stats.scans < 3:  # noqa: ASYNC110 (a counter, no event to wait on)
-                await trio.sleep(0.01)
+        await until_state(lambda: handler.stats.scans >= 3, 20, "3 scans", poll=0.01)
         took = trio.current_time() - start
         nursery.cancel_scope.cancel()
     assert took >= 0.4  # scans at t = 0, 0.2, 0.4: never faster than the interval
@@ -306,7 +297,7 @@ async def test_pci_passthrough_on_the_real_pci_bus(caplog: pytest.LogCaptureFixt
     async with trio.open_nursery() as nursery:
         rules = parse_details(details('SUBSYSTEM=="pci"'))
         nursery.start_soon(handler.discover, rules, props, send)
-        await until(lambda: len(sent) == 1)
+        await until_state(lambda: len(sent) == 1)
         nursery.cancel_scope.cancel()
     (devices,) = sent
     assert sorted(d.id for d in devices) == sorted(expected)

@@ -40,7 +40,8 @@ from akri_trio.kube import (
     run_watch,
 )
 from akri_trio.kube.client import APISERVER_REQUEST_TIMEOUT_S
-from tests.support.akri_cluster import CRDS, NAMESPACES
+from tests.support.akri_cluster import CRDS, NAMESPACES, established
+from tests.support.polling import until_api
 
 pytestmark = pytest.mark.k8s
 
@@ -116,20 +117,17 @@ def widgets_crd(kubeconfig: Path) -> str:
     async def ensure() -> None:
         async with Client.open(load_config(kubeconfig)) as client:
             await client.apply(CRDS, WIDGET_CRD, field_manager="akri-trio-tests", force=True)
-            with trio.fail_after(30):
-                while True:
-                    crd = await client.get(CRDS, "widgets.test.akri.sh")
-                    conditions = (crd.get("status") or {}).get("conditions") or []
-                    established = any(
-                        c["type"] == "Established" and c["status"] == "True" for c in conditions
-                    )
-                    if established:
-                        try:
-                            await client.list_page(WIDGETS, limit=1)
-                            return
-                        except NotFound:  # discovery lags Established by a moment
-                            pass
-                    await trio.sleep(0.2)
+
+            async def served() -> bool:
+                if not await established(client, "widgets.test.akri.sh"):
+                    return False
+                try:
+                    await client.list_page(WIDGETS, limit=1)
+                except NotFound:  # discovery lags Established by a moment
+                    return False
+                return True
+
+            await until_api(served, 30, "the widgets CRD served", poll=0.2)
 
     run(ensure)
     return "widgets.test.akri.sh"
@@ -576,18 +574,6 @@ async def test_paginated_relist_is_one_snapshot_then_the_watch_brings_the_change
         assert isinstance(gone, Delete) and gone.obj["metadata"]["name"] == f"d-{label}"
 
 
-async def eventually(
-    probe: Callable[[], Awaitable[T]], ok: Callable[[T], bool], seconds: float = 10
-) -> T:
-    """Poll a remote observation (metrics cannot be waited on) until `ok`, with a deadline."""
-    with trio.fail_after(seconds):
-        while True:
-            value = await probe()
-            if ok(value):
-                return value
-            await trio.sleep(0.1)
-
-
 def watch_gauge(metrics: str, resource: str) -> float:
     """The apiserver's count of open WATCH requests for `resource` (all scopes)."""
     total = 0.0
@@ -616,6 +602,9 @@ async def test_cancelling_a_watch_closes_its_connection_at_once(
             text = (await observer.http.get("/metrics")).text
             return watch_gauge(text, "widgets")
 
+        async def watches_at(n: float) -> bool:
+            return await open_watches() == n
+
         baseline = await open_watches()
         pool = client.http._transport._pool  # type: ignore[attr-defined]
         rv = (await client.list_page(WIDGETS, namespace=namespace)).resource_version
@@ -634,13 +623,15 @@ async def test_cancelling_a_watch_closes_its_connection_at_once(
                 nursery.start_soon(watch)
                 await opened.wait()
                 assert len(pool.connections) == 1
-                await eventually(lambda: open_watches(), lambda n: n == baseline + 1)
+                await until_api(
+                    lambda: watches_at(baseline + 1), 10, "the watch open on the server"
+                )
                 started = trio.current_time()
                 nursery.cancel_scope.cancel()
         assert not deadline.cancelled_caught
         assert trio.current_time() - started < 0.5
         assert len(pool.connections) == 0
-        await eventually(lambda: open_watches(), lambda n: n == baseline)
+        await until_api(lambda: watches_at(baseline), 10, "the watch closed on the server")
 
 
 async def test_watch_error_is_typed(client: Client, namespace: str) -> None:

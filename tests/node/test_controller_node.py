@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ import pytest
 import yaml
 
 from akri_trio.model import naming
+from tests.support.polling import until
 
 pytestmark = pytest.mark.node
 
@@ -37,17 +38,7 @@ JOB_CONFIG = "ctl-echo-job"
 DESCRIPTIONS = ("bar0", "bar1")
 BUSYBOX = "docker.io/library/busybox:latest"
 REPO = Path(__file__).resolve().parents[2]
-
-
-def until(check: Callable[[], Any], seconds: float = 90, what: str = "") -> Any:
-    deadline = time.monotonic() + seconds
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.5)
-    raise AssertionError(f"not within {seconds}s: {what or check} (last: {last!r})")
+WAIT_S = 90  # a node under load: slower than the default wait
 
 
 def _free_port() -> int:
@@ -203,6 +194,7 @@ def e2e(node_cluster: dict[str, str], tmp_path_factory: pytest.TempPathFactory) 
     until(
         lambda: env.kubectl("get", "serviceaccount", "default", "-n", NS, check=False),
         what="the namespace's default ServiceAccount",
+        seconds=WAIT_S,
     )
     try:
         env.start_agent()
@@ -226,23 +218,29 @@ def test_brokers_and_services_for_two_devices(e2e: Env) -> None:
     e2e.kubectl(
         "apply", "-f", "-", input=json.dumps(_config(CONFIG, {"brokerPodSpec": pod_spec}, True))
     )
-    until(lambda: e2e.instance_names() == set(e2e.instances.values()), what="2 Instances")
-    until(lambda: len(e2e.running_brokers()) == 2, what="2 brokers Running")
+    until(
+        lambda: e2e.instance_names() == set(e2e.instances.values()),
+        what="2 Instances",
+        seconds=WAIT_S,
+    )
+    until(lambda: len(e2e.running_brokers()) == 2, what="2 brokers Running", seconds=WAIT_S)
     seen = set()
     for pod in e2e.running_brokers():
         name = pod["metadata"]["name"]
-        logs: str = until(functools.partial(e2e.kubectl, "logs", name, "-n", NS), what="logs")
+        logs: str = until(
+            functools.partial(e2e.kubectl, "logs", name, "-n", NS), what="logs", seconds=WAIT_S
+        )
         env = dict(line.split("=", 1) for line in logs.splitlines() if "=" in line)
         seen.add(env["DEBUG_ECHO_DESCRIPTION"])
     assert seen == set(DESCRIPTIONS)
     want = {f"{i}-svc" for i in e2e.instances.values()} | {f"{CONFIG}-svc"}
-    until(lambda: e2e.services() == want, what=f"Services {sorted(want)}")
+    until(lambda: e2e.services() == want, what=f"Services {sorted(want)}", seconds=WAIT_S)
     metrics = e2e.metrics("ctl-a")
     assert f'akri_broker_pod_count{{configuration="{CONFIG}",node="{e2e.node}"}} 2' in metrics
 
 
 def test_deleted_broker_is_recreated(e2e: Env) -> None:
-    pod = until(e2e.running_brokers, what="a Running broker")[0]
+    pod = until(e2e.running_brokers, what="a Running broker", seconds=WAIT_S)[0]
     name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
     e2e.kubectl("delete", "pod", name, "-n", NS, "--wait=false")
 
@@ -252,17 +250,17 @@ def test_deleted_broker_is_recreated(e2e: Env) -> None:
             for p in e2e.running_brokers()
         )
 
-    until(replaced, what=f"{name} recreated and Running")
+    until(replaced, what=f"{name} recreated and Running", seconds=WAIT_S)
 
 
 def test_offline_removes_everything_and_online_brings_it_back(e2e: Env) -> None:
     e2e.availability.write_text("OFFLINE")
-    until(lambda: not e2e.instance_names(), what="Instances gone")
-    until(lambda: not e2e.brokers(), what="brokers gone")
-    until(lambda: not e2e.services(), what="Services gone")
+    until(lambda: not e2e.instance_names(), what="Instances gone", seconds=WAIT_S)
+    until(lambda: not e2e.brokers(), what="brokers gone", seconds=WAIT_S)
+    until(lambda: not e2e.services(), what="Services gone", seconds=WAIT_S)
     e2e.availability.write_text("")
     until(lambda: len(e2e.running_brokers()) == 2, seconds=120, what="brokers back")
-    until(lambda: len(e2e.services()) == 3, what="Services back")
+    until(lambda: len(e2e.services()) == 3, what="Services back", seconds=WAIT_S)
 
 
 def test_killing_the_leader_hands_over(e2e: Env) -> None:
@@ -275,9 +273,13 @@ def test_killing_the_leader_hands_over(e2e: Env) -> None:
     until(lambda: e2e.lease_holder() == standby, seconds=30, what=f"{standby} leads")
     took = time.monotonic() - killed
     assert took <= 17, f"takeover took {took:.1f} s"
-    until(lambda: "akri_controller_leader 1" in e2e.metrics(standby), what="standby leads")
+    until(
+        lambda: "akri_controller_leader 1" in e2e.metrics(standby),
+        what="standby leads",
+        seconds=WAIT_S,
+    )
     # The new leader does the work: a deleted broker comes back.
-    pod = until(e2e.running_brokers, what="a Running broker")[0]
+    pod = until(e2e.running_brokers, what="a Running broker", seconds=WAIT_S)[0]
     e2e.kubectl("delete", "pod", pod["metadata"]["name"], "-n", NS, "--wait=false")
     until(
         lambda: (
@@ -285,6 +287,7 @@ def test_killing_the_leader_hands_over(e2e: Env) -> None:
             and len(e2e.running_brokers()) == 2
         ),
         what="the new leader recreates a deleted broker",
+        seconds=WAIT_S,
     )
     e2e.start_controller(leader)  # back as the standby
 
@@ -323,6 +326,7 @@ def test_job_brokers_run_per_generation(e2e: Env) -> None:
     until(
         lambda: all(j["metadata"]["name"].endswith(f"-{generation + 1}-job") for j in jobs()),
         what="old-generation Jobs removed",
+        seconds=WAIT_S,
     )
 
 
@@ -401,12 +405,13 @@ def test_a_lost_node_is_removed_like_any_node(e2e: Env) -> None:
             inst: dict[str, Any] = json.loads(out)
             return inst if inst["spec"]["nodes"] == [elsewhere] else None
 
-        inst = until(released, what="the lost node removed")
+        inst = until(released, what="the lost node removed", seconds=WAIT_S)
         assert inst["spec"]["deviceUsage"] == {"ctl-lost-aaaaaa-1": elsewhere}
         assert not inst["metadata"].get("finalizers")
         until(
             lambda: "ctl-lost-bbbbbb" not in e2e.instance_names(),
             what="the Instance left with no node deleted",
+            seconds=WAIT_S,
         )
     finally:
         e2e.kubectl("delete", "node", lost, elsewhere, "--wait=false", check=False)
@@ -415,7 +420,11 @@ def test_a_lost_node_is_removed_like_any_node(e2e: Env) -> None:
 
 def test_deleting_the_configuration_removes_everything(e2e: Env) -> None:
     e2e.kubectl("delete", "configurations.akri.sh", CONFIG, JOB_CONFIG, "-n", NS, "--wait=false")
-    until(lambda: not e2e.instance_names(), what="Instances gone")
-    until(lambda: not e2e.items("pods", "-l", naming.LABEL_CONFIGURATION), what="Pods gone")
-    until(lambda: not e2e.items("jobs"), what="Jobs gone")
-    until(lambda: not e2e.services(), what="Services gone")
+    until(lambda: not e2e.instance_names(), what="Instances gone", seconds=WAIT_S)
+    until(
+        lambda: not e2e.items("pods", "-l", naming.LABEL_CONFIGURATION),
+        what="Pods gone",
+        seconds=WAIT_S,
+    )
+    until(lambda: not e2e.items("jobs"), what="Jobs gone", seconds=WAIT_S)
+    until(lambda: not e2e.services(), what="Services gone", seconds=WAIT_S)

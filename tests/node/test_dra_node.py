@@ -249,8 +249,13 @@ def test_offline_taints_the_devices_and_online_within_the_grace_untaints_them(e2
     names = set(e2e.devices())
     claims = {pod: e2e.claim_uid(pod) for pod in ("third", "fourth")}
     e2e.availability.write_text("OFFLINE")
+
+    def every_device_tainted() -> dict[str, list[dict[str, str]]] | None:
+        t = _offline_taints(e2e)
+        return t if t and all(t.values()) else None
+
     taints = until(
-        lambda: (t := _offline_taints(e2e)) and all(t.values()) and t,
+        every_device_tainted,
         seconds=30,
         what="every device tainted akri.sh/offline",
     )

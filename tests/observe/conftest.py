@@ -20,7 +20,7 @@ import pytest
 import trio
 
 from akri_trio.agent.run import Agent, AgentSettings, run_agent
-from akri_trio.kube import Client, NotFound, Resource, load_config
+from akri_trio.kube import Client, NotFound, Resource
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
 from tests.support.akri_cluster import ensure_namespace, install_crds, purge_namespace
 from tests.support.kubelet_standin import KubeletStandin
@@ -52,16 +52,15 @@ def short_tmp() -> Iterator[Path]:
 
 
 @pytest.fixture
-async def space(cluster: dict[str, str]) -> AsyncIterator[Space]:
-    async with Client.open(load_config(cluster["KUBECONFIG"])) as api:
-        await install_crds(api)
-        name = f"observe-{secrets.token_hex(3)}"
-        await ensure_namespace(api, name)
-        try:
-            yield Space(api, name, cluster["KUBECONFIG"])
-        finally:
-            with trio.move_on_after(30, shield=True):
-                await drop_namespace(api, name)
+async def space(api: Client, cluster: dict[str, str]) -> AsyncIterator[Space]:
+    await install_crds(api)
+    name = f"observe-{secrets.token_hex(3)}"
+    await ensure_namespace(api, name)
+    try:
+        yield Space(api, name, cluster["KUBECONFIG"])
+    finally:
+        with trio.move_on_after(30, shield=True):
+            await drop_namespace(api, name)
 
 
 @attrs.define
@@ -107,15 +106,6 @@ async def agent(space: Space, short_tmp: Path) -> AsyncIterator[RunningAgent]:
             nursery.cancel_scope.cancel()
     finally:
         kubelet.stop()
-
-
-async def until(check: Any) -> Any:
-    """Await `check()` until it returns something truthy; that value. The caller bounds it."""
-    while True:
-        value = await check()
-        if value:
-            return value
-        await trio.sleep(0.05)
 
 
 PODS = Resource.core("pods", "Pod")

@@ -23,11 +23,11 @@ from tests.observe.conftest import (
     Space,
     admit_user_pod,
     first_instance,
-    until,
 )
 from tests.observe.test_dashboard import serve
 from tests.support.akri_cluster import debug_echo_config
 from tests.support.browser import Page, open_page
+from tests.support.polling import until_api
 
 PODS = Resource.core("pods", "Pod")
 SHOWN_WITHIN_S = 1.0
@@ -114,8 +114,7 @@ async def test_page_shows_a_device_appearing_and_a_slot_claimed_within_a_second(
                 await page.until("document.getElementById('conn').textContent === 'live'")
             await api.create(CONFIGURATIONS, debug_echo_config("cams", ns, ["cam0"], capacity=2))
 
-            with trio.fail_after(20):
-                inst = await until(lambda: first_instance(space))
+            inst = await until_api(lambda: first_instance(space), 20)
             name = inst["metadata"]["name"]
             box = element("data-instance", f"{ns}/{name}")
             took = await shown_within(page, box, SHOWN_WITHIN_S)
@@ -135,8 +134,7 @@ async def test_page_shows_a_device_appearing_and_a_slot_claimed_within_a_second(
                 obj = await api.get(INSTANCES, name, namespace=ns)
                 return bool(obj["spec"].get("deviceUsage", {}).get(f"{name}-1"))
 
-            with trio.fail_after(20):
-                await until(claimed)
+            await until_api(claimed, 20)
             slot = element("data-slot", f"{name}-1")
             took = await shown_within(
                 page, f"{slot} && {slot}.dataset.state === 'claimed'", SHOWN_WITHIN_S

@@ -9,8 +9,9 @@ import pytest
 import trio
 
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
-from tests.observe.conftest import RunningAgent, Space, run_cli, until
+from tests.observe.conftest import RunningAgent, Space, run_cli
 from tests.support.akri_cluster import debug_echo_config
+from tests.support.polling import until_api
 
 pytestmark = pytest.mark.k8s
 
@@ -32,8 +33,7 @@ async def test_kubectl_describe_shows_why(
         text = await trio.to_thread.run_sync(describe, space, kubectl, kind, name)
         return text if all(w in text for w in wanted) else None
 
-    with trio.fail_after(30):
-        text = await until(lambda: described("akric", "nothing", "HandlerUnavailable"))
+    text = await until_api(lambda: described("akric", "nothing", "HandlerUnavailable"), 30)
     assert "Warning  HandlerUnavailable" in text
     assert (
         f"no discovery handler named 'noSuchHandler' is registered with the agent on {agent.node}"
@@ -44,9 +44,8 @@ async def test_kubectl_describe_shows_why(
         items = (await api.list(INSTANCES, namespace=ns)).items
         return items[0]["metadata"]["name"] if len(items) == 1 else None
 
-    with trio.fail_after(20):
-        name = await until(one_instance)
-        text = await until(lambda: described("akric", "cams", "DeviceFound"))
+    name = await until_api(one_instance, 20)
+    text = await until_api(lambda: described("akric", "cams", "DeviceFound"), 20)
     assert f"device of Instance {name} found on {agent.node}" in text
 
     await trio.to_thread.run_sync(
@@ -54,6 +53,5 @@ async def test_kubectl_describe_shows_why(
     )
     with pytest.raises(Exception, match="cam"):  # grpc's RpcError: the slot does not exist
         await trio.to_thread.run_sync(agent.kubelet.allocate, f"akri.sh/{name}", [[f"{name}-7"]])
-    with trio.fail_after(20):
-        text = await until(lambda: described("akrii", name, "AllocateRefused"))
+    text = await until_api(lambda: described("akrii", name, "AllocateRefused"), 20)
     assert f"Allocate of {name}-7 refused" in text

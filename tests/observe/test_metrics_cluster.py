@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import httpx
 import pytest
-import trio
 
 from akri_trio.model.resources import CONFIGURATIONS
-from tests.observe.conftest import RunningAgent, Space, until
+from tests.observe.conftest import RunningAgent, Space
 from tests.support.akri_cluster import debug_echo_config
+from tests.support.polling import until_api
 
 pytestmark = pytest.mark.k8s
 
@@ -26,8 +26,7 @@ async def test_agent_exports_upstream_compatible_metrics(space: Space, agent: Ru
             )
             return text if wanted in text else None
 
-        with trio.fail_after(20):
-            text = await until(scraped)
+        text = await until_api(scraped, 20)
     assert (
         'akri_discovery_response_result{discovery_handler_name="debugEcho",result="Success"}'
         in text

@@ -18,9 +18,9 @@ from tests.observe.conftest import (
     admit_user_pod,
     first_instance,
     run_cli,
-    until,
 )
 from tests.support.akri_cluster import debug_echo_config
+from tests.support.polling import until_api
 
 pytestmark = pytest.mark.k8s
 PODS = Resource.core("pods", "Pod")
@@ -39,8 +39,7 @@ async def test_status_shows_slot_holders_and_why_nothing_appeared(
     missing["spec"]["discoveryHandler"]["name"] = "noSuchHandler"
     await api.create(CONFIGURATIONS, missing)
 
-    with trio.fail_after(20):
-        inst = await until(lambda: first_instance(space))
+    inst = await until_api(lambda: first_instance(space), 20)
     name = inst["metadata"]["name"]
     with trio.fail_after(20):
         await trio.to_thread.run_sync(
@@ -56,8 +55,7 @@ async def test_status_shows_slot_holders_and_why_nothing_appeared(
             return None
         return pic
 
-    with trio.fail_after(30):
-        pic = await until(reported)
+    pic = await until_api(reported, 30)
     assert {c["name"] for c in pic["configurations"]} == {"cams", "nothing"}
     (inst_pic,) = pic["instances"]
     assert inst_pic["name"] == name

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-import trio
 import yaml
 
 from akri_trio.kube.client import Client, Resource
 from akri_trio.kube.errors import NotFound
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
+from tests.support.polling import until_api
 
 REPO = Path(__file__).resolve().parent.parent.parent
 CRDS = Resource(
@@ -28,14 +29,13 @@ async def install_crds(api: Client) -> None:
     for path in sorted((REPO / "k8s" / "crds").glob("*.yaml")):
         crd = yaml.safe_load(path.read_text())
         await api.apply(CRDS, crd, field_manager="akri-trio-tests", force=True)
-    with trio.fail_after(30):
-        for name in ("configurations.akri.sh", "instances.akri.sh"):
-            while True:
-                obj = await api.get(CRDS, name)
-                conditions = (obj.get("status") or {}).get("conditions") or []
-                if any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
-                    break
-                await trio.sleep(0.1)
+    for name in ("configurations.akri.sh", "instances.akri.sh"):
+        await until_api(partial(established, api, name), 30, f"CRD {name} Established")
+
+
+async def established(api: Client, crd: str) -> bool:
+    conditions = ((await api.get(CRDS, crd)).get("status") or {}).get("conditions") or []
+    return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
 
 
 async def ensure_namespace(api: Client, name: str) -> None:
@@ -43,9 +43,9 @@ async def ensure_namespace(api: Client, name: str) -> None:
     await api.apply(NAMESPACES, body, field_manager="akri-trio-tests")
 
 
-async def purge_akri(api: Client, namespace: str | None = None) -> None:
+async def purge_akri(api: Client, namespace: str | None = None, limit_s: float = 30) -> None:
     """Delete every Configuration and Instance (of `namespace`; None: all), stripping
-    finalizers of agents that are gone."""
+    finalizers of agents that are gone, and wait (at most `limit_s`) until they are gone."""
     for res in (CONFIGURATIONS, INSTANCES):
         listed = await api.list(res, namespace=namespace)
         for obj in listed.items:
@@ -61,33 +61,22 @@ async def purge_akri(api: Client, namespace: str | None = None) -> None:
                 await api.delete(res, meta["name"], namespace=meta["namespace"])
             except NotFound:
                 pass
-    with trio.fail_after(30):
-        while (await api.list(INSTANCES, namespace=namespace)).items or (  # noqa: ASYNC110  (polling the API server)
-            await api.list(CONFIGURATIONS, namespace=namespace)
-        ).items:
-            await trio.sleep(0.1)
+    await until_api(
+        lambda: akri_gone(api, namespace), limit_s, f"akri objects of {namespace or 'all'} gone"
+    )
 
 
 async def purge_namespace(api: Client, namespace: str, limit_s: float = 120) -> None:
     """Delete our Configurations, then our Instances (stripping finalizers of dead agents)."""
-    for res in (CONFIGURATIONS, INSTANCES):
-        for obj in (await api.list(res, namespace=namespace)).items:
-            meta = obj["metadata"]
-            try:
-                if meta.get("finalizers"):
-                    await api.merge_patch(
-                        res, meta["name"], {"metadata": {"finalizers": None}}, namespace=namespace
-                    )
-                await api.delete(res, meta["name"], namespace=namespace)
-            except NotFound:
-                pass
-    with trio.fail_after(limit_s):
-        while True:  # polling the API server
-            left = (await api.list(INSTANCES, namespace=namespace)).items
-            left += (await api.list(CONFIGURATIONS, namespace=namespace)).items
-            if not left:
-                return
-            await trio.sleep(0.2)
+    await purge_akri(api, namespace, limit_s)
+
+
+async def akri_gone(api: Client, namespace: str | None) -> bool:
+    """No Instance and no Configuration (of `namespace`; None: all) left."""
+    for res in (INSTANCES, CONFIGURATIONS):
+        if (await api.list(res, namespace=namespace)).items:
+            return False
+    return True
 
 
 def debug_echo_config(

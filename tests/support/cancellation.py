@@ -1,15 +1,17 @@
 """Tools for the cancellation harness: what a task tree, a process and a directory hold, and
 thin instruments around the real API client and the kubelet stand-in.
 
-Nothing here mocks Kubernetes or gRPC: `GatedClient` and `FlakyClient` are the real `Client`
-(the real API server answers every request they let through), with a hook that lets a test
-hold a deviceUsage write at a chosen point or refuse it with a real connection error;
+Nothing here mocks Kubernetes or gRPC: `Gate` and `Refusing` are hooks for the real `Client`'s
+intercepting transport (tests/support/intercept.py; the real API server answers every request
+they let through) that let a test hold a request at a chosen point or refuse it with a real
+connection error;
 `ControlledKubelet` is the grpcio stand-in with a way to drop a ListAndWatch stream and to hold
 a Register call.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import gc
 import os
@@ -26,10 +28,10 @@ import httpx
 import trio
 
 from akri_trio.agent.plugins.claims import USAGE_FIELD_MANAGER
-from akri_trio.kube.client import Client
-from akri_trio.model.resources import JSON
 from akri_trio.rpc.gen import deviceplugin_v1beta1_pb2 as dp
+from tests.support.intercept import Send
 from tests.support.kubelet_standin import KubeletStandin
+from tests.support.polling import until_state
 
 # ---- tasks --------------------------------------------------------------------------------------
 
@@ -49,15 +51,12 @@ def all_tasks() -> list[trio.lowlevel.Task]:
 
 
 async def tasks_return_to(before: int) -> None:
-    """Wait (at most EVENTUALLY_S) until this run has no more tasks than `before`: trio
+    """Wait (at most 10 s) until this run has no more tasks than `before`: trio
     finalizes a collected async generator in a short-lived system task of its own, which may
     still be running at the moment a scenario ends. A leaked task stays, and fails here with
     the names of every task."""
-    with trio.move_on_after(EVENTUALLY_S):
-        while True:
-            if len(all_tasks()) <= before:
-                break
-            await trio.sleep(POLL_S)
+    with contextlib.suppress(AssertionError):  # the assertion below names the tasks
+        await until_state(lambda: len(all_tasks()) <= before, what="the tasks of before")
     tasks = all_tasks()
     assert len(tasks) == before, f"leaked tasks: {sorted(t.name for t in tasks)}"
 
@@ -88,24 +87,6 @@ def live_asyncgens(function: Callable[..., Any]) -> list[types.AsyncGeneratorTyp
         and obj.ag_code is code
         and obj.ag_frame is not None
     ]
-
-
-EVENTUALLY_S = 10.0
-POLL_S = 0.02
-
-
-async def eventually(check: Callable[[], bool], what: str) -> None:
-    """Wait (at most EVENTUALLY_S) for a condition the code under test reaches on its own;
-    fails with `what` when the deadline passes. Polling, because what is checked here (the
-    heap, the fd table, a directory) has no event to wait on; the deadline is the assertion."""
-    try:
-        with trio.fail_after(EVENTUALLY_S):
-            while True:
-                if check():
-                    return
-                await trio.sleep(POLL_S)
-    except trio.TooSlowError:
-        raise AssertionError(f"not within {EVENTUALLY_S}s: {what}") from None
 
 
 # ---- file descriptors and socket files ------------------------------------------------------
@@ -145,16 +126,12 @@ def _kind(target: str) -> str:
 
 
 async def fds_return_to(before: Mapping[int, str]) -> None:
-    """Wait (at most EVENTUALLY_S) until this process holds no more fds than `before`:
+    """Wait (at most 10 s) until this process holds no more fds than `before`:
     grpcio's threads release a stopped server's fds a moment after `stop()` returns. Fails
     with what is extra."""
     try:
-        with trio.fail_after(EVENTUALLY_S):
-            while True:
-                if len(open_fds()) <= len(before):
-                    return
-                await trio.sleep(POLL_S)
-    except trio.TooSlowError:
+        await until_state(lambda: len(open_fds()) <= len(before), what="the fds of before")
+    except AssertionError:
         now = open_fds()
         extra = Counter(_kind(t) for t in now.values()) - Counter(_kind(t) for t in before.values())
         new = {fd: t for fd, t in now.items() if before.get(fd) != t}
@@ -175,86 +152,76 @@ def socket_files(directory: Path) -> list[str]:
 # ---- the API client, instrumented ---------------------------------------------------------------
 
 
-def is_usage_write(method: str, params: Mapping[str, str] | None) -> bool:
+def is_usage_write(request: httpx.Request) -> bool:
     """The agent's deviceUsage writes are the PATCHes of its claims' field manager."""
-    return method == "PATCH" and (params or {}).get("fieldManager") == USAGE_FIELD_MANAGER
+    return (
+        request.method == "PATCH" and request.url.params.get("fieldManager") == USAGE_FIELD_MANAGER
+    )
+
+
+def is_pod_create(request: httpx.Request) -> bool:
+    return request.method == "POST" and request.url.path.endswith("/pods")
 
 
 class Hold(enum.Enum):
-    """Where `GatedClient` holds the next deviceUsage write until the agent is cancelled."""
+    """Where a `Gate` holds the request it stops until the component is cancelled."""
 
-    BEFORE_SEND = "before-send"  # the PATCH never reaches the API server
-    ON_THE_WIRE = "on-the-wire"  # the test cancels as the PATCH starts: either outcome
-    AFTER_ANSWER = "after-answer"  # the server applied it; the agent never sees the answer
+    BEFORE_SEND = "before-send"  # the request never reaches the API server
+    ON_THE_WIRE = "on-the-wire"  # the test cancels as the request starts: either outcome
+    AFTER_ANSWER = "after-answer"  # the server applied it; the component never sees the answer
 
 
-class GatedClient(Client):
-    """The real client; one deviceUsage write (when armed) signals `reached` at the point
-    `hold` names and then parks there until cancelled."""
+class Gate:
+    """An `Intercepting` hook: once `hold` is set, the `at`-th request `matches` accepts signals
+    `reached` at the point `hold` names and then parks there until cancelled (ON_THE_WIRE goes
+    on). One request only: `hold` goes back to None when it is taken."""
 
-    def __init__(self, real: Client) -> None:
-        super().__init__(real.http, default_namespace=real.default_namespace)
-        self.hold: Hold | None = None
+    def __init__(
+        self, matches: Callable[[httpx.Request], bool], hold: Hold | None = None, at: int = 1
+    ) -> None:
+        self.matches, self.hold, self.at = matches, hold, at
         self.reached = trio.Event()
-        self.writes_started = 0
-        self.writes_answered = 0
+        self.counted = 0  # matching requests since `hold` was set
+        self.started = 0
+        self.answered = 0
 
-    async def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        params: Mapping[str, str] | None = None,
-        body: Any = None,
-        content_type: str = "application/json",
-    ) -> JSON:
-        hold = self.hold if is_usage_write(method, params) else None
-        if hold is not None:
-            self.hold = None  # one write only
-            self.writes_started += 1
+    async def __call__(self, request: httpx.Request, send: Send) -> httpx.Response:
+        hold = None
+        if self.hold is not None and self.matches(request):
+            self.counted += 1
+            if self.counted == self.at:
+                hold, self.hold = self.hold, None
+                self.started += 1
         if hold is Hold.BEFORE_SEND:
             self.reached.set()
             await trio.sleep_forever()
         if hold is Hold.ON_THE_WIRE:
             self.reached.set()
-        answer = await super().request(
-            method, path, params=params, body=body, content_type=content_type
-        )
+        response = await send(request)
         if hold is not None:
-            self.writes_answered += 1
+            await response.aread()
+            self.answered += 1
         if hold is Hold.AFTER_ANSWER:
             self.reached.set()
             await trio.sleep_forever()
-        return answer
+        return response
 
 
-class FlakyClient(Client):
-    """The real client, except that while `down` every request (not the watches already open)
-    goes to `dead` — a client of a port nobody listens on — and fails with a real
-    `httpx.ConnectError`."""
+class Refusing:
+    """An `Intercepting` hook: while `down`, every request goes to `dead` (a client of a port
+    nobody listens on) instead, and fails with a real `httpx.ConnectError`."""
 
-    def __init__(self, real: Client, dead: httpx.AsyncClient) -> None:
-        super().__init__(real.http, default_namespace=real.default_namespace)
+    def __init__(self, dead: httpx.AsyncClient) -> None:
         self.dead = dead
         self.down = False
         self.refused: list[str] = []
 
-    async def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        params: Mapping[str, str] | None = None,
-        body: Any = None,
-        content_type: str = "application/json",
-    ) -> JSON:
-        if self.down:
-            self.refused.append(f"{method} {path}")
-            await self.dead.request(method, path, params=dict(params or {}))
-            raise AssertionError("a closed port answered")  # pragma: no cover
-        return await super().request(
-            method, path, params=params, body=body, content_type=content_type
-        )
+    async def __call__(self, request: httpx.Request, send: Send) -> httpx.Response:
+        if not self.down:
+            return await send(request)
+        self.refused.append(f"{request.method} {request.url.path}")
+        await self.dead.request(request.method, request.url.path, params=request.url.params)
+        raise AssertionError("a closed port answered")  # pragma: no cover
 
 
 def closed_port() -> int:

@@ -22,6 +22,7 @@ import yaml
 
 from akri_trio.kube import Client, Invalid
 from akri_trio.webhook.rotation import WEBHOOK_CONFIGURATIONS as WEBHOOK_CONFIGURATIONS
+from tests.support.polling import until_api
 
 REPO = Path(__file__).resolve().parents[2]
 _LISTENING = re.compile(rb"webhook listening on 127\.0\.0\.1:(\d+)")
@@ -85,12 +86,15 @@ def trusting(ca_pem: bytes) -> ssl.SSLContext:
 async def wait_ready(port: int, ca_pem: bytes, log: Path) -> None:
     """Until /readyz answers 200: the process has fetched the cluster's OpenAPI document."""
     async with httpx.AsyncClient(verify=trusting(ca_pem)) as http:
-        with trio.move_on_after(30) as waited:
-            while (await http.get(f"https://127.0.0.1:{port}/readyz")).status_code != 200:  # noqa: ASYNC110  (polling another process)
-                await trio.sleep(0.1)
-        if waited.cancelled_caught:
+
+        async def ready() -> bool:
+            return (await http.get(f"https://127.0.0.1:{port}/readyz")).status_code == 200
+
+        try:
+            await until_api(ready, 30, "/readyz 200")
+        except AssertionError:
             output = await trio.Path(log).read_text()
-            raise AssertionError(f"the webhook never became ready:\n{output}")
+            raise AssertionError(f"the webhook never became ready:\n{output}") from None
 
 
 def by_url(configuration: dict[str, Any], port: int, label: tuple[str, str]) -> dict[str, Any]:
@@ -109,15 +113,17 @@ async def wait_enforced(api: Client, probe: dict[str, Any]) -> None:
     """Until the API server sends Configurations to the webhook: a dry-run create of `probe`
     (one the webhook refuses) is denied. Registration reaches the API server asynchronously."""
     path = f"/apis/akri.sh/v0/namespaces/{probe['metadata']['namespace']}/configurations"
-    with trio.fail_after(30):
-        while True:
-            try:
-                await api.request("POST", path, params={"dryRun": "All"}, body=probe)
-            except Invalid as exc:
-                if "denied the request" in str(exc):
-                    return
-                raise
-            await trio.sleep(0.1)
+
+    async def denied() -> bool:
+        try:
+            await api.request("POST", path, params={"dryRun": "All"}, body=probe)
+        except Invalid as exc:
+            if "denied the request" in str(exc):
+                return True
+            raise
+        return False
+
+    await until_api(denied, 30, "a dry-run create denied by the webhook")
 
 
 async def hold_idle_and_slow(

@@ -67,12 +67,13 @@ async def _webhook(
     log = tmp / "webhook.log"
     process: subprocess.Popen[bytes] = _start(cluster, log, namespace, hook, port)
     try:
-        with trio.fail_after(30):
-            while True:
-                with contextlib.suppress(NotFound):
-                    secret = await api.get(SECRETS, SECRET, namespace=namespace)
-                    break
-                await trio.sleep(0.1)
+
+        async def issued() -> dict[str, Any] | None:
+            with contextlib.suppress(NotFound):
+                return await api.get(SECRETS, SECRET, namespace=namespace)
+            return None
+
+        secret = await until_api(issued, 30, f"Secret {SECRET}")
         await live.wait_ready(port, base64.b64decode(secret["data"]["ca.crt"]), log)
         yield process
     finally:

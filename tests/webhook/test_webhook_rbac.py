@@ -12,7 +12,6 @@ ClusterRole by itself grants the document, and that the ServiceAccount may do no
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ import pytest
 import trio
 import yaml
 
-from akri_trio.kube import Client, load_config
+from akri_trio.kube import Client
 from tests.support.rbac import account_token, apply_rbac
 from tests.webhook import live
 from tests.webhook.test_server import admission_review, with_unknown_container_field
@@ -43,9 +42,9 @@ NAMESPACE, ACCOUNT = _manifest_account()
 
 
 @pytest.fixture
-async def admin(cluster: dict[str, str]) -> AsyncIterator[Client]:
-    async with Client.open(load_config(cluster["KUBECONFIG"])) as client:
-        yield client
+def admin(api: Client) -> Client:
+    """The cluster admin's client (the shared `api`), beside the service accounts' ones."""
+    return api
 
 
 async def _allowed(api: Client, user: str, groups: list[str], **attributes: Any) -> bool:
