@@ -231,7 +231,13 @@ class DraReconcilers:
         wanted = wanted_devices(pool, instance, consumable=self.consumable)
         previous, vanished = self.grace.pop(pool, ((), {}))
         now = trio.current_time()
-        step = dra.hold_vanished(wanted, previous, vanished, now=now, grace=self.offline_grace)
+        grace = self.offline_grace
+        gone_with = dra.configurations_of([*previous, *(v.device for v in vanished.values())])
+        if instance is None and not any(
+            self.configurations.get(ObjectKey(ns, name)) for ns, name in gone_with
+        ):
+            grace = 0.0  # its Configuration was deleted: nothing will come back to these devices
+        step = dra.hold_vanished(wanted, previous, vanished, now=now, grace=grace)
         if wanted or step.vanished:
             self.grace[pool] = (tuple(wanted), dict(step.vanished))
         plan = plan_shared_pool(

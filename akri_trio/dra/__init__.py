@@ -60,6 +60,7 @@ from akri_trio.dra.offline import (
     OFFLINE_TAINT_KEY,
     GraceStep,
     Vanished,
+    configurations_of,
     hold_vanished,
     tainted,
 )
@@ -121,6 +122,7 @@ __all__ = [
     "cel_string",
     "claim_spec",
     "configuration_selector",
+    "configurations_of",
     "container_edits",
     "device_attributes",
     "device_class",

@@ -14,11 +14,12 @@ Pure: the caller keeps the `Vanished` map between rounds and passes the clock's 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
 
 import attrs
 
+from akri_trio.dra.attributes import CONFIGURATION, NAMESPACE, qualified
 from akri_trio.model.resources import JSON
 
 OFFLINE_TAINT_KEY: Final = "akri.sh/offline"
@@ -75,3 +76,15 @@ def hold_vanished(
     devices.sort(key=lambda d: str(d["name"]))
     deadline = min((v.since + grace for v in held.values()), default=None)
     return GraceStep(tuple(devices), held, deadline)
+
+
+def configurations_of(devices: Iterable[JSON]) -> set[tuple[str, str]]:
+    """The (namespace, Configuration) each device's identity attributes name."""
+    out: set[tuple[str, str]] = set()
+    for device in devices:
+        attrs_ = device.get("attributes") or {}
+        ns = (attrs_.get(qualified(NAMESPACE)) or {}).get("string")
+        name = (attrs_.get(qualified(CONFIGURATION)) or {}).get("string")
+        if ns and name:
+            out.add((str(ns), str(name)))
+    return out

@@ -11,11 +11,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from akri_trio.discovery import registry
+from akri_trio.dra import device_attributes
 from akri_trio.dra.offline import (
     OFFLINE_GRACE_S,
     OFFLINE_TAINT,
     GraceStep,
     Vanished,
+    configurations_of,
     hold_vanished,
     tainted,
 )
@@ -127,3 +129,13 @@ def test_the_grace_is_device_plugin_modes() -> None:
     """The grace the agent gives a handler that stops answering before its devices count as
     gone."""
     assert OFFLINE_GRACE_S == registry.OFFLINE_GRACE_S
+
+
+def test_configurations_of_reads_each_devices_identity_attributes() -> None:
+    """The controller lets a pool's devices go at once when the Configuration they name is
+    gone: it finds it in the devices' own identity attributes."""
+    named = [
+        {"name": f"d{i}", "attributes": device_attributes(cfg, ns, f"i{i}", {}).as_api()}
+        for i, (ns, cfg) in enumerate([("a", "cam"), ("a", "cam"), ("b", "usb")])
+    ]
+    assert configurations_of([*named, {"name": "bare"}]) == {("a", "cam"), ("b", "usb")}
