@@ -270,12 +270,13 @@ def test_merge_dedupes_by_uuid_keeping_first_reply(ms: list[ProbeMatch]) -> None
     assert set(merged) == {m.uuid for m in ms}
     for uuid, m in merged.items():
         firsts = [x for x in ms if x.uuid == uuid]
-        first = firsts[0].xaddrs[:MAX_XADDRS]
+        first = tuple(dict.fromkeys(firsts[0].xaddrs))[:MAX_XADDRS]
         assert m.xaddrs[: len(first)] == first
         assert len(m.xaddrs) <= MAX_XADDRS
+        assert len(set(m.xaddrs)) == len(m.xaddrs)  # each address once
         everything = {x for f in firsts for x in f.xaddrs}
         assert set(m.xaddrs) <= everything
-        if len(first) < MAX_XADDRS:  # room left: every other XAddr is appended
+        if len(everything) <= MAX_XADDRS:  # room for all: every other XAddr is appended
             assert set(m.xaddrs) == everything
 
 

@@ -250,13 +250,18 @@ def merge_match(merged: dict[str, ProbeMatch], match: ProbeMatch, max_devices: i
     if seen is None:
         if len(merged) >= max_devices:
             return False
-        merged[match.uuid] = attrs.evolve(match, xaddrs=match.xaddrs[:MAX_XADDRS])
+        merged[match.uuid] = attrs.evolve(match, xaddrs=_distinct(match.xaddrs)[:MAX_XADDRS])
         return True
-    extra = tuple(x for x in match.xaddrs if x not in seen.xaddrs)
+    extra = _distinct(x for x in match.xaddrs if x not in seen.xaddrs)
     if extra and len(seen.xaddrs) < MAX_XADDRS:
         xaddrs = (seen.xaddrs + extra)[:MAX_XADDRS]
         merged[match.uuid] = attrs.evolve(seen, xaddrs=xaddrs)
     return True
+
+
+def _distinct(xaddrs: Iterable[str]) -> tuple[str, ...]:
+    """`xaddrs` in order, each once (a repeated address must not use up MAX_XADDRS)."""
+    return tuple(dict.fromkeys(xaddrs))
 
 
 def merge_matches(matches: Iterable[ProbeMatch]) -> dict[str, ProbeMatch]:
