@@ -262,9 +262,9 @@ def test_offline_taints_the_shared_pool_and_online_untaints_it(e2e: Env) -> None
     until(lambda: e2e.offline_taints() == [[]], seconds=60, what="untainted")
 
 
-def test_deleting_the_configuration_removes_its_classes_and_taints_its_pool(e2e: Env) -> None:
-    """Its Instance goes with it, so its devices are in their offline grace: tainted, no new
-    allocation, and gone when it ends."""
+def test_deleting_the_configuration_removes_its_classes_and_its_pool(e2e: Env) -> None:
+    """Its Instance goes with it, and nothing will bring its devices back: no offline grace
+    (that is for a device that may return), the classes and the shared pool go at once."""
     e2e.kubectl("delete", "configurations.akri.sh", CONFIG, "-n", NS, "--wait=true")
     until(lambda: not e2e.classes(), seconds=60, what="the DeviceClasses gone")
-    until(lambda: e2e.offline_taints() == [[dra.OFFLINE_TAINT]], seconds=60, what="tainted")
+    until(lambda: not e2e.slices(), seconds=60, what="the pool gone at once")
