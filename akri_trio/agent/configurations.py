@@ -42,13 +42,21 @@ from akri_trio.discovery.properties import (
     resolve,
 )
 from akri_trio.discovery.registry import OFFLINE_GRACE_S, Registry
-from akri_trio.kube.client import Client, Resource
+from akri_trio.kube.client import Client
 from akri_trio.kube.errors import ApiError, Conflict, Forbidden, Invalid, NotFound
 from akri_trio.kube.queue import Requeue
 from akri_trio.kube.store import Store, by_field
 from akri_trio.model.convert import error_messages, structure
 from akri_trio.model.limits import MAX_CAPACITY
-from akri_trio.model.resources import CONFIGURATIONS, INSTANCES, JSON, Configuration, Instance
+from akri_trio.model.resources import (
+    CONFIG_MAPS,
+    CONFIGURATIONS,
+    INSTANCES,
+    JSON,
+    SECRETS,
+    Configuration,
+    Instance,
+)
 from akri_trio.runtime import TaskSet, run_all
 from akri_trio.runtime.logs import fields
 
@@ -64,8 +72,6 @@ def _about(namespace: str, instance: str) -> dict[str, str]:
 BY_NAME = "name"
 CONFIG_INDEXES = {BY_NAME: by_field(lambda obj: (obj.get("metadata") or {}).get("name"))}
 
-SECRETS = Resource.core("secrets", "Secret")
-CONFIG_MAPS = Resource.core("configmaps", "ConfigMap")
 RETRY_UNSOLVABLE_S = 30.0
 MAX_DEPART_ATTEMPTS = 5
 # How long a (re)started discovery waits for its handlers to answer before "no list" counts as

@@ -19,6 +19,9 @@ JSON = dict[str, Any]
 # Where the API server serves them (the CRDs in k8s/crds/).
 CONFIGURATIONS = Resource("akri.sh", "v0", "configurations", "Configuration")
 INSTANCES = Resource("akri.sh", "v0", "instances", "Instance")
+# the core objects a Configuration's properties, and the webhook's certificate, are read from
+SECRETS = Resource.core("secrets", "Secret")
+CONFIG_MAPS = Resource.core("configmaps", "ConfigMap")
 
 
 @attrs.frozen

@@ -29,6 +29,7 @@ import trio
 
 from akri_trio.address import ObjectKey
 from akri_trio.kube import AlreadyExists, ApiError, Client, Conflict, NotFound, Resource
+from akri_trio.model.resources import SECRETS
 from akri_trio.webhook.certs import (
     CertSpec,
     certs_of_secret,
@@ -39,7 +40,6 @@ from akri_trio.webhook.certs import (
 
 log = logging.getLogger(__name__)
 
-SECRETS = Resource.core("secrets", "Secret")
 WEBHOOK_CONFIGURATIONS = Resource(
     "admissionregistration.k8s.io",
     "v1",

@@ -21,8 +21,8 @@ import trio
 from cryptography import x509
 
 from akri_trio.kube import Client, NotFound, load_config
+from akri_trio.model.resources import SECRETS
 from akri_trio.webhook.certs import webhook_configuration
-from akri_trio.webhook.rotation import SECRETS
 from tests.support.akri_cluster import NAMESPACES, install_crds
 from tests.support.kubectl import free_port
 from tests.support.polling import until_api
