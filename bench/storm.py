@@ -32,7 +32,7 @@ import time
 
 import trio
 
-from akri_trio.agent.instances import Apply, Operation, in_node_order
+from akri_trio.agent.instance_plan import Apply, Operation, in_node_order
 from akri_trio.agent.plugins.claims import (
     RETRY_CAP_S,
     USAGE_FIELD_MANAGER,

@@ -4,7 +4,7 @@ For each Configuration in the cluster this node runs one discovery task (keyed i
 in the discovery nursery; when the handler, details or resolved properties change it is replaced,
 the new one starting after the old one has closed its streams) and
 reconciles on every discovery result and every change to the Configuration or its Instances:
-the devices go into the node's view (the plugins need them), `instances.plan` says which writes
+the devices go into the node's view (the plugins need them), `instance_plan.plan` says which writes
 to make, and this node's entry in the Configuration's status is rewritten when it changed. A
 deleted Configuration stops its discovery and this node leaves its Instances (which the garbage
 collector is deleting) so our finalizer never holds them up.
@@ -28,9 +28,12 @@ import httpx
 import trio
 
 from akri_trio.address import ObjectKey
-from akri_trio.agent import instances as plan_
-from akri_trio.agent import tenants
-from akri_trio.agent.discovery import DiscoveryRequest, DiscoveryResult, run_configuration_discovery
+from akri_trio.agent import instance_plan, tenants
+from akri_trio.agent.discovery_streams import (
+    DiscoveryRequest,
+    DiscoveryResult,
+    run_configuration_discovery,
+)
 from akri_trio.agent.events import AgentEvents
 from akri_trio.agent.metrics import AgentMetrics
 from akri_trio.agent.status import node_entry, node_entry_of
@@ -84,9 +87,11 @@ WRITE_CONCURRENCY = 8  # parallel Instance writes per reconcile: a big discovery
 SHARED_WRITE_CONCURRENCY = 1
 
 
-def _departs(op: plan_.Operation) -> bool:
+def _departs(op: instance_plan.Operation) -> bool:
     """Would `op` take this node off a live Instance (or delete it)?"""
-    return isinstance(op, plan_.Leave) or (isinstance(op, plan_.Guarded) and op.delete)
+    return isinstance(op, instance_plan.Leave) or (
+        isinstance(op, instance_plan.Guarded) and op.delete
+    )
 
 
 def _iso(wall: float) -> str:
@@ -297,7 +302,7 @@ class ConfigurationReconciler:
             return None  # the discovery task enqueues us with its first result
         existing = self._instances_of(namespace, name)
         # One device per Instance name, the same one the plan writes into the Instance.
-        assignment = plan_.assign(self.node, config, result.devices, existing)
+        assignment = instance_plan.assign(self.node, config, result.devices, existing)
         if assignment.collisions != self.collisions.get(key, ()):
             self.collisions[key] = assignment.collisions
             for line in assignment.collisions:
@@ -308,7 +313,7 @@ class ConfigurationReconciler:
         }
         self.view.set_devices(key, devices)
         self.events.devices(key, devices)
-        ops = plan_.plan(self.node, config, result.devices, existing)
+        ops = instance_plan.plan(self.node, config, result.devices, existing)
         requeue = None
         waited = trio.current_time() - running.started_at
         if (not result.handlers or result.pending) and waited < HANDLER_GRACE_S:
@@ -370,7 +375,7 @@ class ConfigurationReconciler:
         }
 
     async def _execute_all(
-        self, key: ObjectKey, uid: str, namespace: str, ops: list[plan_.Operation]
+        self, key: ObjectKey, uid: str, namespace: str, ops: list[instance_plan.Operation]
     ) -> None:
         """Run the plan's writes, a few at a time; stop as soon as the Configuration is gone or
         replaced (its reconcile then leaves what was made), so a deleted Configuration with
@@ -383,16 +388,18 @@ class ConfigurationReconciler:
             meta = (obj or {}).get("metadata") or {}
             return obj is not None and meta.get("uid") == uid and not meta.get("deletionTimestamp")
 
-        async def one(op: plan_.Operation) -> None:
+        async def one(op: instance_plan.Operation) -> None:
             # the shared turn first: a write waiting for it holds none of the general slots
             async with shared_limit if self._shared(namespace, op) else _NO_LIMIT, limit:
                 if current():
                     await self._execute(namespace, op)
 
-        await run_all([functools.partial(one, op) for op in plan_.in_node_order(ops, self.node)])
+        await run_all(
+            [functools.partial(one, op) for op in instance_plan.in_node_order(ops, self.node)]
+        )
 
-    def _shared(self, namespace: str, op: plan_.Operation) -> bool:
-        if isinstance(op, plan_.Apply):
+    def _shared(self, namespace: str, op: instance_plan.Operation) -> bool:
+        if isinstance(op, instance_plan.Apply):
             return bool(op.body["spec"].get("shared"))
         known = self.view.instance(ObjectKey(namespace, op.name))
         return known is not None and known.spec.shared
@@ -403,18 +410,20 @@ class ConfigurationReconciler:
         )
         return self.view.put_instance(written)
 
-    async def _execute(self, namespace: str, op: plan_.Operation) -> None:
+    async def _execute(self, namespace: str, op: instance_plan.Operation) -> None:
         match op:
-            case plan_.Apply(name, body):
+            case instance_plan.Apply(name, body):
                 await self._apply(namespace, body)
                 log.info("applied Instance %s/%s", namespace, name, extra=_about(namespace, name))
-            case plan_.Leave() | plan_.Guarded():
+            case instance_plan.Leave() | instance_plan.Guarded():
                 await self._depart(namespace, op)
 
-    async def _depart(self, namespace: str, op: plan_.Leave | plan_.Guarded) -> None:
+    async def _depart(
+        self, namespace: str, op: instance_plan.Leave | instance_plan.Guarded
+    ) -> None:
         """Leave an Instance with one apply (see instances.Leave); the node whose leave empties
         it deletes it. Decide again from a fresh read when the leave is refused."""
-        if isinstance(op, plan_.Leave):
+        if isinstance(op, instance_plan.Leave):
             try:
                 # Without force: a required field that changed since the read is a 409, not
                 # our stale value written back.
@@ -437,7 +446,7 @@ class ConfigurationReconciler:
         await self._depart_guarded(namespace, op.name, op)
 
     async def _depart_guarded(
-        self, namespace: str, name: str, op: plan_.Guarded | None = None
+        self, namespace: str, name: str, op: instance_plan.Guarded | None = None
     ) -> None:
         """The rare path (the last node, or a refused Leave): every write is a JSON patch that
         tests the read resourceVersion; on 409 or 422, re-read and decide again."""
@@ -452,7 +461,7 @@ class ConfigurationReconciler:
                 fresh = self.view.put_instance(obj)
                 if self.node not in fresh.spec.nodes and self.node not in fresh.metadata.finalizers:
                     return
-                op = plan_.guarded_departure(fresh, self.node)
+                op = instance_plan.guarded_departure(fresh, self.node)
             inst = op.read
             try:
                 if op.ops:
@@ -517,7 +526,7 @@ class ConfigurationReconciler:
     async def _leave_all(self, namespace: str, config: str) -> None:
         for inst in self._instances_of(namespace, config).values():
             if self.node in inst.spec.nodes or self.node in inst.metadata.finalizers:
-                await self._depart(namespace, plan_.departure(inst, self.node))
+                await self._depart(namespace, instance_plan.departure(inst, self.node))
 
     async def _write_status(
         self,

@@ -1,6 +1,6 @@
 """The slot reclaimer's shell: ask the kubelet what is in use, free what no container uses.
 
-The decision is `reclaim.ReclaimState.step` (pure); this module feeds it every `period`
+The decision is `reclaim_plan.ReclaimState.step` (pure); this module feeds it every `period`
 seconds with the slots and virtual devices this node holds (from the node's view) and the
 kubelet's PodResources report, and frees what it returns through `Claims` — the same
 read-decide-write path as Allocate, so a free can never clobber a concurrent claim. A pass whose
@@ -23,7 +23,7 @@ import trio
 from akri_trio.address import ObjectKey
 from akri_trio.agent.plugins.claims import ClaimFailed, Claims, InstanceGone
 from akri_trio.agent.plugins.slots import slot_index
-from akri_trio.agent.reclaim import DeviceKey, ReclaimState, device_key
+from akri_trio.agent.reclaim_plan import DeviceKey, ReclaimState, device_key
 from akri_trio.agent.view import NodeView
 from akri_trio.model import naming
 from akri_trio.rpc.gen import podresources_v1_grpc as pr_grpc

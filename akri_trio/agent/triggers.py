@@ -63,7 +63,7 @@ def _but_status(obj: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def plan_inputs(inst: Instance, node: str) -> Instance:
-    """What `instances.plan` and the status depend on: everything but deviceUsage, brokerInfo
+    """What `instance_plan.plan` and the status depend on: everything but deviceUsage, brokerInfo
     and which other nodes serve it (only whether this one does, and holds its finalizer)."""
     meta, spec = inst.metadata, inst.spec
     return attrs.evolve(

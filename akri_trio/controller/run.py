@@ -2,7 +2,7 @@
 
     run_controller
     ├── health / metrics server                       /healthz, /readyz, /metrics
-    └── leader election                               only the leader runs what follows (leader.py)
+    └── leader election                       only the leader runs the rest (leader_elector.py)
         └── reconcile_while_leading
             ├── watch instances, watch configurations, watch nodes          -> stores
             ├── watch pods, watch jobs, watch services   only ours, by label  -> stores
@@ -50,7 +50,7 @@ from akri_trio.controller.dra_reconcilers import (
     shared_pool_key,
     slice_selector,
 )
-from akri_trio.controller.leader import ClientLeaseApi, LeaderElector
+from akri_trio.controller.leader_elector import ClientLeaseApi, LeaderElector
 from akri_trio.controller.metrics import ControllerMetrics
 from akri_trio.controller.reconcilers import (
     JOBS,

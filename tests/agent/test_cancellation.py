@@ -33,7 +33,7 @@ import pytest
 import trio
 
 from akri_trio.address import ObjectKey
-from akri_trio.agent.instances import instance_name_for
+from akri_trio.agent.instance_plan import instance_name_for
 from akri_trio.agent.plugins.manager import InstancePlugin, Plugin
 from akri_trio.agent.plugins.service import DevicePluginService
 from akri_trio.agent.run import REGISTRATION_SOCKET, Agent, AgentSettings, run_agent

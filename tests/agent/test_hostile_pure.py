@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from akri_trio.address import ObjectKey
 from akri_trio.agent import tenants
-from akri_trio.agent.discovery import DiscoveredDevice, DiscoveryRequest
-from akri_trio.agent.instances import Apply, assign, desired_body, plan
+from akri_trio.agent.discovery_streams import DiscoveredDevice, DiscoveryRequest
+from akri_trio.agent.instance_plan import Apply, assign, desired_body, plan
 from akri_trio.agent.plugins import slots, vdevs
 from akri_trio.agent.plugins.manager import (
     ConfigPlugin,

@@ -8,8 +8,8 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from akri_trio.agent.discovery import DiscoveredDevice
-from akri_trio.agent.instances import (
+from akri_trio.agent.discovery_streams import DiscoveredDevice
+from akri_trio.agent.instance_plan import (
     Apply,
     Guarded,
     Leave,

@@ -1,4 +1,4 @@
-"""The slot reclaimer's decisions (akri_trio.agent.reclaim), on a fake clock."""
+"""The slot reclaimer's decisions (akri_trio.agent.reclaim_plan), on a fake clock."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from akri_trio.agent.reclaim import (
+from akri_trio.agent.reclaim_plan import (
     DEFAULT_GRACE_SECONDS,
     DeviceKey,
     ReclaimState,

@@ -1,6 +1,7 @@
-"""Leader election: the pure decisions (lease.py), then the elector's timing (leader.py) under
-trio's autojump clock, with two electors sharing one Lease held in memory by `MemoryLease`
-(which keeps resourceVersions and refuses stale writes with Conflict, as the API server does)."""
+"""Leader election: the pure decisions (lease_rules.py), then the elector's timing
+(leader_elector.py) under trio's autojump clock, with two electors sharing one Lease held in
+memory by `MemoryLease` (which keeps resourceVersions and refuses stale writes with Conflict, as
+the API server does)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from typing import Any
 import pytest
 import trio
 
-from akri_trio.controller import lease as lease_
-from akri_trio.controller.leader import LeaderElector
-from akri_trio.controller.lease import Create, Seen, Update, Wait, decide
+from akri_trio.controller import lease_rules
+from akri_trio.controller.leader_elector import LeaderElector
+from akri_trio.controller.lease_rules import Create, Seen, Update, Wait, decide
 from akri_trio.kube import AlreadyExists, Conflict, ServerError
 
 NAME, NS = "akri-controller", "akri"
@@ -77,14 +78,14 @@ def test_a_renewal_is_dated_by_the_previous_look() -> None:
 
 
 def test_holding_ends_at_the_renew_deadline() -> None:
-    assert lease_.holding(renewed_at=10.0, now=19.9)
-    assert not lease_.holding(renewed_at=10.0, now=20.0)
+    assert lease_rules.holding(renewed_at=10.0, now=19.9)
+    assert not lease_rules.holding(renewed_at=10.0, now=20.0)
     # Safety margin: the holder gives up before any candidate may take over.
-    assert lease_.RENEW_DEADLINE_S + lease_.RETRY_S < lease_.LEASE_DURATION_S
+    assert lease_rules.RENEW_DEADLINE_S + lease_rules.RETRY_S < lease_rules.LEASE_DURATION_S
 
 
 def test_release_frees_the_lease() -> None:
-    released = lease_.release(lease("a", rv="9"), 0.0)
+    released = lease_rules.release(lease("a", rv="9"), 0.0)
     assert released["spec"]["holderIdentity"] is None
     assert released["metadata"]["resourceVersion"] == "9"
 
@@ -197,7 +198,7 @@ async def test_one_leads_the_standby_takes_over_within_the_duration(
         died = trio.current_time()
         await leads(b, True)
         took = trio.current_time() - died
-        assert took <= lease_.LEASE_DURATION_S, took
+        assert took <= lease_rules.LEASE_DURATION_S, took
         assert leading.now == {"b"} and api.holder == "b"
         nursery.cancel_scope.cancel()
     assert leading.overlaps == 0
@@ -214,7 +215,7 @@ async def test_shutdown_hands_the_lease_back(
         a_scope.cancel()  # a clean shutdown: the Lease is released on the way out
         died = trio.current_time()
         await leads(b, True)
-        assert trio.current_time() - died <= lease_.RETRY_S + 0.5
+        assert trio.current_time() - died <= lease_rules.RETRY_S + 0.5
         nursery.cancel_scope.cancel()
     assert leading.overlaps == 0
 
@@ -232,7 +233,7 @@ async def test_a_leader_cut_off_steps_down_before_anyone_takes_over(
         api.down = True
         cut = trio.current_time()
         await leads(a, False)
-        assert trio.current_time() - cut <= lease_.RENEW_DEADLINE_S
+        assert trio.current_time() - cut <= lease_rules.RENEW_DEADLINE_S
         assert leading.now == set()
         api.down = False
         await leads(a, True)
@@ -248,6 +249,6 @@ async def test_a_lease_taken_by_someone_else_cancels_the_work(
         await trio.sleep(3)
         assert api.obj is not None
         api._store(lease("intruder", rv="x"))  # someone forced the Lease over
-        await trio.sleep(lease_.RENEW_PERIOD_S + 1)
+        await trio.sleep(lease_rules.RENEW_PERIOD_S + 1)
         assert not a.leading and leading.now == set()
         nursery.cancel_scope.cancel()

@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 import trio
 
-from akri_trio.agent.discovery import (
+from akri_trio.agent.discovery_streams import (
     DiscoveryRequest,
     DiscoveryResult,
     run_configuration_discovery,

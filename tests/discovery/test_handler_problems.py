@@ -10,7 +10,7 @@ from typing import Any
 import attrs
 import trio
 
-from akri_trio.agent.discovery import DiscoveryResult
+from akri_trio.agent.discovery_streams import DiscoveryResult
 from akri_trio.agent.events import condition_events
 from akri_trio.agent.status import MAX_LINE_CHARS, MAX_LISTED
 from akri_trio.discovery.interface import Properties, Send, discover_changes, report_problems

@@ -13,7 +13,11 @@ import pytest
 import trio
 import yaml
 
-from akri_trio.agent.discovery import DiscoveryRequest, DiscoveryResult, run_configuration_discovery
+from akri_trio.agent.discovery_streams import (
+    DiscoveryRequest,
+    DiscoveryResult,
+    run_configuration_discovery,
+)
 from akri_trio.discovery.handlers import BUILTIN, load_handler
 from akri_trio.discovery.registration import serve_registration
 from akri_trio.discovery.registry import Registry

@@ -20,7 +20,7 @@ import pytest
 import trio
 import yaml
 
-from akri_trio.agent.discovery import (
+from akri_trio.agent.discovery_streams import (
     DiscoveryRequest,
     DiscoveryResult,
     run_configuration_discovery,

@@ -1,7 +1,7 @@
 """The leader-election edge: reads and writes the Lease, sleeps, and runs the work while leading.
 
     LeaderElector.run(work)
-    ├── candidate: look at the Lease every RETRY_S (lease.decide), until it is ours
+    ├── candidate: look at the Lease every RETRY_S (lease_rules.decide), until it is ours
     └── leading: one nursery
         ├── work()                     the reconcilers (cancelled when leadership ends)
         └── renew every RENEW_PERIOD_S, give up RENEW_DEADLINE_S after the last success
@@ -24,7 +24,7 @@ import attrs
 import httpx
 import trio
 
-from akri_trio.controller import lease as lease_
+from akri_trio.controller import lease_rules
 from akri_trio.kube import AlreadyExists, ApiError, Client, Conflict, NotFound, Resource
 
 log = logging.getLogger(__name__)
@@ -72,10 +72,10 @@ class LeaderElector:
     identity: str
     name: str = "akri-controller"
     namespace: str = "akri"
-    duration: float = lease_.LEASE_DURATION_S
-    renew_period: float = lease_.RENEW_PERIOD_S
-    renew_deadline: float = lease_.RENEW_DEADLINE_S
-    retry: float = lease_.RETRY_S
+    duration: float = lease_rules.LEASE_DURATION_S
+    renew_period: float = lease_rules.RENEW_PERIOD_S
+    renew_deadline: float = lease_rules.RENEW_DEADLINE_S
+    retry: float = lease_rules.RETRY_S
     wall: Callable[[], float] = time.time
     on_change: Callable[[bool], None] = lambda leading: None
     leading: bool = False
@@ -109,7 +109,7 @@ class LeaderElector:
         self.on_change(leading)
 
     async def _acquire(self) -> None:
-        seen = lease_.Seen()
+        seen = lease_rules.Seen()
         while True:
             try:
                 current = await self.api.get()
@@ -119,7 +119,7 @@ class LeaderElector:
                 continue
             self.last_contact = trio.current_time()
             now = trio.current_time()
-            decision, seen = lease_.decide(
+            decision, seen = lease_rules.decide(
                 current,
                 self.identity,
                 now,
@@ -130,13 +130,13 @@ class LeaderElector:
                 duration=self.duration,
             )
             match decision:
-                case lease_.Wait(until, holder):
+                case lease_rules.Wait(until, holder):
                     log.debug("lease held by %s; next look by %.1f s", holder, until - now)
                     await trio.sleep_until(min(until, now + self.retry))
                     continue
-                case lease_.Create(body):
+                case lease_rules.Create(body):
                     write = self.api.create
-                case lease_.Update(body):
+                case lease_rules.Update(body):
                     write = self.api.replace
             sent = trio.current_time()
             try:
@@ -162,7 +162,7 @@ class LeaderElector:
                     sent = trio.current_time()
                     try:
                         self._lease = await self.api.replace(
-                            lease_.renewal(self._lease, self.wall())
+                            lease_rules.renewal(self._lease, self.wall())
                         )
                     except Conflict:
                         log.warning("lease %s/%s was taken over", self.namespace, self.name)
@@ -175,7 +175,7 @@ class LeaderElector:
                     self._renewed_at = sent
                     self.last_contact = trio.current_time()
                     break
-            if not lease_.holding(self._renewed_at, trio.current_time(), self.renew_deadline):
+            if not lease_rules.holding(self._renewed_at, trio.current_time(), self.renew_deadline):
                 log.warning("no lease renewal for %.0f s: stepping down", self.renew_deadline)
                 self._lease = None
                 return
@@ -183,7 +183,7 @@ class LeaderElector:
     async def _release(self) -> None:
         assert self._lease is not None
         try:
-            await self.api.replace(lease_.release(self._lease, self.wall()))
+            await self.api.replace(lease_rules.release(self._lease, self.wall()))
             log.info("released lease %s/%s", self.namespace, self.name)
         except TRANSIENT as exc:
             log.warning("releasing lease failed (it expires on its own): %s", exc)

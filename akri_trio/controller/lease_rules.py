@@ -19,7 +19,7 @@ RENEW_DEADLINE_S after a renewal it sent when it cannot renew again, and RENEW_D
 RETRY_S stays inside the lease duration; a look that comes more than `trust_gap` after the
 previous one counts from now instead, so a slow API server only delays a takeover.
 
-The edge (leader.py) reads and writes the Lease and sleeps; everything it decides is here.
+The edge (leader_elector.py) reads and writes the Lease and sleeps; everything it decides is here.
 """
 
 from __future__ import annotations
