@@ -72,6 +72,8 @@ CONFIG = "fleet"
 # would serve their Configurations too.
 FLEET_NS = "akri-fleet"
 SOLO_SAMPLES = 5
+# One Allocate: (slot, seconds, error or None)
+Grant = tuple[str, float, str | None]
 WRITE_VERBS = {"APPLY", "PATCH", "POST", "PUT", "CREATE", "UPDATE", "DELETE"}
 
 
@@ -231,6 +233,35 @@ class Fleet:
     def rss(self) -> float:
         return max(rss_mb(pid)[0] for pid in self.pids)
 
+    async def alone(self, resource: str, storm_resource: str) -> list[float]:
+        """Allocate latencies of SOLO_SAMPLES nodes one at a time on `resource`, once every
+        kubelet shows all N slots of both Instances healthy."""
+        for kubelet in self.kubelets:
+            for res in (resource, storm_resource):
+                await trio.to_thread.run_sync(
+                    kubelet.wait_for, lambda k, r=res: len(k.healthy(r)) == self.n, 60.0
+                )
+        return [
+            (await trio.to_thread.run_sync(allocate, kubelet, resource))[1]
+            for kubelet in self.kubelets[:SOLO_SAMPLES]
+        ]
+
+    async def storm(self, resource: str) -> list[Grant]:
+        """Every node asks its kubelet for one slot of `resource` at the same moment."""
+        results: list[Grant] = []
+
+        async def one(kubelet: KubeletStandin) -> None:
+            results.append(
+                await trio.to_thread.run_sync(
+                    allocate, kubelet, resource, limiter=trio.CapacityLimiter(self.n)
+                )
+            )
+
+        async with trio.open_nursery() as nursery:
+            for kubelet in self.kubelets:
+                nursery.start_soon(one, kubelet)
+        return results
+
     async def nodes_per_instance(self) -> list[int]:
         items = (await self.api.list(INSTANCES, namespace=FLEET_NS)).items
         return [len(o["spec"].get("nodes") or []) for o in items]
@@ -244,7 +275,7 @@ async def until(check: Callable[[], Awaitable[bool]], limit_s: float) -> float:
     return time.monotonic() - t0
 
 
-def allocate(kubelet: KubeletStandin, resource: str) -> tuple[str, float, str | None]:
+def allocate(kubelet: KubeletStandin, resource: str) -> Grant:
     """What a kubelet does for one container asking for one slot: preferred, then Allocate."""
     free = kubelet.healthy(resource)
     t0 = time.perf_counter()
@@ -368,28 +399,12 @@ async def bench(args: argparse.Namespace) -> str:
                     key=lambda o: o["metadata"]["name"],
                 )
                 storm_res, solo_res = (f"akri.sh/{o['metadata']['name']}" for o in items[:2])
-                for kubelet in fleet.kubelets:
-                    await trio.to_thread.run_sync(
-                        kubelet.wait_for, lambda k: len(k.healthy(storm_res)) == n, 60.0
-                    )
-                solo = [
-                    (await trio.to_thread.run_sync(allocate, kubelet, solo_res))[1]
-                    for kubelet in fleet.kubelets[:SOLO_SAMPLES]
-                ]
+                solo = await fleet.alone(solo_res, storm_res)
                 solo_p50 = percentile(solo, 50)
-                results: list[tuple[str, float, str | None]] = []
+                results: list[Grant] = []
 
                 async def storm() -> None:
-                    async def one(kubelet: KubeletStandin) -> None:
-                        results.append(
-                            await trio.to_thread.run_sync(
-                                allocate, kubelet, storm_res, limiter=trio.CapacityLimiter(n)
-                            )
-                        )
-
-                    async with trio.open_nursery() as inner:
-                        for kubelet in fleet.kubelets:
-                            inner.start_soon(one, kubelet)
+                    results.extend(await fleet.storm(storm_res))
 
                 await phase("storm", str(n), storm, _true)
                 usage = (
