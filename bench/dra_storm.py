@@ -42,6 +42,7 @@ from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 
 import attrs
+import httpx
 import trio
 
 from akri_trio import dra
@@ -105,9 +106,14 @@ HEADER = [
 
 
 async def until(check: Callable[[], Awaitable[bool]], limit_s: float, what: str) -> None:
+    """Poll `check` until true; an API server away for a moment (another session restarting
+    it on the shared cluster) is one more poll, not the end of the run."""
     try:
         with trio.fail_after(limit_s):
-            while not await check():  # noqa: ASYNC110 (polls the API server)
+            while True:
+                with suppress(httpx.TransportError):
+                    if await check():
+                        return
                 await trio.sleep(0.2)
     except trio.TooSlowError:
         raise RuntimeError(f"not within {limit_s} s: {what}") from None
