@@ -3,6 +3,8 @@ and mappers), without a cluster: a busy kubelet or an agent writing status must 
 
 from __future__ import annotations
 
+from typing import Any
+
 from akri_trio.controller.triggers import (
     configuration_to_instances,
     instance_to_configuration,
@@ -17,8 +19,6 @@ from akri_trio.controller.triggers import (
     through,
     when_changed,
 )
-from typing import Any
-
 from akri_trio.kube import JSON, Apply, Change, Init, InitApply, InitDone, ObjectKey, Store
 from akri_trio.model import naming
 
