@@ -181,6 +181,8 @@ class NodeView:
         return None if inst is None or removed(inst) else inst
 
     def instances(self) -> list[Instance]:
+        if not self.written:
+            return [inst for inst in self.store.values() if not removed(inst)]
         shown = self.store.snapshot()
         for key, written in self.written.items():
             if written.value is None:

@@ -3,9 +3,10 @@
 The agent and the controller import from here; the submodules hold the pieces:
 `config` (kubeconfig / in-cluster -> httpx client), `client` (`Client`; `Resource` and
 `ObjectKey` come from akri_trio.address), `errors` (`ApiError` and subclasses), `watch` (state
-machine + driver), `store` (reflector cache with a transform and indexes), `queue` (per-key
-reconcile queue), `controller` (stores + mappers + queue: the one controller loop), `events`
-(core/v1 Events, deduplicated and rate-limited, never blocking). `Backoff` (retry delays) is
+machine + driver), `store` (reflector cache with a transform, a decoder and indexes, and the
+overlay of our own writes), `queue` (per-key reconcile queue), `controller` (stores + mappers +
+queue: the one controller loop), `events` (core/v1 Events, deduplicated and rate-limited, never
+blocking). `Backoff` (retry delays) is
 akri_trio.runtime's, re-exported here.
 
 The shape of a controller built from them:

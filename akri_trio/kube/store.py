@@ -405,6 +405,10 @@ class Store(Generic[T]):
         """A point-in-time copy of key -> object; later events do not change it."""
         return {key: self._pick(entry) for key, entry in self._cache.entries.items()}
 
+    def values(self) -> list[T]:
+        """A point-in-time list of the objects."""
+        return [self._pick(entry) for entry in self._cache.entries.values()]
+
     def __len__(self) -> int:
         return len(self._cache.entries)
 
