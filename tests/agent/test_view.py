@@ -39,6 +39,7 @@ def test_our_answer_is_shown_until_the_watch_brings_that_version() -> None:
     view.put_instance(_obj(20, finalizers=["n"]), since=since)  # our write's answer
     view.store.apply(Apply(_obj(19)))  # the watch, behind: an older version
     assert _shown(view) == "20"
+    assert [i.metadata.resource_version for i in view.instances()] == ["20"]
     view.store.apply(Apply(_obj(20, finalizers=["n"])))  # the watch brings our write
     assert KEY not in view.written
     view.store.apply(Apply(_obj(21)))  # from here on the watch is the word
@@ -111,7 +112,7 @@ def test_not_found_hides_the_watchs_copy_until_its_delete() -> None:
     view = NodeView("n")
     view.store.apply(Apply(_obj(10)))
     view.drop_instance(KEY, since=view.position)  # a read or write answered 404
-    assert view.instance(KEY) is None
+    assert view.instance(KEY) is None and view.instances() == []
     view.store.apply(Apply(_obj(11)))  # the watch, behind
     assert view.instance(KEY) is None
     view.store.apply(Delete(_obj(12)))
