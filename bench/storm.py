@@ -32,6 +32,7 @@ import time
 
 import trio
 
+from akri_trio.address import ObjectKey
 from akri_trio.agent.instance_plan import Apply, Operation, in_node_order
 from akri_trio.agent.plugins.claims import (
     RETRY_CAP_S,
@@ -39,10 +40,10 @@ from akri_trio.agent.plugins.claims import (
     retry_pause,
     usage_patch,
 )
-from akri_trio.agent.view import version_number
+from akri_trio.agent.view import NodeView
 from akri_trio.kube.client import JSON, Client
 from akri_trio.kube.errors import Conflict, Invalid
-from akri_trio.kube.store import drop_managed_fields
+from akri_trio.kube.store import drop_managed_fields, reflect
 from akri_trio.model.convert import structure
 from akri_trio.model.resources import INSTANCES, Instance
 from bench._common import (
@@ -98,33 +99,36 @@ def _instance(obj: JSON) -> Instance:
     return structure(drop_managed_fields(obj), Instance)
 
 
-def _version(obj: JSON) -> int:
-    return version_number(obj["metadata"]["resourceVersion"])
-
-
 class Latest:
-    """The newest version of the storm's Instance this process has seen (a watch on it, and
-    every write's answer): what each node's own view would hold."""
+    """The storm's Instance as each node's own view would hold it: a watch on it, with every
+    write's answer in front until the watch brings that version (agent.view.NodeView)."""
 
     def __init__(self, obj: JSON) -> None:
-        self.obj = obj
+        self.view = NodeView("storm")
+        self.key = ObjectKey(STORM_NS, NAME)
+        self.view.put_instance(obj)
 
-    def put(self, obj: JSON) -> None:
-        if _version(obj) > _version(self.obj):
-            self.obj = obj
+    @property
+    def position(self) -> int:
+        """Take it before a request whose answer goes to `put`."""
+        return self.view.position
+
+    def put(self, obj: JSON, since: int) -> None:
+        self.view.put_instance(obj, since=since)
+
+    def instance(self) -> Instance:
+        inst = self.view.instance(self.key)
+        assert inst is not None, "the storm's Instance is never deleted during a round"
+        return inst
 
     async def run(self, api: Client) -> None:
-        while True:
-            rv = self.obj["metadata"]["resourceVersion"]
-            async with api.watch_stream(
-                INSTANCES,
-                resource_version=rv,
-                namespace=STORM_NS,
-                field_selector=f"metadata.name={NAME}",
-            ) as events:
-                async for event in events:
-                    if event.get("type") in ("ADDED", "MODIFIED"):
-                        self.put(event["object"])
+        await reflect(
+            api,
+            INSTANCES,
+            self.view.store,
+            namespace=STORM_NS,
+            field_selector=f"metadata.name={NAME}",
+        )
 
 
 APPLY_AT_ONCE = "apply, at once"
@@ -145,27 +149,28 @@ async def one_round(
         the Instance read as it is."""
         nonlocal lost
         slot = f"{NAME}-{i}"
-        inst = _instance(latest.obj)
+        inst = latest.instance()
         for attempt in itertools.count():
+            since = latest.position
             try:
-                latest.put(
-                    await api.json_patch(
-                        INSTANCES,
-                        NAME,
-                        usage_patch(inst, {}, {slot: nodes[i]}),
-                        namespace=STORM_NS,
-                        field_manager=USAGE_FIELD_MANAGER,
-                    )
+                answer = await api.json_patch(
+                    INSTANCES,
+                    NAME,
+                    usage_patch(inst, {}, {slot: nodes[i]}),
+                    namespace=STORM_NS,
+                    field_manager=USAGE_FIELD_MANAGER,
                 )
+                latest.put(answer, since)
                 return
             except (Invalid, Conflict):
                 lost += 1
                 if how == PATCH_DOUBLING:
                     await trio.sleep(doubling_pause(attempt))
                 else:
-                    await trio.sleep(retry_pause(_instance(latest.obj), nodes[i]))
+                    await trio.sleep(retry_pause(latest.instance(), nodes[i]))
+                since = latest.position
                 obj = await api.get(INSTANCES, NAME, namespace=STORM_NS)
-                latest.put(obj)
+                latest.put(obj, since)
                 inst = _instance(obj)
 
     async def one(i: int) -> None:

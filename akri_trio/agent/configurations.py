@@ -37,7 +37,7 @@ from akri_trio.agent.discovery_streams import (
 from akri_trio.agent.events import AgentEvents
 from akri_trio.agent.metrics import AgentMetrics
 from akri_trio.agent.status import node_entry, node_entry_of
-from akri_trio.agent.view import NodeView, version_number
+from akri_trio.agent.view import NodeView
 from akri_trio.discovery.device_rules import DeviceRules
 from akri_trio.discovery.properties import (
     UnsolvableProperty,
@@ -48,7 +48,7 @@ from akri_trio.discovery.registry import OFFLINE_GRACE_S, Registry
 from akri_trio.kube.client import Client
 from akri_trio.kube.errors import ApiError, Conflict, Forbidden, Invalid, NotFound
 from akri_trio.kube.queue import Requeue
-from akri_trio.kube.store import Store, by_field
+from akri_trio.kube.store import Overlay, Store, Written, by_field
 from akri_trio.model.convert import error_messages, structure
 from akri_trio.model.limits import MAX_CAPACITY
 from akri_trio.model.resources import (
@@ -152,10 +152,10 @@ class ConfigurationReconciler:
         self.enqueue = enqueue
         self.metrics = metrics
         self.running: dict[ObjectKey, _Running] = {}
-        # The status entry this node last wrote per Configuration: (uid, resourceVersion of the
-        # answer, entry). The watched copy lags our own writes, most under a fleet's load; an
+        # The status entry this node last wrote per Configuration, until the watch brings the
+        # version written. The watched copy lags our own writes, most under a fleet's load; an
         # entry already written is not written again because the watch has not caught up.
-        self.status_written: dict[ObjectKey, tuple[str, int, JSON]] = {}
+        self.status_written: Overlay[JSON] = Overlay(configs)
 
     # --- discovery tasks -----------------------------------------------------------------------
 
@@ -252,7 +252,7 @@ class ConfigurationReconciler:
                 self.metrics.forget_configuration(key)
             self.events.forget(key)
             self.collisions.pop(key, None)
-            self.status_written.pop(key, None)
+            self.status_written.pop(key)
             if obj is None:
                 # Its name may now belong to a Configuration of another namespace.
                 self.name_refused.pop(key, None)
@@ -405,10 +405,15 @@ class ConfigurationReconciler:
         return known is not None and known.spec.shared
 
     async def _apply(self, namespace: str, body: JSON, *, force: bool = True) -> Instance:
-        written = await self.api.apply(
-            INSTANCES, body, field_manager=self.node, force=force, namespace=namespace
-        )
-        return self.view.put_instance(written)
+        since = self.view.position
+        try:
+            written = await self.api.apply(
+                INSTANCES, body, field_manager=self.node, force=force, namespace=namespace
+            )
+        except NotFound:
+            self.view.drop_instance(ObjectKey(namespace, body["metadata"]["name"]), since=since)
+            raise
+        return self.view.put_instance(written, since=since)
 
     async def _execute(self, namespace: str, op: instance_plan.Operation) -> None:
         match op:
@@ -429,7 +434,6 @@ class ConfigurationReconciler:
                 # our stale value written back.
                 inst = await self._apply(namespace, op.body, force=False)
             except NotFound:
-                self.view.drop_instance(ObjectKey(namespace, op.name))
                 return
             except (Conflict, Invalid):
                 pass  # gone or replaced (the uid), or a required field changed: re-read
@@ -453,24 +457,26 @@ class ConfigurationReconciler:
         key = ObjectKey(namespace, name)
         for _ in range(MAX_DEPART_ATTEMPTS):
             if op is None:
+                since = self.view.position
                 try:
                     obj = await self.api.get(INSTANCES, name, namespace=namespace)
                 except NotFound:
-                    self.view.drop_instance(key)
+                    self.view.drop_instance(key, since=since)
                     return
-                fresh = self.view.put_instance(obj)
+                fresh = self.view.put_instance(obj, since=since)
                 if self.node not in fresh.spec.nodes and self.node not in fresh.metadata.finalizers:
                     return
                 op = instance_plan.guarded_departure(fresh, self.node)
             inst = op.read
+            since = self.view.position
             try:
                 if op.ops:
                     obj = await self.api.json_patch(
                         INSTANCES, name, op.ops, field_manager=self.node, namespace=namespace
                     )
-                    inst = self.view.put_instance(obj)
+                    inst = self.view.put_instance(obj, since=since)
             except NotFound:
-                self.view.drop_instance(key)
+                self.view.drop_instance(key, since=since)
                 return
             except (Conflict, Invalid, Forbidden):
                 # 403 too: a write to a namespace being deleted, where the Instance may be gone
@@ -507,11 +513,12 @@ class ConfigurationReconciler:
             except NotFound:
                 return
             except Conflict:
+                since = self.view.position
                 try:
                     obj = await self.api.get(INSTANCES, meta.name, namespace=meta.namespace)
                 except NotFound:
                     return
-                fresh = self.view.put_instance(obj)
+                fresh = self.view.put_instance(obj, since=since)
                 if (
                     fresh.metadata.uid != meta.uid
                     or fresh.metadata.deletion_timestamp is not None
@@ -541,12 +548,8 @@ class ConfigurationReconciler:
         namespace, name = config.metadata.namespace, config.metadata.name
         previous = node_entry_of(config.status, self.node)
         written = self.status_written.get(config.metadata.key)
-        if (
-            written is not None
-            and written[0] == config.metadata.uid
-            and version_number(config.metadata.resource_version) < written[1]
-        ):
-            previous = written[2]  # the watch has not brought our last write yet
+        if written is not None and written.uid == config.metadata.uid:
+            previous = written.value  # the watch has not brought our last write yet
         served = sum(
             1
             for inst in self._instances_of(namespace, name).values()
@@ -585,6 +588,7 @@ class ConfigurationReconciler:
             "metadata": {"name": name, "namespace": namespace},
             "status": {"nodes": [entry]},
         }
+        since = self.status_written.position
         try:
             answer = await self.api.apply(
                 CONFIGURATIONS,
@@ -594,8 +598,10 @@ class ConfigurationReconciler:
                 namespace=namespace,
                 subresource="status",
             )
-            version = version_number((answer.get("metadata") or {}).get("resourceVersion"))
-            self.status_written[config.metadata.key] = (config.metadata.uid, version, entry)
+            version = str((answer.get("metadata") or {}).get("resourceVersion") or "")
+            self.status_written.put(
+                config.metadata.key, Written(config.metadata.uid, version, entry), since=since
+            )
         except NotFound:
             pass
         except (ApiError, httpx.HTTPError) as exc:

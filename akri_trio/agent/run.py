@@ -10,7 +10,7 @@
     │   └── per Configuration: Discover stream per handler endpoint
     ├── brokerInfo copier (with --broker-info-dir)           workload files -> Instances
     ├── Configuration reconcile queue                        discovery -> Instances + status;
-    │                                                        folds Instance changes into the view
+    │                                                        tells the view of Instance changes
     ├── device-plugin mode (the default):
     │   ├── kubelet watch                                    restarts -> plugins re-register
     │   ├── plugin nursery (PluginManager)
@@ -76,7 +76,7 @@ from akri_trio.kube import (
     load_config,
     reflect,
 )
-from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
+from akri_trio.model.resources import CONFIGURATIONS, INSTANCES, Instance
 from akri_trio.observe.endpoints import serve_observe
 from akri_trio.observe.lag import LAG_THRESHOLD_S, SAMPLE_PERIOD_S, LagMonitor
 from akri_trio.runtime.http import DEFAULT_MAX_CONNECTIONS
@@ -137,7 +137,7 @@ class Agent:
     view: NodeView
     registry: Registry
     configs: Store
-    instances: Store
+    instances: Store[Instance]
     plugins: PluginManager
     reclaimer: Reclaimer
     metrics: AgentMetrics
@@ -158,6 +158,10 @@ def _instance_ref(view: NodeView, key: ObjectKey) -> ObjectRef | None:
         return None
     meta = inst.metadata
     return ObjectRef(inst.api_version, inst.kind, meta.namespace, meta.name, meta.uid)
+
+
+def _broker_info(inst: Instance | None) -> Mapping[str, str] | None:
+    return None if inst is None else inst.spec.broker_info
 
 
 def _field(obj: Mapping[str, Any] | None, *path: str) -> Any:
@@ -200,7 +204,7 @@ async def run_agent(
     registry.subscribe(lambda _: metrics.update_handlers(registry))
     metrics.update_handlers(registry)
     configs = Store(transform=drop_managed_fields, indexes=CONFIG_INDEXES)
-    instances = Store(transform=drop_managed_fields)
+    instances = view.store  # the one typed cache of Instances, which the view reads
     claims = Claims(api, view)
     recorder = EventRecorder(api, "akri-agent", settings.node)
     events = AgentEvents(
@@ -218,7 +222,7 @@ async def run_agent(
             settings.broker_info_dir,
             limits=settings.broker_info_limits,
             generation=lambda k: _field(configs.get(k), "metadata", "generation"),
-            current=lambda k: _field(instances.get(k), "spec", "brokerInfo"),
+            current=lambda k: _broker_info(instances.get(k)),
             known=lambda: instances.snapshot().keys(),
             namespace=settings.namespace,
             period=settings.broker_info_period,
@@ -257,7 +261,7 @@ async def run_agent(
         dra = DraNode(
             api,
             view,
-            instances,
+            instances.raw,  # the DRA publisher decodes the JSON itself
             namespace=settings.namespace,
             kubelet_root_dir=settings.kubelet_root_dir,
             cdi_dir=settings.cdi_dir,

@@ -1,8 +1,9 @@
 """Which watched change wakes the agent's Configuration queue: the runner's mappers.
 
 Each is a plain function of a change (kube's `Mapper`: change -> keys), tested without a
-cluster; run.py only passes them to the runner. The Instance mapper also folds the change into
-the node view, so a reconcile never reads a view older than the change that caused it.
+cluster; run.py only passes them to the runner. The Instance mapper also tells the node view of
+the change (its waiters, its overlay of our own writes), so a reconcile never reads a view older
+than the change that caused it.
 """
 
 from __future__ import annotations
@@ -14,24 +15,22 @@ import attrs
 
 from akri_trio.agent.status import node_entry_of
 from akri_trio.agent.view import NodeView, config_key
-from akri_trio.kube import Change, Mapper, ObjectKey
+from akri_trio.kube import JSON, Change, Mapper, ObjectKey
 from akri_trio.model.resources import Instance
 
 __all__ = ["configuration_changed", "instance_changed", "plan_inputs"]
 
 
 def instance_changed(view: NodeView) -> Mapper:
-    """The Instance watch's mapper: fold each change into the node view, and reconcile the
-    Configuration whose plan it may change. Both in one step, so a reconcile never reads a view
-    older than the change that caused it."""
+    """The Instance watch's mapper (over `view.store`): tell the node view of each change, and
+    reconcile the Configuration whose plan it may change. Both in one step, so a reconcile never
+    reads a view older than the change that caused it."""
 
-    def mapper(change: Change) -> Iterable[ObjectKey]:
-        before = view.instance(change.key)
-        if change.new is None:
-            view.drop_instance(change.key)
+    def mapper(change: Change[Instance]) -> Iterable[ObjectKey]:
+        before, after = view.watched(change)
+        if after is None:
             return () if before is None else (config_key(before),)
-        after = view.put_instance(change.new)
-        if after is before:
+        if after == before:
             return ()
         # Claims (every Allocate), brokerInfo and the other nodes' comings and goings are not
         # the plan's business: on a shared Instance they are most of the traffic.
@@ -46,7 +45,7 @@ def configuration_changed(node: str) -> Mapper:
     """The Configuration watch's mapper: reconcile on every change but the other nodes' status
     entries (N nodes each writing their own entry would make every agent reconcile N times)."""
 
-    def mapper(change: Change) -> Iterable[ObjectKey]:
+    def mapper(change: Change[JSON]) -> Iterable[ObjectKey]:
         old, new = change.old, change.new
         if old is None or new is None or _but_status(old) != _but_status(new):
             return (change.key,)

@@ -1,12 +1,16 @@
 """What this node's agent knows right now: the cluster's Instances and its own devices.
 
 Two sources feed it — the Instance watch (what the cluster says) and this node's discovery (which
-devices it can reach) — and every device plugin reads from it. Version counters tell readers
-"something you read changed": per key (an Instance, a Configuration) for the plugins' ListAndWatch
-streams, which recompute their answer and send it only when it differs, and `membership` for the
-plugin manager, which ticks only when the set of plugins to run may change — not on the claims
-that make up most of the traffic. Writes that this agent makes (claims) are folded in from the
-API server's answer at once, so the kubelet hears about a claim without waiting for the watch.
+devices it can reach) — and every device plugin reads from it. The Instances are the agent's one
+typed cache of them (`store`, a `Store[Instance]`: each version decoded once, on the way in),
+with a small overlay in front: what this agent last wrote (claims, joins, departures), folded in
+from the API server's answer at once, so the kubelet hears about a claim without waiting for the
+watch. An overlay entry ends when the watch delivers the version written (or the written
+incarnation's deletion, or relists); resourceVersions are compared only for equality
+(kube.store.Overlay). Version counters tell readers "something you read changed": per key (an
+Instance, a Configuration) for the plugins' ListAndWatch streams, which recompute their answer
+and send it only when it differs, and `membership` for the plugin manager, which ticks only when
+the set of plugins to run may change — not on the claims that make up most of the traffic.
 
 An Instance's `capacity` is clamped to the agent's `--max-capacity` on the way in: the Instance
 CRD bounds it as the Configuration's, but anyone who may write Instances (or a CRD installed
@@ -17,14 +21,14 @@ is logged once per Instance and capacity.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
-from typing import Any, Final
+from collections.abc import Mapping
+from typing import Final
 
 import attrs
 
 from akri_trio.address import ObjectKey
 from akri_trio.agent.plugins.slots import poisoned_keys
-from akri_trio.kube.store import drop_managed_fields
+from akri_trio.kube.store import Change, Overlay, Store, Written, drop_managed_fields
 from akri_trio.model.convert import structure
 from akri_trio.model.device import Device
 from akri_trio.model.limits import MAX_CAPACITY
@@ -51,16 +55,10 @@ def config_key(inst: Instance) -> ObjectKey:
     return ObjectKey(inst.metadata.namespace, inst.spec.configuration_name)
 
 
-def version_number(resource_version: object) -> int:
-    """A resourceVersion as a number to compare (0 when missing or not a number)."""
-    try:
-        return int(str(resource_version or 0))
-    except ValueError:
-        return 0
-
-
-def _resource_version(obj: Mapping[str, Any]) -> int:
-    return version_number((obj.get("metadata") or {}).get("resourceVersion"))
+def removed(inst: Instance) -> bool:
+    """Being deleted with no finalizer left: the API server removes such an Instance at once
+    (e.g. the answer to our own write that released the last finalizer), so it is gone."""
+    return inst.metadata.deletion_timestamp is not None and not inst.metadata.finalizers
 
 
 def _membership(inst: Instance) -> tuple[object, ...]:
@@ -68,92 +66,19 @@ def _membership(inst: Instance) -> tuple[object, ...]:
     return inst.spec.nodes, inst.metadata.deletion_timestamp, inst.spec.configuration_name
 
 
-class NodeView:
-    """`membership` ticks when an Instance appears, goes, or changes its nodes, deletion or
-    Configuration, and when a device appears or goes; `changes_of(key)` on every change that
-    concerns `key`:
-    an Instance's key or a Configuration's key (ticked when any of its Instances or its devices
-    change). A plugin waits on its own key, so a write to one Instance
-    wakes the plugins of that Instance and its Configuration, not every plugin on the node."""
+class InstanceDecoder:
+    """The agent's Instance store's decoder: the model, its capacity clamped to `max_capacity`,
+    and what is wrong with it (a capacity over the maximum, deviceUsage keys that are not
+    slots) logged once per Instance and value."""
 
-    def __init__(self, node: str, *, max_capacity: int = MAX_CAPACITY) -> None:
-        self.node = node
+    def __init__(self, max_capacity: int = MAX_CAPACITY) -> None:
         self.max_capacity = max_capacity
-        self.membership = Changed()
-        self._keyed: dict[ObjectKey, Changed] = {}
-        self._instances: dict[ObjectKey, Instance] = {}
-        # key -> uid of the incarnation seen deleted: any later news of that uid is stale (a
-        # uid is never reused; an Instance made again under the key has a new one).
-        self._gone: dict[ObjectKey, str] = {}
-        self._devices: dict[ObjectKey, Device] = {}  # instance key -> device this node discovered
-        self._devices_by_config: dict[ObjectKey, dict[ObjectKey, Device]] = {}
         self._reported: set[tuple[ObjectKey, str, str]] = set()  # (key, kind, what)
 
-    def changes_of(self, key: ObjectKey) -> Changed:
-        changes = self._keyed.get(key)
-        if changes is None:
-            changes = self._keyed[key] = Changed()
-        return changes
-
-    def forget(self, key: ObjectKey) -> None:
-        """Drop the keyed counter of a key nobody waits on any more (a stopped plugin)."""
-        self._keyed.pop(key, None)
-
-    def touch(self, *keys: ObjectKey) -> None:
-        """Tell the waiters on `keys` to look again (something they read besides the view
-        changed, e.g. which Instances a configuration plugin serves)."""
-        self._notify(*keys, membership=False)
-
-    def _notify(self, *keys: ObjectKey, membership: bool = True) -> None:
-        if membership:
-            self.membership.bump()
-        for key in keys:
-            changes = self._keyed.get(key)
-            if changes is not None:
-                changes.bump()
-
-    # --- Instances (from the watch, and from our own writes) ---------------------------------
-
-    def instance(self, key: ObjectKey) -> Instance | None:
-        return self._instances.get(key)
-
-    def instances(self) -> Iterator[Instance]:
-        return iter(self._instances.values())
-
-    def put_instance(self, obj: JSON) -> Instance:
-        """Fold in an Instance as the API server returned it. An older resourceVersion than
-        the one held (a watch event racing our own write's answer) is ignored."""
-        obj = drop_managed_fields(obj)
-        meta = obj.get("metadata") or {}
-        key = ObjectKey(meta.get("namespace") or "default", meta.get("name") or "")
-        version = _resource_version(obj)
-        held = self._instances.get(key)
-        if held is not None:
-            held_version = version_number(held.metadata.resource_version)
-            # Older, or the watch's echo of a write we already folded in: nothing new.
-            if version < held_version or (version == held_version and version):
-                return held
-        uid = str(meta.get("uid") or "")
-        if uid and self._gone.get(key) == uid:
-            return structure(obj, Instance)  # news from before its deletion: stays deleted
-        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
-            # The API server removes such an object at once: e.g. the answer to our own write
-            # that released the last finalizer, which may arrive after the watch's DELETE.
-            # Folding it in would resurrect a deleted Instance in the view for good.
-            self._gone[key] = uid
-            self.drop_instance(key)
-            return structure(obj, Instance)
-        self._gone.pop(key, None)
-        inst = self._clamped(structure(obj, Instance))
-        if held != inst:
-            if held is None or held.spec.device_usage != inst.spec.device_usage:
-                self._report_poisoned(inst)
-            self._instances[key] = inst
-            configs = {config_key(inst)} | ({config_key(held)} if held else set())
-            self._notify(
-                key, *configs, membership=held is None or _membership(held) != _membership(inst)
-            )
-        return inst
+    def __call__(self, obj: JSON) -> Instance:
+        inst = structure(obj, Instance)
+        self._report_poisoned(inst)
+        return self._clamped(inst)
 
     def _clamped(self, inst: Instance) -> Instance:
         """`inst` with its capacity cut to `max_capacity` (logged once per capacity)."""
@@ -193,10 +118,114 @@ class NodeView:
             )
             log.warning("Instance %s: deviceUsage key %r is not a slot; ignored", key, shown)
 
-    def drop_instance(self, key: ObjectKey) -> None:
-        held = self._instances.pop(key, None)
-        if held is not None:
-            self._notify(key, config_key(held))
+
+def instance_store(max_capacity: int = MAX_CAPACITY) -> Store[Instance]:
+    """The agent's cache of Instances (what `reflect` keeps and the NodeView reads)."""
+    return Store(transform=drop_managed_fields, decode=InstanceDecoder(max_capacity))
+
+
+class NodeView:
+    """`membership` ticks when an Instance appears, goes, or changes its nodes, deletion or
+    Configuration, and when a device appears or goes; `changes_of(key)` on every change that
+    concerns `key`:
+    an Instance's key or a Configuration's key (ticked when any of its Instances or its devices
+    change). A plugin waits on its own key, so a write to one Instance
+    wakes the plugins of that Instance and its Configuration, not every plugin on the node.
+    The watch's changes reach it through `watched` (the agent's Instance mapper calls it)."""
+
+    def __init__(self, node: str, *, max_capacity: int = MAX_CAPACITY) -> None:
+        self.node = node
+        self.max_capacity = max_capacity
+        self.store = instance_store(max_capacity)
+        self.written: Overlay[Instance] = Overlay(self.store)
+        self.membership = Changed()
+        self._keyed: dict[ObjectKey, Changed] = {}
+        self._devices: dict[ObjectKey, Device] = {}  # instance key -> device this node discovered
+        self._devices_by_config: dict[ObjectKey, dict[ObjectKey, Device]] = {}
+
+    def changes_of(self, key: ObjectKey) -> Changed:
+        changes = self._keyed.get(key)
+        if changes is None:
+            changes = self._keyed[key] = Changed()
+        return changes
+
+    def forget(self, key: ObjectKey) -> None:
+        """Drop the keyed counter of a key nobody waits on any more (a stopped plugin)."""
+        self._keyed.pop(key, None)
+
+    def touch(self, *keys: ObjectKey) -> None:
+        """Tell the waiters on `keys` to look again (something they read besides the view
+        changed, e.g. which Instances a configuration plugin serves)."""
+        self._notify(*keys, membership=False)
+
+    def _notify(self, *keys: ObjectKey, membership: bool = True) -> None:
+        if membership:
+            self.membership.bump()
+        for key in keys:
+            changes = self._keyed.get(key)
+            if changes is not None:
+                changes.bump()
+
+    def _changed(self, key: ObjectKey, before: Instance | None, after: Instance | None) -> None:
+        if before == after:
+            return
+        configs = {config_key(i) for i in (before, after) if i is not None}
+        membership = before is None or after is None or _membership(before) != _membership(after)
+        self._notify(key, *configs, membership=membership)
+
+    # --- Instances (from the watch, and from our own writes) ---------------------------------
+
+    def instance(self, key: ObjectKey) -> Instance | None:
+        written = self.written.get(key)
+        inst = self.store.get(key) if written is None else written.value
+        return None if inst is None or removed(inst) else inst
+
+    def instances(self) -> list[Instance]:
+        if not self.written:
+            return [inst for inst in self.store.values() if not removed(inst)]
+        shown = self.store.snapshot()
+        for key, written in self.written.items():
+            if written.value is None:
+                shown.pop(key, None)
+            else:
+                shown[key] = written.value
+        return [inst for inst in shown.values() if not removed(inst)]
+
+    @property
+    def position(self) -> int:
+        """Take it before sending a write whose answer goes to `put_instance`/`drop_instance`."""
+        return self.written.position
+
+    def put_instance(self, obj: JSON, *, since: int | None = None) -> Instance:
+        """Fold in an Instance as the API server returned it (to a write or a read sent at
+        position `since`; None: now); returns it decoded. Shown until the watch brings that
+        version; not at all when the watch already has."""
+        inst = self.store.decode(obj)
+        meta = inst.metadata
+        before = self.instance(meta.key)
+        value = None if removed(inst) else inst
+        self.written.put(meta.key, Written(meta.uid, meta.resource_version, value), since=since)
+        self._changed(meta.key, before, self.instance(meta.key))
+        return inst
+
+    def drop_instance(self, key: ObjectKey, *, since: int | None = None) -> None:
+        """The API server said `key` does not exist (to a request sent at position `since`)."""
+        before = self.instance(key)
+        if before is None:
+            return  # nothing shown: nothing to hide
+        self.written.put(key, Written(None, None, None), since=since)
+        self._changed(key, before, self.instance(key))
+
+    def watched(self, change: Change[Instance]) -> tuple[Instance | None, Instance | None]:
+        """The watch changed `change.key`: tell the waiters when what the view shows changed.
+        Returns what it showed before and shows now."""
+        written = self.written.watched(change.key)
+        before = change.old if written is None else written.value
+        if before is not None and removed(before):
+            before = None
+        after = self.instance(change.key)
+        self._changed(change.key, before, after)
+        return before, after
 
     # --- devices this node discovered --------------------------------------------------------
 

@@ -125,10 +125,11 @@ R = TypeVar("R", bound=Release)
 
 @attrs.frozen
 class Caches:
-    """The stores the reconcilers read (run.py keeps them filled)."""
+    """The stores the reconcilers read (run.py keeps them filled): Instances and
+    Configurations decoded to the model on the way in, the rest slimmed JSON."""
 
-    instances: Store
-    configurations: Store
+    instances: Store[Instance]
+    configurations: Store[Configuration]
     pods: Store
     jobs: Store
     services: Store
@@ -197,9 +198,6 @@ class Reconcilers:
         self.clock = clock  # wall clock: Pod timestamps are compared with it
         self.rand = rand
         self.retries: dict[ObjectKey, Mapping[str, Retry]] = {}
-        # (kind, key) -> (resourceVersion, model): each version is structured once, not on
-        # every reconcile that reads it (a Configuration's Services read all its Instances).
-        self._models: dict[tuple[type, ObjectKey], tuple[str, Any]] = {}
         self.launched: dict[ObjectKey, str] = {}
         self.node_states: dict[str, NodeState] = {}
         # A NotReady node found serving at start: cleaned only after this many seconds NotReady.
@@ -208,22 +206,7 @@ class Reconcilers:
         self.dra: DraReconcilers | None = None  # DRA mode: brokers claim their device
 
     def read_instance(self, key: ObjectKey) -> Instance | None:
-        return self._read(self.c.instances, key, Instance)
-
-    def _read(self, store: Store, key: ObjectKey, cls: type[T]) -> T | None:
-        obj = store.get(key)
-        if obj is None:
-            self._models.pop((cls, key), None)
-            return None
-        version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
-        hit = self._models.get((cls, key))
-        if hit is not None and version and hit[0] == version:
-            model: T = hit[1]
-            return model
-        made = _model(obj, cls)
-        if made is not None and version:
-            self._models[(cls, key)] = (version, made)
-        return made
+        return self.c.instances.get(key)
 
     def record(self, event: ev.Event | None) -> None:
         if self.recorder is not None and event is not None:
@@ -296,11 +279,11 @@ class Reconcilers:
         return BROKER_BACKOFF.delay(creates - 1, self.rand)
 
     async def instance(self, key: ObjectKey) -> Requeue | None:
-        instance = self._read(self.c.instances, key, Instance)
+        instance = self.c.instances.get(key)
         config = None
         if instance is not None:
             config_key = ObjectKey(key.namespace, instance.spec.configuration_name)
-            config = self._read(self.c.configurations, config_key, Configuration)
+            config = self.c.configurations.get(config_key)
         wanted = instance is not None and config is not None
         pods = broker_pods(config, instance) if config and instance else {}
         job = broker_job(config, instance) if config and instance else None
@@ -352,17 +335,10 @@ class Reconcilers:
     # --- Services of one Configuration -------------------------------------------------------
 
     async def services(self, key: ObjectKey) -> Requeue | None:
-        config = self._read(self.c.configurations, key, Configuration)
+        config = self.c.configurations.get(key)
         if config is None:
             return None  # its Services go with it (ownerReferences)
-        instances = [
-            i
-            for i in (
-                self._read(self.c.instances, k, Instance)
-                for k in self.c.instances.keys_for("config", key)
-            )
-            if i is not None
-        ]
+        instances = list(self.c.instances.select("config", key).values())
         by_label = label_key(key.namespace, key.name)
         pods = [ObservedPod.of(p) for p in self.c.pods.select("config", by_label).values()]
         services = dict(self.c.services.select("config", by_label))
@@ -401,13 +377,10 @@ class Reconcilers:
     # --- lost nodes --------------------------------------------------------------------------
 
     def _instances(self) -> list[Instance]:
-        read = (self._read(self.c.instances, k, Instance) for k in self.c.instances.snapshot())
-        return [i for i in read if i is not None]
+        return list(self.c.instances.snapshot().values())
 
     def _configurations(self) -> list[Configuration]:
-        keys = self.c.configurations.snapshot()
-        read = (self._read(self.c.configurations, k, Configuration) for k in keys)
-        return [c for c in read if c is not None]
+        return list(self.c.configurations.snapshot().values())
 
     def lost_while_away(self) -> list[ObjectKey]:
         """Nodes that Instances or Configuration statuses name but that the node cache does
@@ -493,11 +466,11 @@ class Reconcilers:
         await run_all((partial(status, r) for r in plan.statuses), limit=WRITE_CONCURRENCY)
 
     def _configuration_of(self, namespace: str, instance: str) -> JSON | None:
-        inst = self._read(self.c.instances, ObjectKey(namespace, instance), Instance)
+        inst = self.c.instances.get(ObjectKey(namespace, instance))
         if inst is None:
             return None
         key = ObjectKey(namespace, inst.spec.configuration_name)
-        config = self._read(self.c.configurations, key, Configuration)
+        config = self.c.configurations.get(key)
         return None if config is None else ev.ref(config)
 
     async def _release_instance(self, release: InstanceRelease, why: str = "lost") -> None:

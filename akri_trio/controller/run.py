@@ -34,6 +34,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import attrs
 import trio
@@ -143,7 +144,7 @@ async def reconcile_while_leading(
     )
     ns = settings.namespace
     ours = f"{naming.LABEL_CONTROLLER}={naming.CONTROLLER_VALUE}"
-    watches: list[tuple[Resource, Store, str | None]] = [
+    watches: list[tuple[Resource, Store[Any], str | None]] = [
         (INSTANCES, caches.instances, None),
         (CONFIGURATIONS, caches.configurations, None),
         (PODS, caches.pods, naming.LABEL_CONFIGURATION),
@@ -223,7 +224,7 @@ async def _dra_controllers(
     settings: ControllerSettings,
     caches: Caches,
     reconcilers: Reconcilers,
-    watches: list[tuple[Resource, Store, str | None]],
+    watches: list[tuple[Resource, Store[Any], str | None]],
 ) -> dict[str, Controller]:
     """DRA mode's stores (added to `watches`), reconcilers and controllers."""
     consumable = await probe_consumable_capacity(api)
@@ -236,8 +237,9 @@ async def _dra_controllers(
     dra_caches = DraCaches()
     dra = DraReconcilers(
         api,
-        configurations=caches.configurations,
-        instances=caches.instances,
+        # DRA's reconcilers read the JSON the models are decoded from
+        configurations=caches.configurations.raw,
+        instances=caches.instances.raw,
         nodes=caches.nodes,
         c=dra_caches,
         metrics=reconcilers.metrics,
@@ -254,8 +256,8 @@ async def _dra_controllers(
         "deviceclass": Controller(
             _measured("deviceclass", dra.device_class, metrics), dra_caches.classes, drain=0
         )
-        .watches(caches.configurations, keys(class_key))
-        .watches(caches.instances, instance_class_keys),
+        .watches(caches.configurations.raw, keys(class_key))
+        .watches(caches.instances.raw, instance_class_keys),
         "pool": Controller(
             _measured("pool", dra.shared_pool, metrics),
             dra_caches.slices,
@@ -263,7 +265,7 @@ async def _dra_controllers(
             drain=0,
             mapper=keys(pool_key),
         )
-        .watches(caches.instances, when_changed(keys(shared_pool_key)))
+        .watches(caches.instances.raw, when_changed(keys(shared_pool_key)))
         .watches(caches.nodes, never),
     }
 

@@ -1,7 +1,9 @@
 """What the controller's caches keep and which cache changes wake which reconciler.
 
 The caches hold only what the decisions read (`slim_pod`, `slim_job`, `slim_node`): a busy
-kubelet's status updates then change nothing in the cache and wake nobody. A trigger (a
+kubelet's status updates then change nothing in the cache and wake nobody. Instances and
+Configurations are decoded to the model on the way in (`Store[Instance]`), so their mappers read
+typed changes; every index files objects by their JSON. A trigger (a
 `Mapper` of akri_trio.kube's runner: a change -> the keys it concerns) turns a change of a
 watched object into the keys of the objects whose reconcile reads it, through the stores'
 indexes (`make_caches`); a change that cannot alter a reconcile's outcome (an agent's status
@@ -12,7 +14,8 @@ and the caches, tested without a cluster; run.py only passes them to the runner.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 from akri_trio.controller.dra_reconcilers import CONFIGURATION_INDEXES, INSTANCE_INDEXES
 from akri_trio.controller.reconcilers import Caches, label_key
@@ -20,9 +23,14 @@ from akri_trio.controller.services import configuration_of
 from akri_trio.dra import HOSTNAME_LABEL
 from akri_trio.kube import JSON, Change, Mapper, ObjectKey, Store, by_field, drop_managed_fields
 from akri_trio.model import naming
+from akri_trio.model.convert import structure
+from akri_trio.model.resources import Configuration, Instance
+
+T = TypeVar("T")
 
 __all__ = [
     "config_of",
+    "configuration_key",
     "configuration_to_instances",
     "instance_to_configuration",
     "instance_to_services",
@@ -115,6 +123,7 @@ def make_caches(*, dra: bool = False) -> Caches:
     config_label = by_field(labelled(naming.LABEL_CONFIGURATION))
     return Caches(
         instances=Store(
+            decode=partial(structure, cls=Instance),
             transform=drop_managed_fields,
             indexes={
                 "config": by_field(config_of),
@@ -123,6 +132,7 @@ def make_caches(*, dra: bool = False) -> Caches:
             },
         ),
         configurations=Store(
+            decode=partial(structure, cls=Configuration),
             transform=drop_managed_fields,
             indexes={"label": by_field(name_label), **(CONFIGURATION_INDEXES if dra else {})},
         ),
@@ -144,20 +154,21 @@ def make_caches(*, dra: bool = False) -> Caches:
 def when_changed(mapper: Mapper) -> Mapper:
     """Nothing to reconcile when what the cache keeps did not change."""
 
-    def mapped(change: Change) -> Iterable[ObjectKey]:
+    def mapped(change: Change[Any]) -> Iterable[ObjectKey]:
         return () if change.old == change.new else mapper(change)
 
     return mapped
 
 
-def _both(change: Change) -> Iterable[JSON]:
+def _both(change: Change[T]) -> list[T]:
     return [obj for obj in (change.old, change.new) if obj is not None]
 
 
-def through(store: Store, index: str, get: Callable[[JSON], ObjectKey | None]) -> Mapper:
-    """Maps an object to the keys `store` files under `get(obj)` in `index`."""
+def through(store: Store[Any], index: str, get: Callable[[JSON], ObjectKey | None]) -> Mapper:
+    """Maps an object (of a JSON store) to the keys `store` files under `get(obj)` in
+    `index`."""
 
-    def mapper(change: Change) -> Iterable[ObjectKey]:
+    def mapper(change: Change[JSON]) -> Iterable[ObjectKey]:
         keys: set[ObjectKey] = set()
         for obj in _both(change):
             value = get(obj)
@@ -168,16 +179,16 @@ def through(store: Store, index: str, get: Callable[[JSON], ObjectKey | None]) -
     return mapper
 
 
-def _broker_inputs(obj: JSON | None) -> Any:
+def _broker_inputs(config: Configuration | None) -> Any:
     """What the brokers of a Configuration's Instances depend on: not its status."""
-    if obj is None:
+    if config is None:
         return None
-    meta = obj.get("metadata") or {}
-    return (meta.get("uid"), meta.get("generation"), meta.get("deletionTimestamp"), obj.get("spec"))
+    meta = config.metadata
+    return (meta.uid, meta.generation, meta.deletion_timestamp, config.spec)
 
 
-def configuration_to_instances(instances: Store) -> Mapper:
-    def mapper(change: Change) -> Iterable[ObjectKey]:
+def configuration_to_instances(instances: Store[Instance]) -> Mapper:
+    def mapper(change: Change[Configuration]) -> Iterable[ObjectKey]:
         if _broker_inputs(change.old) == _broker_inputs(change.new):
             return ()  # a status write by an agent
         return instances.keys_for("config", change.key)
@@ -189,19 +200,24 @@ def service_to_configurations(caches: Caches) -> Mapper:
     by_config = through(caches.configurations, "label", service_configuration)
     by_instance = through(caches.instances, "label", labelled(naming.LABEL_INSTANCE))
 
-    def mapper(change: Change) -> Iterable[ObjectKey]:
+    def mapper(change: Change[JSON]) -> Iterable[ObjectKey]:
         keys = set(by_config(change))
         for key in by_instance(change):
-            config = config_of(caches.instances.get(key) or {"metadata": {}})
-            if config is not None:
-                keys.add(config)
+            inst = caches.instances.get(key)
+            if inst is not None:
+                keys.add(configuration_key(inst))
         return keys
 
     return mapper
 
 
-def instance_to_configuration(change: Change) -> Iterable[ObjectKey]:
-    return {key for key in map(config_of, _both(change)) if key is not None}
+def configuration_key(inst: Instance) -> ObjectKey:
+    """The key of the Configuration an Instance belongs to."""
+    return ObjectKey(inst.metadata.namespace, inst.spec.configuration_name)
+
+
+def instance_to_configuration(change: Change[Instance]) -> Iterable[ObjectKey]:
+    return {configuration_key(inst) for inst in _both(change)}
 
 
 def _running(pod: JSON | None) -> bool:
@@ -223,7 +239,7 @@ def pod_to_services(caches: Caches, config_of: Mapper) -> Mapper:
     created Pending, scheduled, ...) does not reconcile it. With 1,000 brokers starting at once
     that is 1,000 fewer plans over all the Configuration's Instances."""
 
-    def mapper(change: Change) -> Iterable[ObjectKey]:
+    def mapper(change: Change[JSON]) -> Iterable[ObjectKey]:
         if change.old == change.new:
             return ()
         keys = config_of(change)
@@ -239,15 +255,14 @@ def instance_to_services(caches: Caches) -> Mapper:
     a broker of it already runs (it needs its Service now); otherwise not (an Instance made or
     edited before its brokers run)."""
 
-    def mapper(change: Change) -> Iterable[ObjectKey]:
+    def mapper(change: Change[Instance]) -> Iterable[ObjectKey]:
         keys = set()
         for key in instance_to_configuration(change):
             if _has_services(caches, key):
                 keys.add(key)
                 continue
-            for obj in _both(change):
-                meta = obj.get("metadata") or {}
-                selected = label_key(str(meta.get("namespace") or ""), str(meta.get("name")))
+            for inst in _both(change):
+                selected = label_key(inst.metadata.namespace, inst.metadata.name)
                 if any(map(_running, caches.pods.select("instance", selected).values())):
                     keys.add(key)
         return keys
@@ -255,7 +270,7 @@ def instance_to_services(caches: Caches) -> Mapper:
     return mapper
 
 
-def never(change: Change) -> Iterable[ObjectKey]:
+def never(change: Change[Any]) -> Iterable[ObjectKey]:
     """For a store a reconciler reads but whose changes it does not react to: the runner
     still waits for its first list."""
     return ()

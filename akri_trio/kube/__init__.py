@@ -3,9 +3,10 @@
 The agent and the controller import from here; the submodules hold the pieces:
 `config` (kubeconfig / in-cluster -> httpx client), `client` (`Client`; `Resource` and
 `ObjectKey` come from akri_trio.address), `errors` (`ApiError` and subclasses), `watch` (state
-machine + driver), `store` (reflector cache with a transform and indexes), `queue` (per-key
-reconcile queue), `controller` (stores + mappers + queue: the one controller loop), `events`
-(core/v1 Events, deduplicated and rate-limited, never blocking). `Backoff` (retry delays) is
+machine + driver), `store` (reflector cache with a transform, a decoder and indexes, and the
+overlay of our own writes), `queue` (per-key reconcile queue), `controller` (stores + mappers +
+queue: the one controller loop), `events` (core/v1 Events, deduplicated and rate-limited, never
+blocking). `Backoff` (retry delays) is
 akri_trio.runtime's, re-exported here.
 
 The shape of a controller built from them:
@@ -51,8 +52,11 @@ from akri_trio.kube.events import EventRecorder, ObjectRef
 from akri_trio.kube.queue import ReconcileQueue, Requeue
 from akri_trio.kube.store import (
     Change,
+    Delivery,
     KeyChanges,
+    Overlay,
     Store,
+    Written,
     by_field,
     by_label,
     by_owner,
@@ -84,6 +88,7 @@ __all__ = [
     "Conflict",
     "Controller",
     "Delete",
+    "Delivery",
     "EventRecorder",
     "Forbidden",
     "Gone",
@@ -100,6 +105,7 @@ __all__ = [
     "ObjectKey",
     "ObjectList",
     "ObjectRef",
+    "Overlay",
     "ReconcileQueue",
     "Requeue",
     "Resource",
@@ -109,6 +115,7 @@ __all__ = [
     "Unauthorized",
     "WatchEvent",
     "Watched",
+    "Written",
     "by_field",
     "by_label",
     "by_owner",

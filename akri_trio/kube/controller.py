@@ -30,6 +30,7 @@ half-filled store of Pods would create brokers that already exist.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import attrs
 import trio
@@ -40,10 +41,11 @@ from akri_trio.kube.queue import DRAIN_S, QUEUE_BACKOFF, Reconcile, ReconcileQue
 from akri_trio.kube.store import Change, Store
 from akri_trio.runtime import Backoff
 
-Mapper = Callable[[Change], Iterable[ObjectKey]]
+# A mapper of a typed store reads typed changes (`Change[Instance]`).
+Mapper = Callable[[Change[Any]], Iterable[ObjectKey]]
 
 
-def itself(change: Change) -> Iterable[ObjectKey]:
+def itself(change: Change[Any]) -> Iterable[ObjectKey]:
     """The primary resource's mapper: a change to an object reconciles that object."""
     return (change.key,)
 
@@ -51,7 +53,7 @@ def itself(change: Change) -> Iterable[ObjectKey]:
 def each(keys_of: Callable[[JSON], Iterable[ObjectKey]]) -> Mapper:
     """A mapper that applies `keys_of` to the object before and the object now."""
 
-    def mapper(change: Change) -> Iterable[ObjectKey]:
+    def mapper(change: Change[Any]) -> Iterable[ObjectKey]:
         keys: dict[ObjectKey, None] = {}
         for obj in (change.old, change.new):
             if obj is not None:
@@ -92,7 +94,7 @@ def labelled(label: str, *, namespaced: bool = True) -> Mapper:
 class Watched:
     """A store whose changes reconcile the primary objects `mapper` names."""
 
-    store: Store
+    store: Store[Any]
     mapper: Mapper
 
 
@@ -104,7 +106,7 @@ class Controller:
     def __init__(
         self,
         reconcile: Reconcile[ObjectKey],
-        primary: Store,
+        primary: Store[Any],
         *,
         workers: int = 4,
         backoff: Backoff = QUEUE_BACKOFF,
@@ -116,7 +118,7 @@ class Controller:
         self.queue = ReconcileQueue(reconcile, workers=workers, backoff=backoff, drain=drain)
         self.sources: list[Watched] = [Watched(primary, mapper)]
 
-    def watches(self, store: Store, mapper: Mapper) -> Controller:
+    def watches(self, store: Store[Any], mapper: Mapper) -> Controller:
         """Reconcile `mapper(change)` on every change in `store`; returns the controller."""
         self.sources.append(Watched(store, mapper))
         return self

@@ -8,26 +8,42 @@ network.
 
 On the way in each object goes through the store's `transform` (e.g. `drop_managed_fields`:
 nobody reads `metadata.managedFields`, and it mirrors every field of the object), so the cache
-holds only what its readers need. Named indexes (`by_label`, `by_owner`, `by_field`, or any
-function of an object to the values it is filed under) answer "the objects with this label /
-owner / field value" with a dict lookup; they are kept in step on every event and rebuilt with
-the objects at a relist.
+holds only what its readers need, and then through its `decode` (e.g. to the `Instance` model),
+once per version, so every reader of the store reads the same typed object (`Store[Instance]`,
+as kube-rs's reflector store is typed) instead of decoding the JSON again in a cache of its own.
+An object the decoder refuses (the CRD's schema should prevent it) is logged once per uid and
+resourceVersion and left out: for the readers it does not exist until a version that decodes
+arrives. `store.raw` is the same cache read as the JSON that was decoded (for readers not on
+the model yet).
+
+Named indexes (`by_label`, `by_owner`, `by_field`, or any function of an object's JSON to the
+values it is filed under) answer "the objects with this label / owner / field value" with a dict
+lookup; they are kept in step on every event and rebuilt with the objects at a relist.
 
 A relist (`Init`..`InitApply`..`InitDone`) is built aside and swapped in at `InitDone`, so a
 reader never sees a half-listed world, and objects deleted while the watch was away vanish at the
 swap (with a change notification for their keys).
 
-Objects are never mutated in place: each event replaces the stored dict, so a reference a reader
-holds stays a consistent object. Readers must not mutate what they get.
+Objects are never mutated in place: each event replaces the stored object, so a reference a
+reader holds stays a consistent object. Readers must not mutate what they get.
+
+`Overlay` is "read your own writes" on top of a store: what this process last wrote per key (the
+API server's answer), shown until the watch has delivered that version. resourceVersions are
+opaque strings here and everywhere: compared for equality, never ordered.
 """
 
 from __future__ import annotations
 
+import itertools
+import logging
+from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from typing import Any, Final, Generic, overload
 
 import attrs
 import trio
+from typing_extensions import TypeVar
 
 from akri_trio.address import ObjectKey
 from akri_trio.kube.client import DEFAULT_PAGE_SIZE, JSON, Client, Resource
@@ -41,7 +57,13 @@ from akri_trio.kube.watch import (
     WatchProtocolError,
     open_watch,
 )
+from akri_trio.model.convert import error_messages
 from akri_trio.runtime import Changed
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T", default=JSON)
+V = TypeVar("V")
 
 Transform = Callable[[JSON], JSON]
 # The values an object is filed under in one index (none, one, or several).
@@ -87,43 +109,90 @@ def by_field(get: Callable[[JSON], Hashable | None]) -> IndexFunction:
     return values
 
 
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
 @attrs.frozen
-class Change:
+class _Entry:
+    """One cached object: its JSON (after the transform) and what the decoder made of it."""
+
+    raw: JSON
+    value: Any
+
+
+def _raw(entry: _Entry) -> Any:
+    return entry.raw
+
+
+def _value(entry: _Entry) -> Any:
+    return entry.value
+
+
+@attrs.frozen
+class Change(Generic[T]):
     """`key` changed: `old` is the object before the first change not yet read (None: it did
     not exist), `new` the object now (None: it is gone)."""
 
     key: ObjectKey
-    old: JSON | None
-    new: JSON | None
+    old: T | None
+    new: T | None
 
 
-class KeyChanges:
+class KeyChanges(Generic[T]):
     """Keys that changed since the last read, coalesced: a key changing ten times while the
     reader is busy is delivered once, so a slow reader costs memory per key, not per event.
     `async for key in changes` gives keys; `await changes.next_change()` also the object as the
     reader last saw it (what a deleted object was owned by, which label it had)."""
 
-    def __init__(self, current: Callable[[ObjectKey], JSON | None]) -> None:
+    def __init__(
+        self, current: Callable[[ObjectKey], _Entry | None], pick: Callable[[_Entry], T]
+    ) -> None:
         self._current = current
-        self._pending: dict[ObjectKey, JSON | None] = {}  # insertion-ordered: key -> old
+        self._pick = pick
+        self._pending: dict[ObjectKey, _Entry | None] = {}  # insertion-ordered: key -> old
         self._pushed = Changed()
 
-    def _push(self, key: ObjectKey, old: JSON | None) -> None:
+    def _push(self, key: ObjectKey, old: _Entry | None) -> None:
         self._pending.setdefault(key, old)
         self._pushed.bump()
 
-    def __aiter__(self) -> KeyChanges:
+    def __aiter__(self) -> KeyChanges[T]:
         return self
 
     async def __anext__(self) -> ObjectKey:
         return (await self.next_change()).key
 
-    async def next_change(self) -> Change:
+    async def next_change(self) -> Change[T]:
         while not self._pending:
             await self._pushed.wait_past(self._pushed.version)
         key = next(iter(self._pending))
-        old = self._pending.pop(key)
-        return Change(key, old, self._current(key))
+        old, new = self._pending.pop(key), self._current(key)
+        return Change(
+            key, None if old is None else self._pick(old), None if new is None else self._pick(new)
+        )
+
+
+@attrs.frozen
+class Delivery:
+    """What the watch delivered for `key`: the object's uid and resourceVersion, whether it
+    was a deletion, and whether it came with a relist (which may skip versions)."""
+
+    key: ObjectKey
+    uid: str
+    version: str
+    deleted: bool = False
+    relist: bool = False
+
+    @classmethod
+    def of(
+        cls, key: ObjectKey, raw: JSON, *, deleted: bool = False, relist: bool = False
+    ) -> Delivery:
+        meta = _meta(raw)
+        return cls(
+            key, str(meta.get("uid") or ""), str(meta.get("resourceVersion") or ""), deleted, relist
+        )
 
 
 class _Index:
@@ -145,140 +214,358 @@ class _Index:
                 if not keys:
                     del self.keys[value]
 
-    def rebuild(self, objects: Mapping[ObjectKey, JSON]) -> None:
+    def rebuild(self, entries: Mapping[ObjectKey, _Entry]) -> None:
         self.keys = {}
-        for key, obj in objects.items():
-            self.add(key, obj)
+        for key, entry in entries.items():
+            self.add(key, entry.raw)
 
 
-class Store:
+class _Cache:
+    """The state one store and its views share."""
+
+    def __init__(
+        self,
+        transform: Transform | None,
+        decode: Callable[[JSON], Any] | None,
+        indexes: Mapping[str, IndexFunction] | None,
+    ) -> None:
+        self.transform = transform
+        self.decode = decode
+        self.entries: dict[ObjectKey, _Entry] = {}
+        self.buffer: dict[ObjectKey, _Entry] | None = None
+        self.indexes = {name: _Index(values) for name, values in (indexes or {}).items()}
+        self.synced = trio.Event()
+        self.changed = Changed()
+        self.subscribers: list[KeyChanges[Any]] = []
+        self.observers: list[Callable[[Delivery], None]] = []
+        # key -> (uid, resourceVersion) of the last version the decoder refused (logged once)
+        self.refused: dict[ObjectKey, tuple[str, str]] = {}
+
+
+class Store(Generic[T]):
     """The cache. Feed it with `apply(event)` (or run `reflect`); read with `get`/`snapshot`,
     or through an index: `Store(indexes={"config": by_field(f)})`, `store.select("config", k)`.
+    `Store(decode=f)` holds what `f` makes of each object (`Store[Instance]`); without a
+    decoder, the JSON itself.
     """
+
+    _cache: _Cache
+    _pick: Callable[[_Entry], T]
+
+    @overload
+    def __init__(
+        self: Store[JSON],
+        *,
+        transform: Transform | None = None,
+        indexes: Mapping[str, IndexFunction] | None = None,
+    ) -> None: ...
+
+    @overload
+    def __init__(
+        self,
+        *,
+        decode: Callable[[JSON], T],
+        transform: Transform | None = None,
+        indexes: Mapping[str, IndexFunction] | None = None,
+    ) -> None: ...
 
     def __init__(
         self,
         *,
+        decode: Callable[[JSON], T] | None = None,
         transform: Transform | None = None,
         indexes: Mapping[str, IndexFunction] | None = None,
     ) -> None:
-        self._transform = transform
-        self._objects: dict[ObjectKey, JSON] = {}
-        self._buffer: dict[ObjectKey, JSON] | None = None
-        self._indexes = {name: _Index(values) for name, values in (indexes or {}).items()}
-        self._synced = trio.Event()
-        self._changed = Changed()
-        self._subscribers: list[KeyChanges] = []
+        self._cache = _Cache(transform, decode, indexes)
+        self._pick = _value
+
+    @property
+    def raw(self) -> Store[JSON]:
+        """This store read as JSON (the objects as they were decoded from): the same cache,
+        indexes, sync and change notifications."""
+        view: Store[JSON] = Store.__new__(Store)
+        view._cache, view._pick = self._cache, _raw
+        return view
 
     # --- writing -----------------------------------------------------------------------------
 
-    def _incoming(self, obj: JSON) -> JSON:
-        return obj if self._transform is None else self._transform(obj)
+    def decode(self, obj: JSON) -> T:
+        """`obj` (as the API server sent it) transformed and decoded as this store does on the
+        way in; raises what the decoder raises (for answers to our own writes)."""
+        return self._pick(self._entry(obj))
 
-    def _replace(self, key: ObjectKey, new: JSON | None) -> JSON | None:
+    def _entry(self, obj: JSON) -> _Entry:
+        cache = self._cache
+        raw = obj if cache.transform is None else cache.transform(obj)
+        return _Entry(raw, raw if cache.decode is None else cache.decode(raw))
+
+    def _incoming(self, key: ObjectKey, obj: JSON) -> _Entry | None:
+        """The entry for `obj`, or None (logged once per version) when it does not decode."""
+        try:
+            entry = self._entry(obj)
+        except Exception as exc:  # the CRD schema should prevent this; never crash on it
+            meta = _meta(obj)
+            seen = (str(meta.get("uid") or ""), str(meta.get("resourceVersion") or ""))
+            if self._cache.refused.get(key) != seen:
+                self._cache.refused[key] = seen
+                log.error(
+                    "%s %s is malformed; left out of the cache: %s",
+                    obj.get("kind") or "object",
+                    key,
+                    "; ".join(error_messages(exc)),
+                )
+            return None
+        self._cache.refused.pop(key, None)
+        return entry
+
+    def _replace(self, key: ObjectKey, new: _Entry | None) -> _Entry | None:
         """Store `new` under `key` (None: remove it), keeping the indexes in step."""
-        old = self._objects.get(key)
+        cache = self._cache
+        old = cache.entries.get(key)
         if old is not None:
-            for index in self._indexes.values():
-                index.remove(key, old)
+            for index in cache.indexes.values():
+                index.remove(key, old.raw)
         if new is None:
-            self._objects.pop(key, None)
+            cache.entries.pop(key, None)
         else:
-            self._objects[key] = new  # an update keeps the key's place in iteration order
-            for index in self._indexes.values():
-                index.add(key, new)
+            cache.entries[key] = new  # an update keeps the key's place in iteration order
+            for index in cache.indexes.values():
+                index.add(key, new.raw)
         return old
 
     def apply(self, event: WatchEvent) -> None:
-        changed: dict[ObjectKey, JSON | None]  # key -> the object before
+        cache = self._cache
+        changed: dict[ObjectKey, _Entry | None]  # key -> the entry before
+        deliveries: list[Delivery]
         match event:
             case Init():
-                self._buffer = {}  # a second Init (relist restarted) drops the partial one
+                cache.buffer = {}  # a second Init (relist restarted) drops the partial one
                 return
             case InitApply(obj):
-                if self._buffer is None:
+                if cache.buffer is None:
                     raise WatchProtocolError("InitApply without Init")
-                self._buffer[ObjectKey.of(obj)] = self._incoming(obj)
+                key = ObjectKey.of(obj)
+                entry = self._incoming(key, obj)
+                if entry is not None:
+                    cache.buffer[key] = entry
                 return
             case InitDone():
-                if self._buffer is None:
+                if cache.buffer is None:
                     raise WatchProtocolError("InitDone without Init")
-                old, new = self._objects, self._buffer
-                self._objects, self._buffer = new, None
-                for index in self._indexes.values():
+                old, new = cache.entries, cache.buffer
+                cache.entries, cache.buffer = new, None
+                for index in cache.indexes.values():
                     index.rebuild(new)
                 changed = {
-                    k: old.get(k) for k in old.keys() | new.keys() if old.get(k) != new.get(k)
+                    k: old.get(k)
+                    for k in old.keys() | new.keys()
+                    if _differ(old.get(k), new.get(k))
                 }
-                self._synced.set()
+                for key in changed.keys() - new.keys():
+                    cache.refused.pop(key, None)
+                deliveries = [
+                    Delivery.of(k, new[k].raw, relist=True)
+                    if k in new
+                    else Delivery.of(k, old[k].raw, deleted=True, relist=True)
+                    for k in changed
+                ]
+                cache.synced.set()
             case Apply(obj):
                 key = ObjectKey.of(obj)
-                changed = {key: self._replace(key, self._incoming(obj))}
+                changed = {key: self._replace(key, self._incoming(key, obj))}
+                deliveries = [Delivery.of(key, obj)]
             case Delete(obj):
                 key = ObjectKey.of(obj)
+                cache.refused.pop(key, None)
                 changed = {key: self._replace(key, None)}
+                deliveries = [Delivery.of(key, obj, deleted=True)]
+        for delivery in deliveries:
+            for observe in cache.observers:
+                observe(delivery)
         for key in sorted(changed):
-            for sub in self._subscribers:
+            for sub in cache.subscribers:
                 sub._push(key, changed[key])
-        self._changed.bump()
+        cache.changed.bump()
 
     # --- reading -----------------------------------------------------------------------------
 
     @property
     def synced(self) -> bool:
         """True once the first full list is in (it never goes back: a relist swaps atomically)."""
-        return self._synced.is_set()
+        return self._cache.synced.is_set()
 
     async def wait_synced(self) -> None:
-        await self._synced.wait()
+        await self._cache.synced.wait()
 
-    def get(self, key: ObjectKey) -> JSON | None:
-        return self._objects.get(key)
+    def get(self, key: ObjectKey) -> T | None:
+        entry = self._cache.entries.get(key)
+        return None if entry is None else self._pick(entry)
 
-    def snapshot(self) -> dict[ObjectKey, JSON]:
+    def snapshot(self) -> dict[ObjectKey, T]:
         """A point-in-time copy of key -> object; later events do not change it."""
-        return dict(self._objects)
+        return {key: self._pick(entry) for key, entry in self._cache.entries.items()}
+
+    def values(self) -> list[T]:
+        """A point-in-time list of the objects."""
+        return [self._pick(entry) for entry in self._cache.entries.values()]
 
     def __len__(self) -> int:
-        return len(self._objects)
+        return len(self._cache.entries)
 
     def keys_for(self, index: str, value: Hashable) -> frozenset[ObjectKey]:
         """The keys of the objects index `index` files under `value`."""
-        return frozenset(self._indexes[index].keys.get(value, ()))
+        return frozenset(self._cache.indexes[index].keys.get(value, ()))
 
-    def select(self, index: str, value: Hashable) -> dict[ObjectKey, JSON]:
+    def select(self, index: str, value: Hashable) -> dict[ObjectKey, T]:
         """The objects index `index` files under `value`, by key (a point-in-time copy)."""
-        return {key: self._objects[key] for key in self._indexes[index].keys.get(value, ())}
+        entries = self._cache.entries
+        return {
+            key: self._pick(entries[key]) for key in self._cache.indexes[index].keys.get(value, ())
+        }
 
     async def wait_for(
         self,
         key: ObjectKey,
-        predicate: Callable[[JSON | None], bool] = lambda obj: obj is not None,
-    ) -> JSON | None:
+        predicate: Callable[[T | None], bool] = lambda obj: obj is not None,
+    ) -> T | None:
         """Wait until `predicate(store.get(key))` holds (default: the key exists); returns it.
         Put a deadline around it (`trio.fail_after`)."""
         while True:
-            seen = self._changed.version
-            obj = self._objects.get(key)
+            seen = self._cache.changed.version
+            obj = self.get(key)
             if predicate(obj):
                 return obj
-            await self._changed.wait_past(seen)
+            await self._cache.changed.wait_past(seen)
 
     @contextmanager
-    def subscribe(self) -> Iterator[KeyChanges]:
+    def subscribe(self) -> Iterator[KeyChanges[T]]:
         """`with store.subscribe() as changes: async for key in changes: ...`"""
-        sub = KeyChanges(self.get)
-        self._subscribers.append(sub)
+        sub = KeyChanges(self._cache.entries.get, self._pick)
+        self._cache.subscribers.append(sub)
         try:
             yield sub
         finally:
-            self._subscribers.remove(sub)
+            self._cache.subscribers.remove(sub)
+
+    def observe(self, observer: Callable[[Delivery], None]) -> None:
+        """Call `observer` with every `Delivery`, synchronously, as the watch's events are
+        applied (an `Overlay` follows the watch with it); it must not raise."""
+        self._cache.observers.append(observer)
+
+
+def _differ(a: _Entry | None, b: _Entry | None) -> bool:
+    if a is None or b is None:
+        return a is not b
+    return a.raw != b.raw
+
+
+# --- read your own writes ------------------------------------------------------------------------
+
+# How many deliveries an Overlay remembers, to tell whether the watch delivered a write's
+# version before the write's answer came back. A request that waited longer than this many
+# deliveries for its answer is not kept (the watch is trusted instead).
+OVERLAY_MEMORY: Final = 4096
+
+
+@attrs.frozen
+class Written(Generic[V]):
+    """What a write of ours left under a key: the object's uid and resourceVersion as the API
+    server answered (None when not known, e.g. from a NotFound), and `value`, what readers
+    should see meanwhile (None: the object is gone)."""
+
+    uid: str | None
+    version: str | None
+    value: V | None
+
+    def passed_by(self, delivery: Delivery) -> bool:
+        """Whether the watch, having delivered `delivery`, is at or past this write."""
+        if delivery.relist:
+            return True  # a relist may skip versions: from there on the watch is the word
+        if self.version and delivery.version == self.version:
+            return True
+        return delivery.deleted and self.uid in (None, delivery.uid)
+
+
+class Overlay(Generic[V]):
+    """What this process last wrote per key, in front of a store until the watch shows it.
+
+    The API server's answer to a write is news the watch brings later (under load, seconds
+    later): `put` it here, and readers see it at once. An entry ends when the watch delivers
+    the written version (the watch stream is ordered: from then on the store holds that version
+    or a later one), deletes the written incarnation (its uid), or relists (which may skip
+    versions). Versions are compared only for equality: a watch event with another version is
+    an older one (so the entry stays), since a version the watch delivered before the answer
+    came back is caught by `put` (`since`: the `position` taken before the request was sent).
+    """
+
+    def __init__(self, store: Store[Any], *, memory: int = OVERLAY_MEMORY) -> None:
+        self._entries: dict[ObjectKey, Written[V]] = {}
+        # Entries the watch ended, not yet collected by `watched` (what readers saw last).
+        self._ended: dict[ObjectKey, Written[V]] = {}
+        self._memory = memory
+        self._recent: deque[Delivery] = deque(maxlen=memory)
+        self._position = 0
+        store.observe(self._delivered)
+
+    @property
+    def position(self) -> int:
+        """How many deliveries the watch has made: take it before sending a write."""
+        return self._position
+
+    def _delivered(self, delivery: Delivery) -> None:
+        self._position += 1
+        self._recent.append(delivery)
+        entry = self._entries.get(delivery.key)
+        if entry is not None and entry.passed_by(delivery):
+            del self._entries[delivery.key]
+            if len(self._ended) >= self._memory:
+                self._ended.clear()
+            self._ended[delivery.key] = entry
+
+    def put(self, key: ObjectKey, written: Written[V], *, since: int | None = None) -> bool:
+        """Show `written` for `key` until the watch passes it; False (and not kept) when it
+        already has since position `since` (None: now), or when `since` is further back than
+        the overlay remembers."""
+        if since is not None:
+            missed = self._position - since
+            if missed > len(self._recent):
+                return False
+            if any(
+                d.key == key and written.passed_by(d)
+                for d in itertools.islice(reversed(self._recent), missed)
+            ):
+                return False
+        self._ended.pop(key, None)
+        self._entries[key] = written
+        return True
+
+    def get(self, key: ObjectKey) -> Written[V] | None:
+        return self._entries.get(key)
+
+    def pop(self, key: ObjectKey) -> None:
+        self._entries.pop(key, None)
+        self._ended.pop(key, None)
+
+    def __contains__(self, key: ObjectKey) -> bool:
+        return key in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def items(self) -> list[tuple[ObjectKey, Written[V]]]:
+        return list(self._entries.items())
+
+    def watched(self, key: ObjectKey) -> Written[V] | None:
+        """For a reader of the store's changes, on a change of `key`: the entry readers saw
+        before it (still in effect, or ended by the watch since the last call), if any."""
+        ended = self._ended.pop(key, None)
+        return self._entries.get(key, ended)
 
 
 async def reflect(
     client: Client,
     res: Resource,
-    store: Store,
+    store: Store[Any],
     *,
     namespace: str | None = None,
     label_selector: str | None = None,

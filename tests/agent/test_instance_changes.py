@@ -1,5 +1,5 @@
-"""The agent's watch mappers. Instances: every change lands in the node view, and only the
-changes that can alter a Configuration's plan (not deviceUsage, not the other nodes'
+"""The agent's watch mappers. Instances: every change the watch brings is in the node view, and
+only the changes that can alter a Configuration's plan (not deviceUsage, not the other nodes'
 membership, not our own writes' echo) reconcile it. Configurations: every change but another
 node's status entry reconciles."""
 
@@ -11,6 +11,7 @@ from akri_trio.address import ObjectKey
 from akri_trio.agent.triggers import configuration_changed, instance_changed
 from akri_trio.agent.view import NodeView
 from akri_trio.kube.store import Change
+from akri_trio.kube.watch import Apply, Delete
 
 KEY = ObjectKey("ns", "cam-1")
 CONFIG = ObjectKey("ns", "cam")
@@ -29,37 +30,42 @@ def inst(rv: int, *, nodes: tuple[str, ...] = ("n",), usage: dict[str, str] | No
     }
 
 
+def watch(view: NodeView, event: Apply | Delete) -> list[ObjectKey]:
+    """The watch brings `event` into the view's store; what the Instance mapper makes of the
+    change (as the runner hands it over)."""
+    old = view.store.get(KEY)
+    view.store.apply(event)
+    return list(instance_changed(view)(Change(KEY, old, view.store.get(KEY))))
+
+
 def test_a_new_instance_enters_the_view_and_reconciles_its_configuration() -> None:
     view = NodeView("n")
-    assert list(instance_changed(view)(Change(KEY, None, inst(1)))) == [CONFIG]
+    assert watch(view, Apply(inst(1))) == [CONFIG]
     assert view.instance(KEY) is not None
 
 
 def test_a_claim_updates_the_view_but_reconciles_nothing() -> None:
     view = NodeView("n")
-    mapper = instance_changed(view)
-    mapper(Change(KEY, None, inst(1)))
-    assert list(mapper(Change(KEY, inst(1), inst(2, usage={"cam-1-0": "n"})))) == []
+    watch(view, Apply(inst(1)))
+    assert watch(view, Apply(inst(2, usage={"cam-1-0": "n"}))) == []
     held = view.instance(KEY)
     assert held is not None and held.spec.device_usage == {"cam-1-0": "n"}
 
 
 def test_another_node_joining_or_leaving_reconciles_nothing() -> None:
     view = NodeView("n")
-    mapper = instance_changed(view)
-    mapper(Change(KEY, None, inst(1)))
-    assert list(mapper(Change(KEY, inst(1), inst(2, nodes=("n", "m"))))) == []
-    assert list(mapper(Change(KEY, inst(2, nodes=("n", "m")), inst(3)))) == []
+    watch(view, Apply(inst(1)))
+    assert watch(view, Apply(inst(2, nodes=("n", "m")))) == []
+    assert watch(view, Apply(inst(3))) == []
     held = view.instance(KEY)
     assert held is not None and held.spec.nodes == ("n",)  # the view has every change
 
 
 def test_this_nodes_own_membership_changing_reconciles_the_configuration() -> None:
     view = NodeView("n")
-    mapper = instance_changed(view)
-    mapper(Change(KEY, None, inst(1, nodes=("m",))))
-    assert list(mapper(Change(KEY, inst(1, nodes=("m",)), inst(2, nodes=("m", "n"))))) == [CONFIG]
-    assert list(mapper(Change(KEY, inst(2, nodes=("m", "n")), inst(3, nodes=("m",))))) == [CONFIG]
+    watch(view, Apply(inst(1, nodes=("m",))))
+    assert watch(view, Apply(inst(2, nodes=("m", "n")))) == [CONFIG]
+    assert watch(view, Apply(inst(3, nodes=("m",)))) == [CONFIG]
 
 
 def config(rv: int, *, capacity: int = 2, status: list[dict[str, Any]] | None = None) -> Any:
@@ -88,13 +94,12 @@ def test_a_spec_change_or_our_own_entry_changing_reconciles() -> None:
 def test_the_echo_of_our_own_write_reconciles_nothing() -> None:
     view = NodeView("n")
     view.put_instance(inst(5))  # the answer to our write, folded in at once
-    assert list(instance_changed(view)(Change(KEY, None, inst(5)))) == []
+    assert watch(view, Apply(inst(5))) == []
 
 
 def test_a_deletion_leaves_the_view_and_reconciles_the_configuration() -> None:
     view = NodeView("n")
-    mapper = instance_changed(view)
-    mapper(Change(KEY, None, inst(1)))
-    assert list(mapper(Change(KEY, inst(1), None))) == [CONFIG]
+    watch(view, Apply(inst(1)))
+    assert watch(view, Delete(inst(1))) == [CONFIG]
     assert view.instance(KEY) is None
-    assert list(mapper(Change(KEY, None, None))) == []  # unknown to the view: nothing to do
+    assert watch(view, Delete(inst(1))) == []  # unknown to the view: nothing to do

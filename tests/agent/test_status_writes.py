@@ -15,6 +15,7 @@ from akri_trio.discovery.registry import Registry
 from akri_trio.kube.client import Client
 from akri_trio.kube.errors import NotFound
 from akri_trio.kube.store import Store
+from akri_trio.kube.watch import Apply
 from akri_trio.model.convert import structure
 from akri_trio.model.resources import CONFIGURATIONS, Configuration
 from tests.support.akri_cluster import debug_echo_config, ensure_namespace, install_crds
@@ -49,16 +50,19 @@ async def test_an_entry_already_written_is_not_written_again_while_the_watch_lag
     )
     try:
         async with trio.open_nursery() as nursery:
+            configs = Store()  # the watch: fed by hand below, to be as far behind as wanted
             reconciler = ConfigurationReconciler(
-                api, NodeView(NODE), Registry(trio.current_time), Store(), nursery, print
+                api, NodeView(NODE), Registry(trio.current_time), configs, nursery, print
             )
             # The copy the node decides on never shows its own entry (the watch is behind).
             await reconciler._write_status(stale, None, None)
             await reconciler._write_status(stale, None, None)
             assert patches.count == 1
 
-            # Someone removes the entry after our write: a copy that new is believed.
+            # The watch brings our write, then someone removes the entry: a copy that new is
+            # believed.
             fresh = await api.get(CONFIGURATIONS, name, namespace=NS)
+            configs.apply(Apply(fresh))
             wiped = structure({**fresh, "status": {"nodes": []}}, Configuration)
             await reconciler._write_status(wiped, None, None)
             assert patches.count == 2

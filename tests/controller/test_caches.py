@@ -3,6 +3,8 @@ and mappers), without a cluster: a busy kubelet or an agent writing status must 
 
 from __future__ import annotations
 
+from typing import Any
+
 from akri_trio.controller.triggers import (
     configuration_to_instances,
     instance_to_configuration,
@@ -19,6 +21,20 @@ from akri_trio.controller.triggers import (
 )
 from akri_trio.kube import JSON, Apply, Change, Init, InitApply, InitDone, ObjectKey, Store
 from akri_trio.model import naming
+
+
+def _instance(name: str, config: str = "cfg") -> JSON:
+    return {
+        "metadata": {"name": name, "namespace": "ns", "uid": name},
+        "spec": {"configurationName": config, "cdiName": f"akri.sh/{config}={name}", "capacity": 1},
+    }
+
+
+def _configuration(**meta: Any) -> JSON:
+    return {
+        "metadata": {"name": "cfg", "namespace": "ns", "uid": "c", **meta},
+        "spec": {"discoveryHandler": {"name": "debugEcho"}},
+    }
 
 
 def _pod(phase: str, **status: object) -> dict[str, object]:
@@ -67,25 +83,28 @@ def test_unchanged_cached_objects_wake_nobody() -> None:
 
 def test_configuration_status_writes_do_not_reconcile_its_instances() -> None:
     caches = make_caches()
-    inst = {
-        "metadata": {"name": "cfg-1", "namespace": "ns", "uid": "i"},
-        "spec": {"configurationName": "cfg"},
-    }
+    inst = _instance("cfg-1")
     for event in (Init(), InitApply(inst), InitDone()):
         caches.instances.apply(event)
     mapper = configuration_to_instances(caches.instances)
-    cfg = {"metadata": {"name": "cfg", "namespace": "ns", "uid": "c", "generation": 1}, "spec": {}}
+    decode = caches.configurations.decode
+    cfg = _configuration(generation=1)
     key = ObjectKey("ns", "cfg")
-    with_status = {**cfg, "status": {"nodes": [{"node": "a"}]}}
-    assert list(mapper(Change(key, cfg, with_status))) == []
-    bumped = {**cfg, "metadata": {**cfg["metadata"], "generation": 2}, "spec": {"capacity": 3}}
-    assert set(mapper(Change(key, cfg, bumped))) == {ObjectKey("ns", "cfg-1")}
-    assert set(instance_to_configuration(Change(ObjectKey("ns", "cfg-1"), None, inst))) == {key}
+    with_status = decode({**cfg, "status": {"nodes": [{"node": "a"}]}})
+    assert list(mapper(Change(key, decode(cfg), with_status))) == []
+    bumped = {
+        **cfg,
+        "metadata": {**cfg["metadata"], "generation": 2},
+        "spec": {**cfg["spec"], "capacity": 3},
+    }
+    assert set(mapper(Change(key, decode(cfg), decode(bumped)))) == {ObjectKey("ns", "cfg-1")}
+    typed = caches.instances.get(ObjectKey("ns", "cfg-1"))
+    assert set(instance_to_configuration(Change(ObjectKey("ns", "cfg-1"), None, typed))) == {key}
     caches.instances.apply(Apply(inst))  # the store still answers by index after an update
     assert caches.instances.keys_for("config", key) == {ObjectKey("ns", "cfg-1")}
 
 
-def _fill(store: Store, *objs: JSON) -> None:
+def _fill(store: Store[Any], *objs: JSON) -> None:
     store.apply(Init())
     for obj in objs:
         store.apply(InitApply(obj))
@@ -96,12 +115,9 @@ def test_broker_churn_reconciles_services_only_when_it_can_change_them() -> None
     caches = make_caches()
     config = ObjectKey("ns", "cfg")
     labels = {naming.LABEL_INSTANCE: "i", naming.LABEL_CONFIGURATION: "cfg"}
-    _fill(caches.configurations, {"metadata": {"name": "cfg", "namespace": "ns", "uid": "c"}})
-    inst = {
-        "metadata": {"name": "i", "namespace": "ns", "uid": "i"},
-        "spec": {"configurationName": "cfg"},
-    }
-    _fill(caches.instances, inst)
+    _fill(caches.configurations, _configuration())
+    _fill(caches.instances, _instance("i"))
+    inst = caches.instances.get(ObjectKey("ns", "i"))
     _fill(caches.services)
 
     def pod(phase: str | None) -> dict[str, object] | None:
@@ -130,12 +146,9 @@ def test_broker_churn_reconciles_services_only_when_it_can_change_them() -> None
 
 def test_a_labelled_broker_maps_to_its_instance_and_a_service_to_its_configuration() -> None:
     caches = make_caches()
-    _fill(caches.configurations, {"metadata": {"name": "cfg", "namespace": "ns", "uid": "c"}})
-    inst = {
-        "metadata": {"name": "i", "namespace": "ns", "uid": "i"},
-        "spec": {"configurationName": "cfg"},
-    }
-    _fill(caches.instances, inst)
+    _fill(caches.configurations, _configuration())
+    _fill(caches.instances, _instance("i"))
+    inst = caches.instances.get(ObjectKey("ns", "i"))
     instance_of = through(caches.instances, "label", labelled(naming.LABEL_INSTANCE))
     pod = {"metadata": {"name": "p", "namespace": "ns", "labels": {naming.LABEL_INSTANCE: "i"}}}
     assert set(instance_of(Change(ObjectKey("ns", "p"), None, pod))) == {ObjectKey("ns", "i")}

@@ -351,7 +351,7 @@ def test_indexes_always_equal_the_ones_recomputed_from_scratch(
             store.apply(step)
         for name in INDEXES:
             expected = recomputed(store, name)
-            assert store._indexes[name].keys == expected  # no stale values, no empty sets
+            assert store._cache.indexes[name].keys == expected  # no stale values, no empty sets
             for value, keys in expected.items():
                 assert store.keys_for(name, value) == keys
                 assert store.select(name, value) == {key: store.get(key) for key in keys}

@@ -155,14 +155,15 @@ class Claims:
         self._queues: defaultdict[ObjectKey, list[_Request]] = defaultdict(list)
 
     async def _fresh(self, key: ObjectKey) -> Instance:
+        since = self.view.position
         try:
             obj = await self.api.get(INSTANCES, key.name, namespace=key.namespace)
         except NotFound:
-            self.view.drop_instance(key)
+            self.view.drop_instance(key, since=since)
             raise InstanceGone(key) from None
         except (ApiError, httpx.HTTPError) as exc:
             raise ClaimFailed(f"reading Instance {key}: {exc}") from exc
-        return self.view.put_instance(obj)
+        return self.view.put_instance(obj, since=since)
 
     def _cached(self, key: ObjectKey) -> Instance | None:
         return self.view.instance(key)
@@ -176,6 +177,7 @@ class Claims:
         if old == new:
             return inst
         key = inst.metadata.key
+        since = self.view.position
         try:
             obj = await self.api.json_patch(
                 INSTANCES,
@@ -190,7 +192,7 @@ class Claims:
             raise
         except (ApiError, httpx.HTTPError) as exc:
             raise ClaimFailed(f"writing deviceUsage of {key.name}: {exc}") from exc
-        return self.view.put_instance(obj)
+        return self.view.put_instance(obj, since=since)
 
     async def _after_lost_race(
         self, tried: Instance, refusal: ApiError, deadline: float
