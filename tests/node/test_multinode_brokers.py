@@ -18,6 +18,7 @@ clients is that no Service sends them there.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import pytest
@@ -112,6 +113,10 @@ def _ready_endpoints(fleet: Fleet, service: str) -> set[str]:
     }
 
 
+def _endpoints_are(fleet: Fleet, service: str, ips: set[str]) -> bool:
+    return _ready_endpoints(fleet, service) == ips
+
+
 def _services(fleet: Fleet) -> tuple[str, str]:
     return names.instance_service_name(fleet.instance), names.configuration_service_name(CONFIG)
 
@@ -137,7 +142,7 @@ def test_both_services_select_every_broker(fleet: Fleet) -> None:
     ips = {p["status"]["podIP"] for p in brokers.values()}
     assert len(ips) == 3, ips  # each node's Pod network is its own
     for service in _services(fleet):
-        until(lambda s=service: _ready_endpoints(fleet, s) == ips, 60, f"{service}: 3 brokers")
+        until(partial(_endpoints_are, fleet, service, ips), 60, f"{service}: 3 brokers")
 
 
 def test_a_lost_nodes_broker_goes_and_the_services_drop_it(fleet: Fleet) -> None:
@@ -155,14 +160,16 @@ def test_a_lost_nodes_broker_goes_and_the_services_drop_it(fleet: Fleet) -> None
         until(lambda: not fleet.ready(lost), NODE_LOSS_S, f"{lost} NotReady")
         until(lambda: lost not in fleet.instance_nodes(), 60, f"{lost} out of the Instance")
         until(
-            lambda: _brokers(fleet).get(lost, {}).get("metadata", {}).get("deletionTimestamp")
-            or lost not in _brokers(fleet),
+            lambda: (
+                _brokers(fleet).get(lost, {}).get("metadata", {}).get("deletionTimestamp")
+                or lost not in _brokers(fleet)
+            ),
             60,
             f"the broker on {lost} deleted",
         )
         for service in _services(fleet):
             until(
-                lambda s=service: _ready_endpoints(fleet, s) == survivor_ips,
+                partial(_endpoints_are, fleet, service, survivor_ips),
                 60,
                 f"{service} without the lost node's broker",
             )
@@ -176,4 +183,4 @@ def test_a_lost_nodes_broker_goes_and_the_services_drop_it(fleet: Fleet) -> None
     brokers = until(lambda: _running_brokers(fleet), BROKER_S, f"a broker on {lost} again")
     ips = {p["status"]["podIP"] for p in brokers.values()}
     for service in _services(fleet):
-        until(lambda s=service: _ready_endpoints(fleet, s) == ips, 60, f"{service}: 3 again")
+        until(partial(_endpoints_are, fleet, service, ips), 60, f"{service}: 3 again")
