@@ -113,6 +113,12 @@ class Chaos:
                 found.append(f"slot {slot} held by {node} for no Running Pod there")
         return found
 
+    def report(self) -> str:
+        return (
+            f"faults {sum(self.faults.values())} {self.faults}; claims {self.claims}; "
+            f"samples {self.samples}; double grants {len(self.double_grants)}"
+        )
+
     # --- claimants ----------------------------------------------------------------------
 
     def claimant(self, index: int, stop: threading.Event) -> None:
@@ -218,6 +224,7 @@ def test_chaos_across_three_nodes_leaves_no_slot_doubled_or_leaked(chaos: Chaos)
         stop.set()
         for t in threads:
             t.join(timeout=POD_WAIT + 30)
+        print(f"\nchaos x3 nodes, faults done: {chaos.report()}")
     # Calm: every node up and connected (the loop healed and started what it broke), every
     # agent running, the claimants' Pods gone; then two holders take both slots.
     for agent in fleet.agents:
@@ -246,11 +253,7 @@ def test_chaos_across_three_nodes_leaves_no_slot_doubled_or_leaked(chaos: Chaos)
         leaks: list[str] = []
     except AssertionError:
         leaks = chaos.leaks()
-    print(
-        f"\nchaos x3 nodes: faults {sum(chaos.faults.values())} {chaos.faults}; "
-        f"claims {chaos.claims}; samples {chaos.samples}; "
-        f"double grants {len(chaos.double_grants)}; leaked slots {len(leaks)}"
-    )
+    print(f"\nchaos x3 nodes: {chaos.report()}; leaked slots {len(leaks)}")
     assert not chaos.double_grants, chaos.double_grants
     assert not leaks, leaks
     assert sum(chaos.faults.values()) == 3 * FAULT_ROUNDS + 1
