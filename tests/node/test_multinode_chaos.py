@@ -232,7 +232,7 @@ def test_chaos_across_three_nodes_leaves_no_slot_doubled_or_leaked(chaos: Chaos)
             agent.start()
     until(lambda: fleet.ready_nodes() >= set(fleet.names), 120, "every node Ready")
     fleet.delete_pods()
-    until(lambda: fleet.instance_nodes() == sorted(fleet.names), 90, "every node in the Instance")
+    until(lambda: fleet.instance_nodes() == sorted(fleet.names), 120, "every node in the Instance")
     until(lambda: not fleet.held(), 60, "every claimant's slot freed")
     holders = dict(zip(("hold-a", "hold-b"), fleet.names[:2], strict=True))
 
