@@ -18,6 +18,7 @@ import pytest
 from akri_trio_dev import run_cluster_command
 from akri_trio_dev.cluster import iptables, netrules, procs
 from akri_trio_dev.cluster.layout import EXTRA_NODE_TOLERATION, Layout, NodeLayout
+from tests.support.fleet import node_command
 from tests.support.kubectl import Kubectl, busybox_pod
 from tests.support.polling import until
 
@@ -43,11 +44,6 @@ def _ready(kubectl: Kubectl, node: str) -> str:
 def _finished(kubectl: Kubectl, pod: str) -> dict[str, Any] | None:
     obj: dict[str, Any] = kubectl.json("get", "pod", pod, "-n", NAMESPACE)
     return obj if obj["status"].get("phase") in ("Succeeded", "Failed") else None
-
-
-def _node_command(*args: str) -> None:
-    proc = run_cluster_command("node", *args, capture_output=True, timeout=180)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def _pinned(name: str, node: Mapping[str, str], script: str) -> dict[str, Any]:
@@ -111,7 +107,7 @@ def test_node_stop_makes_it_not_ready_and_start_ready_again(
         seconds=60,
         what="pod on the node running",
     )
-    _node_command("stop", node)
+    node_command("stop", node)
     try:
         until(lambda: _ready(kubectl, node) != "True", NODE_LOSS_S, f"{node} NotReady")
         # Its runtime and containers went with it: no containerd, no shim of it is left.
@@ -121,7 +117,7 @@ def test_node_stop_makes_it_not_ready_and_start_ready_again(
         assert not procs.find_processes("containerd-shim-runc-v2", str(extra.containerd_socket))
         assert _ready(kubectl, multi_node_cluster[1]["AKRI_TRIO_NODE_NAME"]) == "True"
     finally:
-        _node_command("start", node)
+        node_command("start", node)
     assert _ready(kubectl, node) == "True"
 
 
@@ -130,13 +126,13 @@ def test_node_partition_cuts_only_that_node_and_heal_restores_it(
 ) -> None:
     cut, other = (n["AKRI_TRIO_NODE_NAME"] for n in multi_node_cluster[1:])
     kubelet_pid = _kubelet_pid(cut)
-    _node_command("partition", cut)
+    node_command("partition", cut)
     try:
         until(lambda: _ready(kubectl, cut) != "True", NODE_LOSS_S, f"{cut} NotReady")
         assert _ready(kubectl, other) == "True"
         assert _kubelet_pid(cut) == kubelet_pid  # cut off, not stopped
     finally:
-        _node_command("heal", cut)
+        node_command("heal", cut)
     until(lambda: _ready(kubectl, cut) == "True", 60, f"{cut} Ready after heal")
 
 
@@ -163,7 +159,7 @@ def test_a_fourth_node_joins_and_node_remove_leaves_nothing_of_it(
     assert "started kubelet-127.0.0.2" not in proc.stdout  # the others were adopted
     assert _ready(kubectl, "127.0.0.4") == "True"
     lay, fourth = _extra("127.0.0.4")
-    _node_command("remove", "127.0.0.4")
+    node_command("remove", "127.0.0.4")
     assert kubectl("get", "node", "127.0.0.4", "--ignore-not-found") == ""
     assert procs.running(lay.pid_file(fourth.kubelet_process)) is None
     assert procs.running(lay.pid_file(fourth.containerd_process)) is None

@@ -9,7 +9,6 @@ import contextlib
 import socket
 import struct
 import subprocess
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from functools import partial
@@ -34,7 +33,7 @@ from akri_trio.discovery.handlers.opcua import (
 )
 from akri_trio.discovery.interface import discover_changes
 from akri_trio.model.device import Device
-from tests.support.opcua_server import SERVER_SCRIPT
+from tests.support.opcua_server import endpoint, server_argv
 
 # One label, as a container's hostname (a dotted name not allowed is never looked up).
 UNRESOLVABLE = "akri-trio-test-no-such-host"
@@ -54,7 +53,7 @@ class RunningServer:
 
     @property
     def url(self) -> str:
-        return f"opc.tcp://127.0.0.1:{self.port}/akri/{self.name}/"
+        return endpoint(self.name, self.port)
 
     @property
     def base(self) -> str:
@@ -72,12 +71,7 @@ async def opcua_server(
     port: int | None = None,
 ) -> AsyncIterator[RunningServer]:
     port = port or free_port()
-    args = [sys.executable, "-c", SERVER_SCRIPT, "--name", name, "--port", str(port)]
-    args += ["--type", kind]
-    if register:
-        args += ["--register", register]
-    if advertise:
-        args += ["--advertise", advertise]
+    args = server_argv(name, port, kind=kind, register=register, advertise=advertise)
     async with await trio.open_file(logs / f"{name}.log", "wb") as err:
         proc = await trio.lowlevel.open_process(args, stdout=subprocess.PIPE, stderr=err.wrapped)
     try:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -25,18 +24,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
-import grpc
 import pytest
 import yaml
 
 from akri_trio.model import naming
-from akri_trio.rpc.gen import podresources_v1_pb2 as pr
-from akri_trio.rpc.gen import podresources_v1_pb2_grpc
 from akri_trio_dev import run_cluster_command
-from akri_trio_dev.cluster import procs
 from tests.support.kubectl import Kubectl, busybox_pod, free_port
+from tests.support.node_agent import held_by_pods, sigkill_component
 from tests.support.polling import until
 
 pytestmark = pytest.mark.node
@@ -48,7 +43,6 @@ FAULT_ROUNDS = 2  # each round injects every kind of fault once
 FAULT_GAP = 7.0  # seconds between two faults
 CLAIMANTS = 3
 POD_WAIT = 25.0  # a claimant gives a Pod this long to start before it deletes it
-pr_grpc: Any = podresources_v1_pb2_grpc  # grpcio stubs are untyped
 
 
 class Proc:
@@ -129,24 +123,6 @@ class Chaos:
         pods = self.kubectl.json("get", "pods", "-n", NS)["items"]
         return {p["metadata"]["name"] for p in pods if p["status"].get("phase") == "Running"}
 
-    def held_by_pods(self) -> dict[str, dict[str, list[str]]]:
-        """pod -> resource -> device ids, as the kubelet assigned them (pod-resources List)."""
-        sock = self.kubelet_root / "pod-resources" / "kubelet.sock"
-        with grpc.insecure_channel(f"unix://{sock}") as channel:
-            answer = pr_grpc.PodResourcesListerStub(channel).List(
-                pr.ListPodResourcesRequest(), timeout=10
-            )
-        held: dict[str, dict[str, list[str]]] = {}
-        for pod in answer.pod_resources:
-            if pod.namespace != NS:
-                continue
-            for container in pod.containers:
-                for dev in container.devices:
-                    if dev.resource_name.startswith("akri.sh/"):
-                        ids = held.setdefault(pod.name, {}).setdefault(dev.resource_name, [])
-                        ids.extend(dev.device_ids)
-        return held
-
     def anomalies(self) -> list[str]:
         """Everything wrong with the books right now (empty: they balance)."""
         usage = self.usage()
@@ -154,7 +130,8 @@ class Chaos:
         if set(usage) != self.instances:
             found.append(f"Instances {sorted(usage)} != discovered {sorted(self.instances)}")
         running = self.running_pods()
-        held = {p: r for p, r in self.held_by_pods().items() if p in running}
+        sock = self.kubelet_root / "pod-resources" / "kubelet.sock"
+        held = {p: r for p, r in held_by_pods(sock, NS).items() if p in running}
         # Which slot each running Pod's device stands for, by the Instances' books.
         vdev_slot = {
             value: slot
@@ -249,19 +226,12 @@ class Chaos:
         self.handler.start()
 
     def _restart_kubelet(self) -> None:
-        self._sigkill("kubelet")
+        sigkill_component(self.cluster_dir, "kubelet")
         self._cluster_up()
 
     def _restart_control_plane(self, name: str) -> None:
-        self._sigkill(name)
+        sigkill_component(self.cluster_dir, name)
         self._cluster_up()
-
-    def _sigkill(self, name: str) -> None:
-        pidfile = self.cluster_dir / "pids" / f"{name}.pid"  # never walk containerd's tree
-        rec = procs.running(pidfile)
-        assert rec is not None, f"{name} is not running"
-        os.kill(rec.pid, signal.SIGKILL)
-        until(lambda: not procs.is_alive(rec), seconds=30, what=f"{name} gone")
 
     def _cluster_up(self) -> None:
         run_cluster_command("up", "--node", check=True, capture_output=True, timeout=300)

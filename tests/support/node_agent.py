@@ -1,5 +1,6 @@
 """What the node tests share: the agent as a real process (so restarts are real), the debugEcho
-Configuration they run, and a namespace to start from and to leave clean."""
+Configuration they run, a namespace to start from and to leave clean, what a kubelet says its
+Pods hold (pod-resources) and how a cluster component is killed."""
 
 from __future__ import annotations
 
@@ -13,17 +14,22 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import grpc
 import trio
 import yaml
 
 from akri_trio import dra
 from akri_trio.agent.run import Agent, AgentSettings, run_agent
 from akri_trio.kube import Client, load_config
+from akri_trio.rpc.gen import podresources_v1_pb2 as pr
+from akri_trio.rpc.gen import podresources_v1_pb2_grpc
 from akri_trio_dev import run_cluster_command
+from akri_trio_dev.cluster import procs
 from tests.support.kubectl import Kubectl
 from tests.support.polling import until, until_api
 
 CRDS = Path(__file__).parents[2] / "k8s" / "crds"
+pr_grpc: Any = podresources_v1_pb2_grpc  # grpcio stubs are untyped
 
 
 class AgentProcess:
@@ -86,6 +92,34 @@ def restart_kubelet(cluster: Mapping[str, str]) -> None:
     os.kill(pid, signal.SIGTERM)
     until(lambda: not process_alive(pid), seconds=30, what="kubelet exited")
     run_cluster_command("up", "--node", check=True, capture_output=True)
+
+
+def sigkill_component(cluster_dir: Path, name: str) -> None:
+    """SIGKILL one of the cluster's processes (`kube-apiserver`, `kubelet`, ...) by its pid
+    file, and wait until it is gone (`cluster up` starts it again)."""
+    rec = procs.running(cluster_dir / "pids" / f"{name}.pid")  # never walk containerd's tree
+    assert rec is not None, f"{name} is not running"
+    os.kill(rec.pid, signal.SIGKILL)
+    until(lambda: not procs.is_alive(rec), seconds=30, what=f"{name} gone")
+
+
+def held_by_pods(socket: Path, namespace: str) -> dict[str, dict[str, list[str]]]:
+    """pod -> resource -> device ids of `namespace`'s Pods, as the kubelet serving
+    pod-resources at `socket` assigned them (akri.sh resources only)."""
+    with grpc.insecure_channel(f"unix://{socket}") as channel:
+        answer = pr_grpc.PodResourcesListerStub(channel).List(
+            pr.ListPodResourcesRequest(), timeout=10
+        )
+    held: dict[str, dict[str, list[str]]] = {}
+    for pod in answer.pod_resources:
+        if pod.namespace != namespace:
+            continue
+        for container in pod.containers:
+            for dev in container.devices:
+                if dev.resource_name.startswith("akri.sh/"):
+                    ids = held.setdefault(pod.name, {}).setdefault(dev.resource_name, [])
+                    ids.extend(dev.device_ids)
+    return held
 
 
 @asynccontextmanager

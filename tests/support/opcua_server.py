@@ -1,6 +1,15 @@
 """A real asyncua OPC UA server as a child-process script, for the OPC UA tests and benchmark:
 `python -c SERVER_SCRIPT --name N --port P [--type Server] [--register LDS] [--advertise URL]`
-prints READY once it serves (and, with `--register`, is registered with the LDS)."""
+prints READY once it serves (and, with `--register`, is registered with the LDS).
+`server_argv` builds that command line; `serving` runs one for a synchronous test."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 # `--register LDS`: RegisterServer once (no renewal), advertising `--advertise` (default: its own
 # endpoint) as its discovery URL.
@@ -43,3 +52,46 @@ async def main():
 
 asyncio.run(main())
 """
+
+
+def server_argv(
+    name: str,
+    port: int,
+    *,
+    kind: str = "Server",
+    register: str | None = None,
+    advertise: str | None = None,
+) -> list[str]:
+    """The command line of one server (its endpoint: `endpoint(name, port)`)."""
+    args = [sys.executable, "-c", SERVER_SCRIPT, "--name", name, "--port", str(port)]
+    args += ["--type", kind]
+    if register:
+        args += ["--register", register]
+    if advertise:
+        args += ["--advertise", advertise]
+    return args
+
+
+def endpoint(name: str, port: int) -> str:
+    """The URL a server serves and lists itself under (its device id to the opcua handler)."""
+    return f"opc.tcp://127.0.0.1:{port}/akri/{name}/"
+
+
+@contextlib.contextmanager
+def serving(logs: Path, name: str, port: int) -> Iterator[subprocess.Popen[bytes]]:
+    """A server of type Server, once it serves; killed on the way out."""
+    with open(logs / f"{name}.log", "wb") as err:
+        proc = subprocess.Popen(server_argv(name, port), stdout=subprocess.PIPE, stderr=err)
+    try:
+        assert proc.stdout is not None
+        line = b""
+        while b"READY" not in line:  # the script prints nothing before READY
+            line = proc.stdout.readline()
+            if not line:
+                raise AssertionError(f"{name} died: {(logs / f'{name}.log').read_text()}")
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait(timeout=15)
+        if proc.stdout is not None:
+            proc.stdout.close()
