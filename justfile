@@ -32,7 +32,7 @@ bench:
     python -m bench.discovery_latency
     python -m bench.scale
 
-# build the container image offline (podman + a debootstrap base) and import it into the node
+# build the container image offline (podman + a debootstrap base) and import it into every node
 image:
     python -m akri_trio_dev.cluster.image
 

@@ -49,6 +49,7 @@ from akri_trio.controller.nodeloss import (
     release_instance,
     release_status,
     served_nodes,
+    shared_claim_holders,
 )
 from akri_trio.controller.observed import Delete, ObservedPod, timestamp
 from akri_trio.controller.services import (
@@ -106,6 +107,7 @@ __all__ = [
     "release_status",
     "rename_placeholder",
     "served_nodes",
+    "shared_claim_holders",
     "timestamp",
     "up_to_date",
 ]

@@ -27,6 +27,15 @@ that starts (or starts leading) can know about it:
 A node deleted while the Node watch was away (a relist) needs none of this: the cache drops it
 at the relist and tells its key as changed, so it is cleaned as a live deletion is.
 
+In DRA mode the scheduler, not `deviceUsage`, counts a shared device's capacity: a claim holds
+it while the claim is reserved for a Pod that has not ended, and a Pod on a lost node never ends
+on its own (its kubelet is not there to say so; taint eviction only marks it Terminating). So
+the lost node's Pods that a claim of a shared pool of ours is reserved for (`shared_claim_holders`)
+are deleted with no grace period, as Kubernetes' Pod garbage collector does on a node tainted
+out-of-service: their reservations end, and the device's capacity goes to Pods on the nodes that
+remain, as the lost node's slots do in device-plugin mode. A controller (a Deployment, a Job)
+makes its Pod again elsewhere; a kubelet that comes back stops the deleted Pods' containers.
+
 The plan is a set of removals, rendered as RFC 6902 JSON patches that `test` each entry just
 before removing it. Upstream blanks the slots to "" with a merge patch, which makes the
 controller the owner of those keys under server-side apply, so the agent's next claim of the
@@ -47,6 +56,7 @@ from typing import Any
 import attrs
 
 from akri_trio.controller.observed import Delete, timestamp
+from akri_trio.dra import DRIVER, is_shared_pool
 from akri_trio.model import naming
 from akri_trio.model.jsonpatch import pointer, remove_if_unchanged
 from akri_trio.model.resources import JSON, Configuration, Instance
@@ -255,3 +265,41 @@ def left_without_nodes(instance: Instance) -> Delete | None:
     if instance.spec.nodes or meta.deletion_timestamp is not None:
         return None
     return Delete(meta.namespace, meta.name, meta.uid, "no node left")
+
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+def shared_claim_holders(
+    node: str, pods: Iterable[Mapping[str, Any]], claims: Iterable[Mapping[str, Any]]
+) -> list[Delete]:
+    """DRA mode: the Pods on the lost `node`, not ended, that a claim allocated a device of a
+    shared pool of ours is reserved for, as deletions with no grace period (uid precondition:
+    a namesake made meanwhile is not touched)."""
+    on_node: dict[tuple[str, str], Mapping[str, Any]] = {}
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        if (pod.get("spec") or {}).get("nodeName") != node or not meta.get("uid"):
+            continue
+        if (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
+            continue
+        on_node[(str(meta.get("namespace", "")), str(meta["uid"]))] = pod
+    holders: dict[tuple[str, str], Delete] = {}
+    for claim in claims:
+        status = claim.get("status") or {}
+        results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
+        if not any(
+            r.get("driver") == DRIVER and is_shared_pool(str(r.get("pool", ""))) for r in results
+        ):
+            continue
+        namespace = str((claim.get("metadata") or {}).get("namespace", ""))
+        for consumer in status.get("reservedFor") or []:
+            if consumer.get("resource") != "pods" or consumer.get("apiGroup"):
+                continue
+            holder = on_node.get((namespace, str(consumer.get("uid", ""))))
+            if holder is not None:
+                reason = f"node {node} lost, holding a shared device"
+                holders[(namespace, str(consumer["uid"]))] = attrs.evolve(
+                    Delete.of(holder, reason), grace_period_seconds=0
+                )
+    return sorted(holders.values(), key=lambda d: (d.namespace, d.name))

@@ -69,6 +69,7 @@ class Delete:
     uid: str
     reason: str = ""
     propagation: str | None = None
+    grace_period_seconds: int | None = None  # None: the object's own
 
     @classmethod
     def of(cls, obj: Mapping[str, Any], reason: str = "", propagation: str | None = None) -> Delete:
@@ -83,4 +84,6 @@ class Delete:
             body["preconditions"] = {"uid": self.uid}
         if self.propagation:
             body["propagationPolicy"] = self.propagation
+        if self.grace_period_seconds is not None:
+            body["gracePeriodSeconds"] = self.grace_period_seconds
         return body

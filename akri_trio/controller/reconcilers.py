@@ -63,12 +63,14 @@ from akri_trio.controller import (
     release_instance,
     release_status,
     served_nodes,
+    shared_claim_holders,
     up_to_date,
 )
 from akri_trio.controller import events as ev
 from akri_trio.controller.dra import claim_broker_job, claim_broker_pod
 from akri_trio.controller.dra_reconcilers import DraReconcilers
 from akri_trio.controller.metrics import ControllerMetrics
+from akri_trio.dra import RESOURCE_CLAIMS
 from akri_trio.kube import (
     JSON,
     AlreadyExists,
@@ -190,8 +192,10 @@ class Reconcilers:
         rand: Callable[[], float] = random.random,
         recorder: EventRecorder | None = None,
         node_lost_grace: float = NODE_LOST_GRACE_S,
+        namespace: str | None = None,
     ) -> None:
         self.api = api
+        self.namespace = namespace  # the one the controller watches; None: all
         self.recorder = recorder
         self.c = caches
         self.metrics = metrics
@@ -257,6 +261,7 @@ class Reconcilers:
                 uid=d.uid or None,
                 resource_version=resource_version,
                 propagation_policy=d.propagation,
+                grace_period_seconds=d.grace_period_seconds,
             )
             log.info(
                 "deleted %s %s/%s (%s)",
@@ -464,6 +469,20 @@ class Reconcilers:
 
         await run_all((partial(instance, r) for r in plan.instances), limit=WRITE_CONCURRENCY)
         await run_all((partial(status, r) for r in plan.statuses), limit=WRITE_CONCURRENCY)
+        if self.dra is not None:
+            await self._release_shared_claims(node)
+
+    async def _release_shared_claims(self, node: str) -> None:
+        """DRA mode: end the lost node's Pods that hold a shared device, so the scheduler can
+        give its capacity to the nodes that remain (nodeloss.py says why)."""
+        pods = await self.api.list(
+            PODS, namespace=self.namespace, field_selector=f"spec.nodeName={node}"
+        )
+        if not pods.items:
+            return
+        claims = await self.api.list(RESOURCE_CLAIMS, namespace=self.namespace)
+        deletes = shared_claim_holders(node, pods.items, claims.items)
+        await run_all((partial(self._delete, PODS, d) for d in deletes), limit=WRITE_CONCURRENCY)
 
     def _configuration_of(self, namespace: str, instance: str) -> JSON | None:
         inst = self.c.instances.get(ObjectKey(namespace, instance))

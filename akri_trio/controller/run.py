@@ -140,7 +140,12 @@ async def reconcile_while_leading(
     metrics = running.metrics
     recorder = EventRecorder(api, "akri-controller")
     reconcilers = Reconcilers(
-        api, caches, metrics, recorder=recorder, node_lost_grace=settings.node_lost_grace
+        api,
+        caches,
+        metrics,
+        recorder=recorder,
+        node_lost_grace=settings.node_lost_grace,
+        namespace=settings.namespace,
     )
     ns = settings.namespace
     ours = f"{naming.LABEL_CONTROLLER}={naming.CONTROLLER_VALUE}"

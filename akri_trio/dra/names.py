@@ -109,6 +109,11 @@ def shared_pool(namespace: str, instance: str) -> str:
     return _pool(f"shared/{namespace}/{instance}")
 
 
+def is_shared_pool(pool: str) -> bool:
+    """Whether `pool` is a shared Instance's (`shared_pool`; a shortened name keeps the prefix)."""
+    return pool.startswith("shared/")
+
+
 def _pool(name: str) -> str:
     if len(name) <= POOL_NAME_MAX:
         return name

@@ -118,28 +118,33 @@ def containerd(lay: Layout, node: NodeLayout) -> list[str]:
 # The kubelet's device-plugin directory is a constant of the device-plugin API, whatever its
 # --root-dir: two kubelets on one host would take each other's registration socket.
 DEVICE_PLUGIN_PATH = "/var/lib/kubelet/device-plugins"
+# Where a Pod finds the kubelet's pod-resources socket: the agent's DaemonSet mounts this fixed
+# host path on every node, as on any real cluster, and reads which slots its node's Pods hold.
+POD_RESOURCES_PATH = "/var/lib/kubelet/pod-resources"
+
+
+def node_binds(node: NodeLayout) -> list[tuple[str, str]]:
+    """(fixed path, the node's own directory) pairs an extra node's mounts bind: what the
+    kubelet and a hostPath volume on the node see at the standard kubelet paths."""
+    return [
+        (DEVICE_PLUGIN_PATH, str(node.device_plugin_dir)),
+        (POD_RESOURCES_PATH, str(node.pod_resources_socket.parent)),
+    ]
 
 
 def own_mounts(node: NodeLayout, argv: list[str]) -> list[str]:
     """`argv` in a new mount namespace (receiving the host's mounts, never sending its own)
-    where the fixed device-plugin path is the node's own directory. The node's kubelet joins
-    it (`join_mounts`), so its containerd sees the volume mounts the kubelet makes and the
-    kubelet dials the plugins registered in the node's directory."""
-    script = 'mkdir -p "$1" && mount --bind "$2" "$1" && shift 2 && exec "$@"'
-    return [
-        "unshare",
-        "--mount",
-        "--propagation",
-        "slave",
-        "--",
-        "sh",
-        "-c",
-        script,
-        "sh",
-        DEVICE_PLUGIN_PATH,
-        str(node.device_plugin_dir),
-        *argv,
-    ]
+    where the fixed kubelet paths (`node_binds`) are the node's own directories. The node's
+    kubelet joins it (`join_mounts`), so its containerd sees the volume mounts the kubelet
+    makes, the kubelet dials the plugins registered in the node's directory, and a Pod on the
+    node (the agent's DaemonSet) mounting those paths reaches this node's kubelet, not node 1's."""
+    script = (
+        'while [ "$1" != -- ]; do mkdir -p "$1" "$2" && mount --bind "$2" "$1" || exit 1; '
+        'shift 2; done; shift; exec "$@"'
+    )
+    pairs = [path for pair in node_binds(node) for path in pair]
+    unshare = ["unshare", "--mount", "--propagation", "slave", "--"]
+    return [*unshare, "sh", "-c", script, "sh", *pairs, "--", *argv]
 
 
 def join_mounts(anchor_pid: int, argv: list[str]) -> list[str]:

@@ -6,7 +6,8 @@ image users build from `Dockerfile` (on a public Python base) is built here from
 Dockerfile on a base made offline: debootstrap writes a minimal Debian with Python, podman
 imports that directory as a local image, podman builds the Dockerfile with `BASE` pointing at it
 (pip inside gets the host's CA bundle as a build secret, never a layer), `podman save` writes a
-docker-archive and `ctr images import` puts it where the kubelet looks.
+docker-archive and `ctr images import` puts it where the kubelets look: into every running
+node's containerd, so the chart's DaemonSets run on every node of `cluster up --nodes N`.
 
 The image is tagged with a hash of everything that goes into it (`content_hash`), so a second
 `just image` or a test fixture asking for the image finds it already imported and builds nothing.
@@ -25,7 +26,9 @@ import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from akri_trio_dev.cluster.layout import Layout
+from akri_trio_dev.cluster import procs
+from akri_trio_dev.cluster.layout import Layout, NodeLayout
+from akri_trio_dev.cluster.runner import extra_nodes
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGE_REPOSITORY = "localhost/akri-trio"
@@ -193,53 +196,64 @@ def size_bytes(ref: str) -> int:
     return int(_run(["podman", "image", "inspect", "--format", "{{.Size}}", ref], capture=True))
 
 
-def _ctr(lay: Layout, *args: str, capture: bool = True) -> str:
+def _ctr(lay: Layout, node: NodeLayout, *args: str, capture: bool = True) -> str:
     return _run(
-        [str(lay.binary("ctr")), "--address", str(lay.containerd_socket), "-n", "k8s.io", *args],
+        [str(lay.binary("ctr")), "--address", str(node.containerd_socket), "-n", "k8s.io", *args],
         capture=capture,
     )
 
 
-def node_has(lay: Layout, ref: str) -> bool:
-    if not lay.containerd_socket.exists():
-        return False
-    return ref in _ctr(lay, "images", "ls", "-q").split()
+def running_nodes(lay: Layout) -> list[NodeLayout]:
+    """Every node whose containerd runs: node 1 and the extra nodes of `up --nodes N`. A
+    DaemonSet's Pod on any of them finds the image there (pullPolicy Never)."""
+    nodes = [lay.node(1), *extra_nodes(lay)]
+    return [n for n in nodes if procs.running(lay.pid_file(n.containerd_process)) is not None]
 
 
-def import_into_node(lay: Layout, ref: str) -> None:
-    """`podman save` (docker-archive, the format `ctr images import` reads) and import."""
-    if not lay.containerd_socket.exists():
-        raise ImageError(
-            f"no containerd at {lay.containerd_socket}: `python -m akri_trio_dev cluster up --node`"
-        )
+def node_has(lay: Layout, node: NodeLayout, ref: str) -> bool:
+    return ref in _ctr(lay, node, "images", "ls", "-q").split()
+
+
+def import_into_nodes(lay: Layout, nodes: Sequence[NodeLayout], ref: str) -> None:
+    """`podman save` (docker-archive, the format `ctr images import` reads) once, and import
+    the archive into each node's containerd."""
     with tempfile.TemporaryDirectory(prefix="akri-trio-image-", dir="/var/tmp") as tmp:
         archive = Path(tmp) / "image.tar"
         _run(
             ["podman", "save", "--format", "docker-archive", "-o", str(archive), ref], capture=True
         )
-        _ctr(lay, "images", "import", str(archive))
-    say(f"imported {ref} into the node's containerd (namespace k8s.io)")
+        for node in nodes:
+            _ctr(lay, node, "images", "import", str(archive))
+            say(f"imported {ref} into {node.name}'s containerd (namespace k8s.io)")
 
 
 def ensure_image(*, repo: Path = REPO, into_node: bool = True, lay: Layout | None = None) -> str:
-    """The image for the tree at `repo`, built unless podman has it and imported unless the
-    node has it; returns its reference."""
+    """The image for the tree at `repo`, built unless podman has it and imported into every
+    running node's containerd that lacks it; returns its reference."""
     lay = lay or Layout.default()
     ref = image_ref(repo)
-    if into_node and node_has(lay, ref):
-        return ref
+    lacking: list[NodeLayout] = []
+    if into_node:
+        nodes = running_nodes(lay)
+        if not nodes:
+            raise ImageError(
+                "no node's containerd runs: `python -m akri_trio_dev cluster up --node`"
+            )
+        lacking = [n for n in nodes if not node_has(lay, n, ref)]
+        if not lacking:
+            return ref
     ensure_host_tools()
     if not podman_has(ref):
         ensure_base()
         build(repo, ref)
-    if into_node:
-        import_into_node(lay, ref)
+    if lacking:
+        import_into_nodes(lay, lacking, ref)
     return ref
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m akri_trio_dev.cluster.image", description=__doc__)
-    p.add_argument("--no-import", action="store_true", help="build only; leave the node alone")
+    p.add_argument("--no-import", action="store_true", help="build only; leave the nodes alone")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     try:
         ref = ensure_image(into_node=not args.no_import)

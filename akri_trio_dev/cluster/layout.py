@@ -199,7 +199,7 @@ class Layout:
 
     @property
     def containerd_socket(self) -> Path:
-        """The first node's containerd (where the image builder imports by default)."""
+        """The first node's containerd."""
         return self.node(1).containerd_socket
 
     @property

@@ -584,7 +584,36 @@ def _start_runtime(lay: Layout, node: NodeLayout) -> None:
             20,
             lay.log_file(name),
         )
+    elif not node.is_first:
+        _ensure_binds(lay, node)
     ensure_images(lay, node)
+
+
+def _same_dir(a: Path, b: Path) -> bool:
+    try:
+        sa, sb = a.stat(), b.stat()
+    except OSError:
+        return False
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+
+
+def _ensure_binds(lay: Layout, node: NodeLayout) -> None:
+    """An extra node's running containerd, started by an older tree, may lack a bind that
+    `flags.node_binds` names now: add it in its mount namespace, which its kubelet shares.
+    (/proc/<pid>/root resolves a path as that process sees it.)"""
+    rec = procs.running(lay.pid_file(node.containerd_process))
+    if rec is None:
+        return
+    root = Path(f"/proc/{rec.pid}/root")
+    for target, source in flags.node_binds(node):
+        if _same_dir(root / target.lstrip("/"), Path(source)):
+            continue
+        script = 'mkdir -p "$1" "$2" && mount --bind "$2" "$1"'
+        argv = flags.join_mounts(rec.pid, ["sh", "-c", script, "sh", target, source])
+        proc = subprocess.run(argv, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise ClusterError(f"binding {source} at {target} for {node.name}: {proc.stderr}")
+        say(f"bound {source} at {target} in {node.name}'s mounts")
 
 
 def _start_kubelet(lay: Layout, node: NodeLayout, node_ip: str | None) -> bool:

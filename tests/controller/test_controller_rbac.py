@@ -1,7 +1,7 @@
 """k8s/controller.yaml's RBAC is exactly enough: the controller runs with its ServiceAccount's
 token and nothing more, wins the Lease in `akri`, and makes broker Pods and Services (and, in
 DRA mode with k8s/dra.yaml's rights too, DeviceClasses, shared ResourceSlices and broker claim
-templates)."""
+templates, and deletes a lost node's Pods that hold a shared device)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,11 @@ import pytest
 import trio
 
 from akri_trio import dra
+from akri_trio.controller.metrics import ControllerMetrics
+from akri_trio.controller.reconcilers import PODS, Reconcilers
 from akri_trio.controller.run import ControllerSettings, RunningController, run_controller
-from akri_trio.dra import DEVICE_CLASSES, RESOURCE_SLICES
+from akri_trio.controller.triggers import make_caches
+from akri_trio.dra import DEVICE_CLASSES, RESOURCE_CLAIMS, RESOURCE_SLICES
 from akri_trio.kube import Client, NotFound
 from akri_trio.model.resources import CONFIGURATIONS
 from tests.controller.support import (
@@ -119,3 +122,51 @@ async def test_dra_mode_works_with_exactly_the_manifest_rbac(
                     for obj in (await admin.list(res, label_selector=selector)).items:
                         with suppress(NotFound):
                             await admin.delete(res, obj["metadata"]["name"])
+
+
+async def test_a_lost_nodes_shared_claim_holder_is_deleted_with_the_manifest_rbac(
+    admin: Client, controller_api: Client
+) -> None:
+    """DRA mode's node-loss step, as the controller's ServiceAccount with k8s/dra.yaml: of two
+    Pods bound to a lost node, the one a claim of a shared pool is reserved for is deleted at
+    once, the other stays. (The claim's allocation is written by hand: no scheduler allocates
+    to a node without a kubelet.)"""
+    await apply_rbac(admin, DRA_MANIFEST)
+    async with namespace(admin, "ctl-rbac-lost") as ns, fake_nodes(admin) as (node,):
+        pods = {}
+        for name in ("holder", "bystander"):
+            spec = {**pod_spec(placeholder=False), "nodeName": node}
+            if name == "holder":
+                spec["resourceClaims"] = [{"name": "c", "resourceClaimName": "held"}]
+            meta = {"name": name, "namespace": ns}
+            body = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+            pods[name] = await admin.create(PODS, body)
+        claim = await admin.create(
+            RESOURCE_CLAIMS,
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "metadata": {"name": "held", "namespace": ns},
+                "spec": dra.claim_spec("cfg", ns),
+            },
+        )
+        result = {
+            "request": "device",
+            "driver": dra.DRIVER,
+            "pool": dra.shared_pool(ns, "cfg-aaaaaa"),
+            "device": "cfg-aaaaaa",
+        }
+        holder = pods["holder"]["metadata"]
+        claim["status"] = {
+            "allocation": {"devices": {"results": [result]}},
+            "reservedFor": [{"resource": "pods", "name": "holder", "uid": holder["uid"]}],
+        }
+        await admin.replace(RESOURCE_CLAIMS, claim, subresource="status")
+
+        r = Reconcilers(controller_api, make_caches(), ControllerMetrics(), namespace=ns)
+        await r._release_shared_claims(node)
+
+        async def names() -> set[str]:
+            return {p["metadata"]["name"] for p in (await admin.list(PODS, namespace=ns)).items}
+
+        assert await names() == {"bystander"}

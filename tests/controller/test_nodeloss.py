@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from akri_trio import dra
 from akri_trio.controller import (
     Delete,
     NodeState,
@@ -19,6 +20,7 @@ from akri_trio.controller import (
     plan_node_loss,
     ready_changed_at,
     served_nodes,
+    shared_claim_holders,
 )
 from akri_trio.model.convert import unstructure
 from akri_trio.model.jsonpatch import pointer
@@ -292,3 +294,74 @@ def test_plan_removes_exactly_that_nodes_entries(
         k: v for k, v in before["spec"].items() if k not in ("nodes", "deviceUsage")
     }
     assert bool(plan.delete) == (nodes == [lost])
+
+
+# --- DRA mode: the lost node's Pods holding a shared device ------------------------------------
+
+SHARED_POOL = dra.shared_pool("ns", INSTANCE)
+
+
+def _pod(name: str, node: str, phase: str = "Running", namespace: str = "ns") -> dict[str, Any]:
+    meta = {"name": name, "namespace": namespace, "uid": f"{name}-uid"}
+    return {"metadata": meta, "spec": {"nodeName": node}, "status": {"phase": phase}}
+
+
+def _claim(
+    name: str,
+    reserved: list[str],
+    pool: str = SHARED_POOL,
+    driver: str = dra.DRIVER,
+    namespace: str = "ns",
+) -> dict[str, Any]:
+    result = {"request": "device", "driver": driver, "pool": pool, "device": "d"}
+    return {
+        "metadata": {"name": name, "namespace": namespace},
+        "status": {
+            "allocation": {"devices": {"results": [result]}},
+            "reservedFor": [{"resource": "pods", "name": p, "uid": f"{p}-uid"} for p in reserved],
+        },
+    }
+
+
+def test_a_lost_nodes_pods_holding_a_shared_device_are_deleted_at_once() -> None:
+    pods = [_pod("lost", "n2"), _pod("kept", "n1")]
+    claims = [_claim("c-lost", ["lost"]), _claim("c-kept", ["kept"])]
+    (d,) = shared_claim_holders("n2", pods, claims)
+    assert (d.namespace, d.name, d.uid, d.grace_period_seconds) == ("ns", "lost", "lost-uid", 0)
+    assert d.options()["gracePeriodSeconds"] == 0
+    assert d.options()["preconditions"] == {"uid": "lost-uid"}
+
+
+def test_a_claim_reserved_for_several_pods_deletes_only_the_lost_nodes() -> None:
+    pods = [_pod("a", "n2"), _pod("b", "n1"), _pod("c", "n2")]
+    deletes = shared_claim_holders("n2", pods, [_claim("shared", ["a", "b", "c"])])
+    assert [d.name for d in deletes] == ["a", "c"]
+
+
+@pytest.mark.parametrize(
+    "claim",
+    [
+        _claim("other-driver", ["p"], driver="gpu.example.com"),
+        _claim("node-pool", ["p"], pool=dra.node_pool("n2", "ns")),
+        _claim("other-namespace", ["p"], namespace="elsewhere"),
+        {"metadata": {"name": "unallocated", "namespace": "ns"}, "status": {}},
+    ],
+    ids=lambda c: c["metadata"]["name"],
+)
+def test_only_claims_of_our_shared_pools_count(claim: dict[str, Any]) -> None:
+    """Another driver's device, a device of the lost node's own pool (no other node could use
+    it), a claim of another namespace (reservations name Pods of the claim's namespace) and an
+    unallocated claim free nothing another node could take."""
+    assert shared_claim_holders("n2", [_pod("p", "n2")], [claim]) == []
+
+
+def test_ended_pods_and_pods_elsewhere_are_left_alone() -> None:
+    pods = [_pod("done", "n2", "Succeeded"), _pod("failed", "n2", "Failed"), _pod("p", "n1")]
+    claims = [_claim("c", ["done", "failed", "p"])]
+    assert shared_claim_holders("n2", pods, claims) == []
+
+
+def test_a_shortened_shared_pool_name_is_still_shared() -> None:
+    long_pool = dra.shared_pool("ns", "x" * 300)
+    assert long_pool != f"shared/ns/{'x' * 300}" and dra.is_shared_pool(long_pool)
+    assert not dra.is_shared_pool(dra.node_pool("shared", "ns"))

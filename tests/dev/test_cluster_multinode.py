@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from akri_trio_dev import run_cluster_command
-from akri_trio_dev.cluster import iptables, netrules, procs
+from akri_trio_dev.cluster import flags, iptables, netrules, procs
 from akri_trio_dev.cluster.layout import EXTRA_NODE_TOLERATION, Layout, NodeLayout
 from tests.support.fleet import node_command
 from tests.support.kubectl import Kubectl, busybox_pod
@@ -74,6 +74,26 @@ def test_three_nodes_each_with_its_own_sockets(multi_node_cluster: list[dict[str
         # Each kubelet serves its own registration socket, in its own device-plugin dir.
         registration = Path(node["AKRI_TRIO_DEVICE_PLUGIN_DIR"]) / "kubelet.sock"
         assert stat.S_ISSOCK(registration.stat().st_mode), registration
+
+
+def test_extra_nodes_see_their_own_dirs_at_the_standard_kubelet_paths(
+    multi_node_cluster: list[dict[str, str]],
+) -> None:
+    """In the mounts an extra node's containerd and kubelet share, the fixed kubelet paths a
+    DaemonSet's Pod mounts (device plugins, pod resources) are the node's own directories:
+    bound when the runtime starts, or by `up` on a runtime an older tree started."""
+    lay = Layout.default()
+    for node in multi_node_cluster[1:]:
+        _, extra = _extra(node["AKRI_TRIO_NODE_NAME"])
+        for process in (extra.containerd_process, extra.kubelet_process):
+            rec = procs.running(lay.pid_file(process))
+            assert rec is not None, process
+            root = Path(f"/proc/{rec.pid}/root")  # paths as that process sees them
+            for target, source in flags.node_binds(extra):
+                seen, own = (root / target.lstrip("/")).stat(), Path(source).stat()
+                assert (seen.st_dev, seen.st_ino) == (own.st_dev, own.st_ino), (process, target)
+        socket = Path(node["AKRI_TRIO_POD_RESOURCES_SOCKET"])
+        assert socket.parent == Path(dict(flags.node_binds(extra))[flags.POD_RESOURCES_PATH])
 
 
 def test_a_pod_on_each_node_reaches_the_api_server_through_its_node(

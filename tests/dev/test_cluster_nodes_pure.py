@@ -118,26 +118,37 @@ def test_extra_kubelet_runs_from_its_own_root_dir_config_and_name() -> None:
         flags.kubelet_argv(LAY, node, None)  # it must join its containerd's mounts
 
 
-def test_extra_containerd_has_its_own_mounts_with_the_nodes_device_plugin_dir() -> None:
-    """The kubelet's device-plugin path is fixed whatever its root dir: each extra node's
-    containerd (and the kubelet that joins it) sees the node's own directory there."""
+def test_extra_containerd_has_its_own_mounts_with_the_nodes_kubelet_dirs() -> None:
+    """The kubelet's device-plugin path is fixed whatever its root dir, and a DaemonSet mounts
+    the pod-resources socket's at a fixed path: each extra node's containerd (and the kubelet
+    that joins it) sees the node's own directories there."""
     node = LAY.node(2)
     argv = flags.containerd(LAY, node)
     assert argv[:5] == ["unshare", "--mount", "--propagation", "slave", "--"]
     at = argv.index(flags.DEVICE_PLUGIN_PATH)
-    assert argv[at : at + 2] == ["/var/lib/kubelet/device-plugins", str(node.device_plugin_dir)]
-    assert argv[at + 2 :] == [str(LAY.binary("containerd")), f"--config={node.containerd_config}"]
-    assert str(LAY.node(1).device_plugin_dir) == flags.DEVICE_PLUGIN_PATH
+    assert argv[at : at + 5] == [
+        "/var/lib/kubelet/device-plugins",
+        str(node.device_plugin_dir),
+        "/var/lib/kubelet/pod-resources",
+        "/var/lib/kubelet-127.0.0.2/pod-resources",
+        "--",
+    ]
+    assert argv[at + 5 :] == [str(LAY.binary("containerd")), f"--config={node.containerd_config}"]
+    first = LAY.node(1)
+    assert [str(first.device_plugin_dir), str(first.pod_resources_socket.parent)] == [
+        flags.DEVICE_PLUGIN_PATH,
+        flags.POD_RESOURCES_PATH,
+    ]
     # Node 1 runs in the host's mounts, exactly as the single-node cluster did.
     assert flags.containerd(LAY, LAY.node(1))[0] == str(LAY.binary("containerd"))
     assert flags.kubelet_argv(LAY, LAY.node(1), None)[0] == str(LAY.binary("kubelet"))
 
 
-def test_the_mount_script_binds_the_nodes_dir_then_runs_the_program() -> None:
-    """Run the wrapper's shell script with `mount` replaced by echo: it binds $2 on $1 and
-    execs the rest."""
+def test_the_mount_script_binds_the_nodes_dirs_then_runs_the_program() -> None:
+    """Run the wrapper's shell script with `mount` replaced by echo: it binds each node dir on
+    its fixed path and execs the rest."""
 
-    argv = flags.own_mounts(LAY.node(3), ["echo", "ran"])
+    argv = flags.own_mounts(LAY.node(3), ["echo", "ran", "--", "x"])
     script = argv[argv.index("-c") + 1].replace("mount --bind", "echo bind")
     out = subprocess.run(
         ["sh", "-c", script.replace("mkdir -p", "true"), *argv[argv.index("-c") + 2 :]],
@@ -145,10 +156,11 @@ def test_the_mount_script_binds_the_nodes_dir_then_runs_the_program() -> None:
         text=True,
         check=True,
     ).stdout.split("\n")
-    assert (
-        out[0] == "bind /var/lib/kubelet-127.0.0.3/device-plugins /var/lib/kubelet/device-plugins"
-    )
-    assert out[1] == "ran"
+    assert out[:3] == [
+        "bind /var/lib/kubelet-127.0.0.3/device-plugins /var/lib/kubelet/device-plugins",
+        "bind /var/lib/kubelet-127.0.0.3/pod-resources /var/lib/kubelet/pod-resources",
+        "ran -- x",
+    ]
 
 
 def test_extra_kubelet_config_binds_and_logs_on_its_own() -> None:
