@@ -24,6 +24,7 @@ from akri_trio.kube.client import Client
 from akri_trio.kube.config import load_config
 from akri_trio_dev import run_cluster_command
 from akri_trio_dev.cluster.exports import parse_exports
+from tests.support.releases import mark_compat, marked_features, skip_without
 from tests.support.tiers import mark_tiers
 
 # Property tests assert behaviour, not speed (bench/ measures that): on two cores shared with the
@@ -35,6 +36,7 @@ settings.load_profile("akri-trio")
 @pytest.hookimpl(tryfirst=True)  # before pytest's own hook deselects by `-m`
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     mark_tiers(items)
+    mark_compat(items)
 
 
 def _cli(*args: str) -> str:
@@ -67,6 +69,15 @@ def cluster() -> Iterator[dict[str, str]]:
     yield env
     if not was_running and not os.environ.get("AKRI_TRIO_KEEP_CLUSTER"):
         _cli("down")
+
+
+@pytest.fixture(autouse=True)
+def _k8s_features(request: pytest.FixtureRequest) -> None:
+    """A test marked `k8s_feature(GATE, ...)` skips on a release without GATE on by default
+    (tests/support/releases.py); unmarked tests never look at the cluster here."""
+    gates = marked_features(request.node)
+    if gates:
+        skip_without(request.getfixturevalue("cluster"), *gates)
 
 
 @pytest.fixture
