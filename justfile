@@ -31,8 +31,11 @@ test-compat: test-deps
     }
     cli down
     trap restore EXIT
+    start=$SECONDS
     cli up --version oldest --nodes 3
+    up=$((SECONDS - start))
     AKRI_TRIO_K8S_VERSION=oldest python -m pytest -q -p no:cacheprovider -ra -m "node or compat"
+    echo "test-compat: up (and build) ${up}s, tests $((SECONDS - start - up))s"
 
 # Debian packages the tests use as real peers (avahi: an independent mDNS responder; chromium:
 # the browser the dashboard's page is tested in)

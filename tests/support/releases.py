@@ -18,6 +18,7 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Iterable, Mapping
 from pathlib import PurePath
+from typing import NoReturn
 
 import pytest
 
@@ -62,4 +63,26 @@ def skip_without(cluster: Mapping[str, str], *gates: str) -> None:
     AKRI_TRIO_K8S_VERSION) lacks one of `gates`."""
     reason = lacks(cluster, *gates)
     if reason is not None:
-        pytest.skip(reason)
+        skip(reason)
+
+
+# pytest-trio 0.8 runs an async test inside a nursery and re-raises a skip from it as a bare
+# `pytest.skip()`: the reason is lost. `skip` keeps it here, and `restore_skip_reason` (a
+# makereport hook in tests/conftest.py) puts it back into the report.
+_pending: list[str] = []
+
+
+def skip(reason: str) -> NoReturn:
+    """`pytest.skip(reason)`, with the reason kept also where an async test loses it."""
+    _pending.append(reason)
+    pytest.skip(reason)
+
+
+def restore_skip_reason(report: pytest.TestReport) -> None:
+    """A skipped report that says only "Skipped" gets the reason `skip` was given."""
+    if _pending and report.skipped and isinstance(report.longrepr, tuple):
+        path, line, message = report.longrepr
+        if message == "Skipped":
+            report.longrepr = (path, line, f"Skipped: {_pending[-1]}")
+    if report.when == "teardown":
+        _pending.clear()
