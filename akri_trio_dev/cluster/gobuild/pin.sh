@@ -55,6 +55,12 @@ if [ $# -gt 0 ]; then
 fi
 pin_kubernetes "$KUBERNETES"
 pin_kubernetes "$KUBERNETES_OLDEST"
+for d in "$here"/kubernetes-*/; do  # the wrapper of a release versions.env no longer names
+  d=$(basename "$d")
+  if [ "$d" != "$(kubernetes_wrapper "$KUBERNETES")" ] && [ "$d" != "$(kubernetes_wrapper "$KUBERNETES_OLDEST")" ]; then
+    rm -r "${here:?}/$d"; echo "[pin] removed $d/"
+  fi
+done
 write_mod etcd etcd "$(grep -m1 '^go ' "$(gomod_of "k8s.io/kubernetes@$KUBERNETES")")" \
   "go.etcd.io/etcd/server/v3 $ETCD"
 cgoline=$(grep -m1 '^go ' "$(gomod_of "github.com/containerd/containerd/v2@$CONTAINERD")")
