@@ -14,6 +14,29 @@ demo:
 test: lint test-deps
     python -m pytest -q -p no:cacheprovider {{ if env("CI", "") != "" { "-ra" } else { "" } }}
 
+# Replaces the running cluster (run it when no one else uses it): the oldest release (built once,
+# ~20 min) with 3 nodes, `-m "node or compat"` on it (tests of features it lacks skip, naming it),
+# then the newest back as it was (its node count; nothing if no cluster ran). docs/local-cluster.md
+# the release check: node, deploy and DRA tests on the oldest supported Kubernetes (versions.env)
+test-compat: test-deps
+    #!/usr/bin/env bash
+    set -euo pipefail
+    cli() { python -m akri_trio_dev cluster "$@"; }
+    was_running=$(cli status >/dev/null 2>&1 && echo 1 || echo 0)
+    nodes=$( (eval "$(cli env 2>/dev/null || true)"; echo "${AKRI_TRIO_NODES:-}") | wc -w)
+    restore() {
+      cli down
+      if [ "$nodes" -gt 0 ]; then cli up --version newest --nodes "$nodes";
+      elif [ "$was_running" = 1 ]; then cli up --version newest; fi
+    }
+    cli down
+    trap restore EXIT
+    start=$SECONDS
+    cli up --version oldest --nodes 3
+    up=$((SECONDS - start))
+    AKRI_TRIO_K8S_VERSION=oldest python -m pytest -q -p no:cacheprovider -ra -m "node or compat"
+    echo "test-compat: up (and build) ${up}s, tests $((SECONDS - start - up))s"
+
 # Debian packages the tests use as real peers (avahi: an independent mDNS responder; chromium:
 # the browser the dashboard's page is tested in)
 test-deps:

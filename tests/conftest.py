@@ -15,7 +15,7 @@ set, for machines where several test sessions share one cluster.
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterator
 
 import pytest
 from hypothesis import settings
@@ -24,6 +24,12 @@ from akri_trio.kube.client import Client
 from akri_trio.kube.config import load_config
 from akri_trio_dev import run_cluster_command
 from akri_trio_dev.cluster.exports import parse_exports
+from tests.support.releases import (
+    mark_compat,
+    marked_features,
+    restore_skip_reason,
+    skip_without,
+)
 from tests.support.tiers import mark_tiers
 
 # Property tests assert behaviour, not speed (bench/ measures that): on two cores shared with the
@@ -35,6 +41,17 @@ settings.load_profile("akri-trio")
 @pytest.hookimpl(tryfirst=True)  # before pytest's own hook deselects by `-m`
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     mark_tiers(items)
+    mark_compat(items)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Skip reasons that pytest-trio drops are put back (tests/support/releases.py)."""
+    report = yield
+    restore_skip_reason(report)
+    return report
 
 
 def _cli(*args: str) -> str:
@@ -67,6 +84,15 @@ def cluster() -> Iterator[dict[str, str]]:
     yield env
     if not was_running and not os.environ.get("AKRI_TRIO_KEEP_CLUSTER"):
         _cli("down")
+
+
+@pytest.fixture(autouse=True)
+def _k8s_features(request: pytest.FixtureRequest) -> None:
+    """A test marked `k8s_feature(GATE, ...)` skips on a release without GATE on by default
+    (tests/support/releases.py); unmarked tests never look at the cluster here."""
+    gates = marked_features(request.node)
+    if gates:
+        skip_without(request.getfixturevalue("cluster"), *gates)
 
 
 @pytest.fixture

@@ -2,10 +2,12 @@
 loopback, with one node or several.
 
 Tests and developers share one cluster: `up` is idempotent (it adopts what already runs, and
-`up --nodes 3` on a running cluster only adds nodes 2 and 3), `env` tells every consumer where
-the kubeconfigs, endpoints and each node's sockets are, `node stop|start|partition|heal` loses
-and brings back one extra node the way a real one is lost (`node remove` takes it away), and
-`down` removes only what `up` made. See layout.py for where state lives.
+`up --nodes 3` on a running cluster only adds nodes 2 and 3), `up --version 1.34` runs the oldest
+supported Kubernetes release instead of the newest (each release's binaries are built once and
+kept), `env` tells every consumer where the kubeconfigs, endpoints and each node's sockets are,
+`node stop|start|partition|heal` loses and brings back one extra node the way a real one is lost
+(`node remove` takes it away), and `down` removes only what `up` made. See layout.py for where
+state lives.
 """
 
 from __future__ import annotations
@@ -13,9 +15,18 @@ from __future__ import annotations
 import argparse
 import os
 
+import attrs
+
 from akri_trio.flaghelp import Parser
 from akri_trio_dev.cluster import runner
-from akri_trio_dev.cluster.layout import DEFAULT_NODE_NAME, MAX_NODES, Layout
+from akri_trio_dev.cluster.layout import (
+    DEFAULT_NODE_NAME,
+    K8S_RELEASES,
+    MAX_NODES,
+    VERSION_ENV,
+    Layout,
+    resolve_release,
+)
 
 NODE_ACTIONS = {
     "stop": (runner.node_stop, "stop its kubelet, containers and containerd"),
@@ -31,6 +42,13 @@ def _node_count(text: str) -> int:
     if not 1 <= n <= MAX_NODES:
         raise argparse.ArgumentTypeError(f"between 1 and {MAX_NODES}")
     return n
+
+
+def _release(text: str) -> str:
+    try:
+        return resolve_release(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -50,6 +68,13 @@ def _parser() -> argparse.ArgumentParser:
         help="how many nodes (implies --node when above 1); nodes 2..N are named 127.0.0.<n> "
         "and each has its own containerd and kubelet (default 1)",
     )
+    minors = " or ".join(r.removeprefix("v").rsplit(".", 1)[0] for r in K8S_RELEASES)
+    up.add_argument(
+        "--version",
+        type=_release,
+        help=f"the Kubernetes release to run: {minors} (default ${VERSION_ENV}, else the "
+        f"newest, {K8S_RELEASES[-1]}); a cluster running another one must go `down` first",
+    )
     sub.add_parser("down", help="stop everything `up` started and clean up")
     sub.add_parser("status", help="show what runs; exit 0 when the control plane is up")
     env = sub.add_parser(
@@ -68,7 +93,15 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
-    lay = Layout.default()
+    try:
+        lay = Layout.default(args.version if args.cmd == "up" else None)
+    except ValueError as exc:  # $AKRI_TRIO_K8S_VERSION names no supported release
+        return runner.main_error(runner.ClusterError(str(exc)))
+    # `up` starts the release asked for; every other command acts on the one that runs (even
+    # one versions.env no longer pins: its binaries are still there).
+    running = runner.running_version(lay)
+    if args.cmd != "up" and running is not None:
+        lay = attrs.evolve(lay, k8s_version=running)
     try:
         if args.cmd == "up":
             with_node = args.node or args.nodes > 1

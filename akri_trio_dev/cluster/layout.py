@@ -7,7 +7,8 @@ I/O: `Layout.default()` only reads the environment and the home directory's name
 State lives under ``$AKRI_TRIO_HOME`` (default ``~/.cache/akri-trio``):
 
     build/<component>-<version>/bin/   binaries built by gobuild/build.sh (kept across `down`;
-                       a version change in gobuild/versions.env builds into a new directory)
+                       one directory per version: switching releases never rebuilds, and a
+                       version change in gobuild/versions.env builds into a new directory)
     build/durations.json   how long each step of the last build took (for the next one's ETA)
     go/                the Go module and build caches of those builds
     run/pki/           CA, serving/client certs, service-account keys (kept across `down`)
@@ -43,7 +44,36 @@ def parse_versions(text: str) -> dict[str, str]:
 
 
 VERSIONS = parse_versions(VERSIONS_FILE.read_text())
+# The supported Kubernetes releases, both built and tested: the newest (the default, which the
+# whole suite runs on) and the oldest (`up --version 1.34`, `scripts/just test-compat`).
 K8S_VERSION = VERSIONS["KUBERNETES"]
+K8S_OLDEST = VERSIONS["KUBERNETES_OLDEST"]
+K8S_RELEASES = (K8S_OLDEST, K8S_VERSION)
+# Which release `up` starts when --version is not given (default: the newest).
+VERSION_ENV = "AKRI_TRIO_K8S_VERSION"
+
+
+def minor_of(version: str) -> int:
+    """v1.34.4 (or 1.34) -> 34."""
+    parts = version.removeprefix("v").split(".")
+    if len(parts) < 2 or parts[0] != "1" or not parts[1].isdigit():
+        raise ValueError(f"{version!r} is not a Kubernetes 1.x version")
+    return int(parts[1])
+
+
+def resolve_release(text: str) -> str:
+    """The pinned release `text` names: its minor (1.34, v1.34), its exact version (v1.34.4),
+    or `oldest` / `newest`. ValueError names the supported ones."""
+    wanted = text.strip()
+    named = {"oldest": K8S_OLDEST, "newest": K8S_VERSION}
+    if wanted in named:
+        return named[wanted]
+    bare = wanted.removeprefix("v")
+    for release in K8S_RELEASES:
+        if bare in (release.removeprefix("v"), release.removeprefix("v").rsplit(".", 1)[0]):
+            return release
+    supported = ", ".join(f"{r.rsplit('.', 1)[0].removeprefix('v')} ({r})" for r in K8S_RELEASES)
+    raise ValueError(f"Kubernetes {text!r} is not a supported release; supported: {supported}")
 
 
 @attrs.frozen
@@ -55,18 +85,28 @@ class Component:
     binaries: tuple[str, ...]
 
 
-COMPONENTS = (
-    Component(
-        "kubernetes",
-        K8S_VERSION,
-        ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl"),
-    ),
-    Component("etcd", VERSIONS["ETCD"], ("etcd",)),
-    Component(
-        "containerd", VERSIONS["CONTAINERD"], ("containerd", "containerd-shim-runc-v2", "ctr")
-    ),
+KUBERNETES_BINARIES = (
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubelet",
+    "kubectl",
 )
-_PROVIDER = {b: c for c in COMPONENTS for b in c.binaries}
+
+
+def components_for(k8s_version: str) -> tuple[Component, ...]:
+    """What a cluster of Kubernetes `k8s_version` runs: that release, and the one etcd and
+    containerd every supported release shares."""
+    return (
+        Component("kubernetes", k8s_version, KUBERNETES_BINARIES),
+        Component("etcd", VERSIONS["ETCD"], ("etcd",)),
+        Component(
+            "containerd", VERSIONS["CONTAINERD"], ("containerd", "containerd-shim-runc-v2", "ctr")
+        ),
+    )
+
+
+COMPONENTS = components_for(K8S_VERSION)
 
 # Control-plane processes in start order; `down` stops them in reverse.
 CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
@@ -129,14 +169,22 @@ class Ports:
 class Layout:
     home: Path
     ports: Ports = Ports()
+    k8s_version: str = K8S_VERSION  # the release whose binaries this cluster runs
 
     @classmethod
-    def default(cls) -> Layout:
+    def default(cls, k8s_version: str | None = None) -> Layout:
+        """The cluster home of $AKRI_TRIO_HOME, for release `k8s_version` (default: the one
+        $AKRI_TRIO_K8S_VERSION names, else the newest)."""
         env = os.environ.get("AKRI_TRIO_HOME")
         home = Path(env) if env else Path.home() / ".cache" / "akri-trio"
-        return cls(home=home)
+        wanted = k8s_version or os.environ.get(VERSION_ENV) or K8S_VERSION
+        return cls(home=home, k8s_version=resolve_release(wanted))
 
     # -- binaries ------------------------------------------------------------------------
+    @property
+    def components(self) -> tuple[Component, ...]:
+        return components_for(self.k8s_version)
+
     def build_dir(self, component: Component) -> Path:
         return self.home / "build" / f"{component.name}-{component.version}"
 
@@ -153,7 +201,10 @@ class Layout:
         return self.home / "build" / "durations.json"
 
     def binary(self, name: str) -> Path:
-        return self.build_dir(_PROVIDER[name]) / "bin" / name
+        for component in self.components:
+            if name in component.binaries:
+                return self.build_dir(component) / "bin" / name
+        raise KeyError(f"no component builds {name}")
 
     @property
     def kubectl(self) -> Path:

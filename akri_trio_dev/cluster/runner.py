@@ -42,7 +42,6 @@ from akri_trio_dev.cluster.exports import export_lines
 from akri_trio_dev.cluster.layout import (
     BUSYBOX_IMAGE,
     CNI_BRIDGE,
-    COMPONENTS,
     CONTROL_PLANE,
     HOST_DIRS_TO_REMOVE,
     KUBELET_ROOT,
@@ -149,7 +148,7 @@ def ensure_binaries(
 ) -> None:
     """Build every component whose binaries are missing, one after the other (2 cores),
     showing each step, the time elapsed and an estimate of the rest from the last build."""
-    todo = [c for c in COMPONENTS if not all(lay.binary(b).is_file() for b in c.binaries)]
+    todo = [c for c in lay.components if not all(lay.binary(b).is_file() for b in c.binaries)]
     durations = progress.load_durations(_read_text(lay.build_durations))
     for n, comp in enumerate(todo, 1):
         build_dir, log_path = lay.build_dir(comp), lay.build_log(comp)
@@ -166,7 +165,14 @@ def ensure_binaries(
         )
         with log_path.open("a") as log:
             proc = subprocess.Popen(
-                ["bash", str(build_script()), comp.name, str(build_dir), str(lay.go_cache)],
+                [
+                    "bash",
+                    str(build_script()),
+                    comp.name,
+                    str(build_dir),
+                    str(lay.go_cache),
+                    comp.version,
+                ],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
@@ -432,8 +438,41 @@ def _check_alive(lay: Layout, name: str) -> bool:
     return True
 
 
+def running_version(lay: Layout) -> str | None:
+    """The Kubernetes release of the running control plane (its kube-apiserver's binary lives
+    in build/kubernetes-<version>/), or None when none runs here."""
+    rec = procs.running(lay.pid_file("kube-apiserver"))
+    if rec is None:
+        return None
+    try:
+        exe = os.readlink(f"/proc/{rec.pid}/exe")
+    except OSError:
+        return None
+    return release_of_binary(Path(exe))
+
+
+def release_of_binary(path: Path) -> str | None:
+    """v1.34.4 for .../build/kubernetes-v1.34.4/bin/kube-apiserver; None for another path."""
+    build_dir = path.parent.parent.name
+    prefix = "kubernetes-"
+    return build_dir.removeprefix(prefix) if build_dir.startswith(prefix) else None
+
+
+def check_release(lay: Layout) -> None:
+    """`up` of one release on a cluster home where another one runs is refused: its etcd data,
+    nodes and Pods belong to the running one, and other sessions may be using it."""
+    running = running_version(lay)
+    if running is not None and running != lay.k8s_version:
+        raise ClusterError(
+            f"the cluster here runs Kubernetes {running}, not {lay.k8s_version}: "
+            "`python -m akri_trio_dev cluster down` first (or ask for --version "
+            f"{running.removeprefix('v').rsplit('.', 1)[0]})"
+        )
+
+
 def up_control_plane(lay: Layout) -> None:
     t0 = time.monotonic()
+    check_release(lay)
     ensure_binaries(lay)
     ensure_pki(lay)
     write_control_plane_files(lay)
@@ -481,7 +520,10 @@ def up_control_plane(lay: Layout) -> None:
             60,
             lay.log_file("kube-controller-manager"),
         )
-    say(f"control plane ready at {lay.apiserver_url} ({time.monotonic() - t0:.1f} s)")
+    say(
+        f"control plane (Kubernetes {lay.k8s_version}) ready at {lay.apiserver_url} "
+        f"({time.monotonic() - t0:.1f} s)"
+    )
 
 
 def _etcd_healthy(lay: Layout) -> bool:
@@ -894,6 +936,8 @@ def env_lines(lay: Layout, node_name: str | None = None) -> list[str]:
         "AKRI_TRIO_WEBHOOK_CERT": lay.pki / "webhook.crt",
         "AKRI_TRIO_WEBHOOK_KEY": lay.pki / "webhook.key",
         "AKRI_TRIO_CLUSTER_DIR": lay.run,
+        # The release the control plane runs (tests skip what it lacks: tests/support/releases.py).
+        "AKRI_TRIO_K8S_VERSION": running_version(lay) or lay.k8s_version,
     }
     first = running_node(lay)
     extras = extra_nodes(lay)

@@ -20,7 +20,7 @@ import yaml
 
 from akri_trio_dev import run_cluster_command
 from akri_trio_dev.cluster import cli as cluster_cli
-from akri_trio_dev.cluster.layout import CONTROL_PLANE, K8S_VERSION, Layout
+from akri_trio_dev.cluster.layout import CONTROL_PLANE, K8S_RELEASES, Layout
 
 pytestmark = pytest.mark.k8s
 
@@ -125,8 +125,10 @@ def test_kubectl_matches_the_server(cluster: dict[str, str]) -> None:
         timeout=30,
     )
     assert proc.returncode == 0, proc.stderr
-    assert f"Client Version: {K8S_VERSION}" in proc.stdout
-    assert f"Server Version: {K8S_VERSION}" in proc.stdout
+    release = cluster["AKRI_TRIO_K8S_VERSION"]  # the newest, or the oldest under test-compat
+    assert release in K8S_RELEASES
+    assert f"Client Version: {release}" in proc.stdout
+    assert f"Server Version: {release}" in proc.stdout
 
 
 def test_up_names_a_port_that_is_taken(cluster: dict[str, str], tmp_path: Path) -> None:

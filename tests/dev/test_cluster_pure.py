@@ -377,19 +377,24 @@ def test_binaries_live_in_a_directory_named_by_their_component_version() -> None
 
 def test_versions_file_parses_and_every_wrapper_module_requires_its_pinned_version() -> None:
     assert parse_versions("# c\nA = v1\n\nB=v2 \n") == {"A": "v1", "B": "v2"}
+    gobuild = VERSIONS_FILE.parent
     required = {
-        "kubernetes": f"k8s.io/kubernetes {VERSIONS['KUBERNETES']}",
         "etcd": f"go.etcd.io/etcd/server/v3 {VERSIONS['ETCD']}",
         "containerd": f"github.com/containerd/containerd/v2 {VERSIONS['CONTAINERD']}",
     }
-    gobuild = VERSIONS_FILE.parent
-    for comp in COMPONENTS:
-        mod = (gobuild / comp.name / "go.mod").read_text()
-        assert f"require {required[comp.name]}\n" in mod, comp.name
-        assert (gobuild / comp.name / "go.sum").stat().st_size > 0
-    minor = VERSIONS["KUBERNETES"].removeprefix("v1.")
-    kmod = (gobuild / "kubernetes" / "go.mod").read_text()
-    assert "k8s.io/api => k8s.io/api v0." + minor in kmod
+    # One Kubernetes wrapper per supported release, named by its minor.
+    for release in (VERSIONS["KUBERNETES"], VERSIONS["KUBERNETES_OLDEST"]):
+        minor = release.removeprefix("v").rsplit(".", 1)[0]
+        required[f"kubernetes-{minor}"] = f"k8s.io/kubernetes {release}"
+    for wrapper, requirement in required.items():
+        mod = (gobuild / wrapper / "go.mod").read_text()
+        assert f"require {requirement}\n" in mod, wrapper
+        assert (gobuild / wrapper / "go.sum").stat().st_size > 0
+        if wrapper.startswith("kubernetes-"):
+            staging = "v0." + requirement.split()[-1].removeprefix("v1.")
+            assert f"k8s.io/api => k8s.io/api {staging}\n" in mod, wrapper
+    modules = {p.parent.name for p in gobuild.glob("*/go.mod")}
+    assert modules == set(required)  # no wrapper of a release versions.env no longer names
 
 
 # -- processes, ports, packages --------------------------------------------------------------

@@ -226,6 +226,7 @@ def test_a_third_consumer_waits_for_capacity(e2e: Env) -> None:
     e2e.kubectl("delete", "pod", "third", "-n", NS, "--wait=false")
 
 
+@pytest.mark.k8s_feature("DRAExtendedResource")
 def test_the_classes_name_akris_extended_resources(e2e: Env) -> None:
     until(lambda: len(e2e.classes()) == 2, what=f"DeviceClass {e2e.instance_class}")
     for name, resource in (
@@ -236,6 +237,7 @@ def test_the_classes_name_akris_extended_resources(e2e: Env) -> None:
         assert spec["extendedResourceName"] == resource
 
 
+@pytest.mark.k8s_feature("DRAExtendedResource")
 @pytest.mark.parametrize("level", ["configuration", "instance"])
 def test_a_plain_pod_asking_akris_resource_runs_with_the_device(e2e: Env, level: str) -> None:
     """`akri.sh/<configuration>: 1` and `akri.sh/<instance>: 1`, unchanged from device-plugin
@@ -253,6 +255,7 @@ def test_a_plain_pod_asking_akris_resource_runs_with_the_device(e2e: Env, level:
     e2e.kubectl("delete", "pod", name, "-n", NS, "--wait=true", "--timeout=60s")
 
 
+@pytest.mark.k8s_feature("DRADeviceTaints")
 def test_offline_taints_the_shared_pool_and_online_untaints_it(e2e: Env) -> None:
     """debugEcho OFFLINE: the Instance goes, its device stays in the pool tainted NoSchedule
     for the offline grace (300 s); ONLINE within it: the same device, untainted."""

@@ -242,6 +242,7 @@ def _offline_taints(e2e: Env) -> dict[str, list[dict[str, str]]]:
     }
 
 
+@pytest.mark.k8s_feature("DRADeviceTaints")
 def test_offline_taints_the_devices_and_online_within_the_grace_untaints_them(e2e: Env) -> None:
     """debugEcho OFFLINE: the Instances go, their devices stay in the pool tainted NoSchedule
     (the grace is 300 s); the Pods running on them keep running with their claims. ONLINE

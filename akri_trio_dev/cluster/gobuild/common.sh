@@ -4,6 +4,11 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=versions.env
 . "$here/versions.env"
 
+kubernetes_wrapper() {  # v1.34.4 -> kubernetes-1.34: one wrapper module per minor release
+  local v=${1#v}
+  echo "kubernetes-${v%.*}"
+}
+
 go_env() {
   local cache=$1
   GO=${AKRI_TRIO_GO:-$(command -v go || true)}
