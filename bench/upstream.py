@@ -33,17 +33,19 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import grpc
+import httpx
 import trio
 import yaml
 
 from akri_trio.kube.client import Client
+from akri_trio.kube.errors import ApiError, ServerError
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
 from akri_trio.rpc.gen import deviceplugin_v1beta1_pb2 as dp
 from akri_trio.rpc.gen import deviceplugin_v1beta1_pb2_grpc as dp_grpcio
@@ -66,6 +68,7 @@ from bench.scale import rss_mb
 
 NAMESPACE = "akri-bench-upstream"
 WARMUP = 20
+T = TypeVar("T")
 PREFIX = "upb"  # Configuration names: the kubelet's resource names are cluster-node-wide
 
 
@@ -141,34 +144,62 @@ def commands(
     return {"controller": (controller, base), "agent": (agent, base)}
 
 
-async def instances_reach(api: Client, config: str, n: int, rv: str) -> None:
-    """Return once a watch from resourceVersion `rv` has seen `n` Instances of `config`."""
-    names: set[str] = set()
-    if n == 0:
-        listed = await api.list(INSTANCES, namespace=NAMESPACE)
-        names = {
-            o["metadata"]["name"]
-            for o in listed.items
-            if o["spec"].get("configurationName") == config
-        }
-        rv = listed.resource_version
-        if not names:
-            return
+# What the shared cluster's other sessions do to the API server now and then (a chaos test
+# restarts it): the bench's own requests wait it out instead of losing the run.
+PASSING = (httpx.TransportError, ServerError)
+
+
+async def retried(fn: Callable[[], Awaitable[T]], limit: float = 120.0) -> T:
+    """`await fn()`, again after a pause while the API server is away (at most `limit` s)."""
+    deadline = time.monotonic() + limit
     while True:
-        async with api.watch_stream(INSTANCES, namespace=NAMESPACE, resource_version=rv) as ev:
-            async for event in ev:
-                obj = event["object"]
-                rv = obj["metadata"]["resourceVersion"]
-                if event["type"] == "BOOKMARK":
-                    continue
-                if obj["spec"].get("configurationName") != config:
-                    continue
-                if event["type"] == "DELETED":
-                    names.discard(obj["metadata"]["name"])
-                else:
-                    names.add(obj["metadata"]["name"])
-                if len(names) == n:
-                    return
+        try:
+            return await fn()
+        except PASSING:
+            if time.monotonic() > deadline:
+                raise
+            await trio.sleep(0.5)
+
+
+async def names_of(api: Client, config: str) -> tuple[set[str], str]:
+    """(names of the Instances of `config`, the list's resourceVersion)."""
+    listed = await retried(lambda: api.list(INSTANCES, namespace=NAMESPACE))
+    names = {
+        o["metadata"]["name"] for o in listed.items if o["spec"].get("configurationName") == config
+    }
+    return names, listed.resource_version
+
+
+async def instances_reach(
+    api: Client, config: str, n: int, rv: str, names: set[str] | None = None
+) -> None:
+    """Return once a watch from resourceVersion `rv` (when `names` of `config` existed) has
+    seen `n` Instances of `config` (a watch cut by an API server restart is followed by a list
+    and a new watch)."""
+    names = set(names or ())
+    while len(names) != n:
+        try:
+            async with api.watch_stream(
+                INSTANCES, namespace=NAMESPACE, resource_version=rv
+            ) as events:
+                async for event in events:
+                    obj = event["object"]
+                    rv = obj["metadata"]["resourceVersion"]
+                    if event["type"] == "BOOKMARK":
+                        continue
+                    if obj["spec"].get("configurationName") != config:
+                        continue
+                    if event["type"] == "DELETED":
+                        names.discard(obj["metadata"]["name"])
+                    else:
+                        names.add(obj["metadata"]["name"])
+                    if len(names) == n:
+                        return
+        except (*PASSING, ApiError):
+            await trio.sleep(0.5)
+            names, rv = await names_of(api, config)
+            if len(names) == n:
+                return
 
 
 def config_body(name: str, devices: int, capacity: int = 1) -> dict[str, Any]:
@@ -181,27 +212,22 @@ async def apply_and_wait(
     api: Client, name: str, devices: int, capacity: int, limit: float
 ) -> float:
     """Create the Configuration; seconds until all its Instances exist."""
-    rv = (await api.list(INSTANCES, namespace=NAMESPACE)).resource_version
+    _, rv = await names_of(api, name)
     t0 = time.perf_counter()
-    await api.create(CONFIGURATIONS, config_body(name, devices, capacity))
+    await retried(lambda: api.create(CONFIGURATIONS, config_body(name, devices, capacity)))
     with trio.fail_after(limit):
         await instances_reach(api, name, devices, rv)
     return time.perf_counter() - t0
 
 
 async def delete_and_wait(api: Client, name: str, limit: float) -> float:
+    """Delete the Configuration; seconds until none of its Instances is left."""
     t0 = time.perf_counter()
-    await api.delete(CONFIGURATIONS, name, namespace=NAMESPACE)
+    names, rv = await names_of(api, name)
+    await retried(lambda: api.delete(CONFIGURATIONS, name, namespace=NAMESPACE))
     with trio.fail_after(limit):
-        while True:
-            left = [
-                o
-                for o in (await api.list(INSTANCES, namespace=NAMESPACE)).items
-                if o["spec"].get("configurationName") == name
-            ]
-            if not left:
-                return time.perf_counter() - t0
-            await trio.sleep(0.05)
+        await instances_reach(api, name, 0, rv, names)
+    return time.perf_counter() - t0
 
 
 def plugin_socket(plugin_dir: Path, instance: str, limit: float) -> Path:
@@ -282,17 +308,13 @@ async def one_implementation(
             await trio.sleep(args.settle)
             run.agent_rss["many"] = rss_mb(agent)[0]
             run.controller_rss["many"] = rss_mb(controller)[0]
-            idle = await measure(api, procs, args.idle, namespace=NAMESPACE)
+            idle = await measure(api, procs, args.idle, tries=5, namespace=NAMESPACE)
             run.agent_cpu, run.controller_cpu = idle["agent"][1], idle["controller"][1]
             run.delete_s = await delete_and_wait(api, big, args.limit)
 
             alloc = f"{PREFIX}-alloc"
             await apply_and_wait(api, alloc, 1, WARMUP + args.allocs, args.limit)
-            (inst,) = [
-                o["metadata"]["name"]
-                for o in (await api.list(INSTANCES, namespace=NAMESPACE)).items
-                if o["spec"]["configurationName"] == alloc
-            ]
+            (inst,) = (await names_of(api, alloc))[0]
             sock = await trio.to_thread.run_sync(plugin_socket, plugin_dir, inst, args.limit)
             samples, run.errors = await trio.to_thread.run_sync(
                 allocate_sequentially, sock, WARMUP + args.allocs
@@ -374,13 +396,13 @@ async def bench(args: argparse.Namespace) -> str:
     pki = Path(env["AKRI_TRIO_CLUSTER_DIR"]) / "pki"
     runs: dict[str, Run] = {}
     async with bench_api(env["KUBECONFIG"]) as api:
-        await prepare_namespace(api, NAMESPACE)
+        await retried(lambda: prepare_namespace(api, NAMESPACE))
         try:
             async with namespace_proxy(env["AKRI_TRIO_APISERVER"], pki, NAMESPACE) as proxy:
                 for which in args.order:
                     runs[which] = await one_implementation(which, args, api, proxy, env)
         finally:
-            await purge_namespace(api, NAMESPACE)
+            await retried(lambda: purge_namespace(api, NAMESPACE))
     if set(runs) != {"upstream", "akri-trio"}:
         return repr(runs)  # a partial run (--order): the raw numbers, not the table
     return report(args, runs["upstream"], runs["akri-trio"])
