@@ -34,7 +34,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -84,6 +83,32 @@ class Run:
     delete_s: float = 0.0
     allocate: list[float] = attrs.field(factory=list)
     errors: list[str] = attrs.field(factory=list)
+    restarts: dict[str, int] = attrs.field(factory=dict)
+
+
+class Supervised:
+    """A process of the implementation under test, started again when it exits, as its
+    DaemonSet or Deployment would (upstream's controller exits when a watch fails, e.g. when
+    another session's chaos test restarts the API server); `restarts` counts that, and each
+    start logs to its own `<base>.<n>.log`."""
+
+    def __init__(self, argv: list[str], base: Path, env: dict[str, str]) -> None:
+        self.argv, self.base, self.env = argv, base, env
+        self.proc: trio.Process | None = None
+        self.restarts = 0
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        while True:
+            log = self.base.with_name(f"{self.base.name}.{self.restarts}.log")
+            async with child_process(self.argv, log, self.env) as proc:
+                self.proc = proc
+                if self.restarts == 0:
+                    task_status.started()
+                await proc.wait()
+            self.proc = None
+            self.restarts += 1
+            print(f"  {self.argv[0]} {self.base.name} exited ({proc.returncode}); restarted")
+            await trio.sleep(1.0)
 
 
 def free_port() -> int:
@@ -278,37 +303,41 @@ async def one_implementation(
         root = Path(tmp)
         kubeconfig = proxied_kubeconfig(env["KUBECONFIG"], proxy, root / "kubeconfig")
         cmds = commands(which, args, root, kubeconfig, node)
-        async with AsyncExitStack() as stack:
-            procs: dict[str, trio.Process] = {}
+        async with trio.open_nursery() as nursery:
+            roles = {}
             for role in ("controller", "agent"):
                 argv, penv = cmds[role]
-                procs[role] = await stack.enter_async_context(
-                    child_process(argv, root / f"{role}.log", penv)
-                )
+                roles[role] = Supervised(argv, root / role, penv)
+                await nursery.start(roles[role].run)
             await trio.sleep(args.settle)
-            for role, proc in procs.items():
-                if proc.returncode is not None:
-                    log = (root / f"{role}.log").read_text()[-2000:]
-                    raise SystemExit(f"{which} {role} exited ({proc.returncode}):\n{log}")
-            agent, controller = procs["agent"].pid, procs["controller"].pid
-            run.agent_rss["0"] = rss_mb(agent)[0]
-            run.controller_rss["0"] = rss_mb(controller)[0]
+
+            def procs() -> dict[str, trio.Process]:
+                return {role: sup.proc for role, sup in roles.items() if sup.proc is not None}
+
+            def agent() -> int:
+                return procs()["agent"].pid
+
+            def controller() -> int:
+                return procs()["controller"].pid
+
+            run.agent_rss["0"] = rss_mb(agent())[0]
+            run.controller_rss["0"] = rss_mb(controller())[0]
             print(f"{which}: started, agent {run.agent_rss['0']:.1f} MB", flush=True)
 
             small = f"{PREFIX}-ten"
             await apply_and_wait(api, small, 10, 1, args.limit)
             await trio.sleep(args.settle)
-            run.agent_rss["10"] = rss_mb(agent)[0]
-            run.controller_rss["10"] = rss_mb(controller)[0]
+            run.agent_rss["10"] = rss_mb(agent())[0]
+            run.controller_rss["10"] = rss_mb(controller())[0]
             await delete_and_wait(api, small, args.limit)
 
             big = f"{PREFIX}-many"
             run.create_s = await apply_and_wait(api, big, args.devices, 1, args.limit)
             print(f"{which}: {args.devices} Instances in {run.create_s:.2f} s", flush=True)
             await trio.sleep(args.settle)
-            run.agent_rss["many"] = rss_mb(agent)[0]
-            run.controller_rss["many"] = rss_mb(controller)[0]
-            idle = await measure(api, procs, args.idle, tries=5, namespace=NAMESPACE)
+            run.agent_rss["many"] = rss_mb(agent())[0]
+            run.controller_rss["many"] = rss_mb(controller())[0]
+            idle = await measure(api, procs(), args.idle, tries=5, namespace=NAMESPACE)
             run.agent_cpu, run.controller_cpu = idle["agent"][1], idle["controller"][1]
             run.delete_s = await delete_and_wait(api, big, args.limit)
 
@@ -325,6 +354,8 @@ async def one_implementation(
                 flush=True,
             )
             await delete_and_wait(api, alloc, args.limit)
+            run.restarts = {role: sup.restarts for role, sup in roles.items()}
+            nursery.cancel_scope.cancel()
     return run
 
 
@@ -379,6 +410,8 @@ def report(args: argparse.Namespace, up: Run, ours: Run) -> str:
         f"{growth(up):.1f} MB, akri-trio {growth(ours):.1f} MB",
         f"Allocate errors: upstream {len(up.errors)} {up.errors[:2]}, "
         f"akri-trio {len(ours.errors)} {ours.errors[:2]}",
+        f"process restarts (exits the bench restarted, as Kubernetes would): upstream "
+        f"{up.restarts}, akri-trio {ours.restarts}",
     ]
     return "\n".join(lines)
 
