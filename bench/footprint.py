@@ -170,24 +170,28 @@ def handler_command(root: Path) -> list[str]:
     )  # fmt: skip
 
 
-async def akri_versions(api: Client) -> dict[str, str]:
-    """{kind/name: resourceVersion} of the akri objects in the bench namespace."""
+async def akri_versions(api: Client, namespace: str = BENCH_NS) -> dict[str, str]:
+    """{kind/name: resourceVersion} of the akri objects in `namespace`."""
     out: dict[str, str] = {}
     for resource in (CONFIGURATIONS, INSTANCES):
-        for obj in (await api.list(resource, namespace=BENCH_NS)).items:
+        for obj in (await api.list(resource, namespace=namespace)).items:
             out[f"{resource.plural}/{obj['metadata']['name']}"] = obj["metadata"]["resourceVersion"]
     return out
 
 
 async def measure(
-    api: Client, procs: dict[str, trio.Process], idle: float, tries: int = 3
+    api: Client,
+    procs: dict[str, trio.Process],
+    idle: float,
+    tries: int = 3,
+    namespace: str = BENCH_NS,
 ) -> dict[str, tuple[float, float]]:
     """{name: (RSS MB, CPU % of one core over `idle` seconds)}, from the first of `tries`
-    windows in which no akri object of the bench namespace changed (the shared cluster's test
+    windows in which no akri object of `namespace` changed (the shared cluster's test
     fixtures purge every namespace now and then: a window with the agent re-creating what was
     purged is not idle). Raises if none was."""
     for _ in range(tries):
-        before = await akri_versions(api)
+        before = await akri_versions(api, namespace)
         rss = {name: rss_mb(proc.pid)[0] for name, proc in procs.items()}
         cpu0 = {name: cpu_seconds(proc.pid) for name, proc in procs.items()}
         t0 = time.monotonic()
@@ -196,7 +200,7 @@ async def measure(
         cpu = {
             name: 100 * (cpu_seconds(proc.pid) - cpu0[name]) / wall for name, proc in procs.items()
         }
-        if await akri_versions(api) == before:
+        if await akri_versions(api, namespace) == before:
             return {name: (rss[name], cpu[name]) for name in procs}
         print("  an akri object changed during the window (purged?); measuring again", flush=True)
     raise SystemExit(f"no undisturbed {idle:g} s window in {tries} tries")

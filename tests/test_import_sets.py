@@ -86,3 +86,20 @@ def test_an_embedded_handler_brings_its_own_libraries_only(
     # The OPC UA and mDNS clients are imported on the first discovery, not at start-up; re2
     # compiles the filters of the handlers that take them.
     assert agent_imports("--embedded-handler", handler) & HANDLER_LIBRARIES == libraries
+
+
+@pytest.mark.parametrize(
+    "modules",
+    [
+        ("akri_trio.agent.cli", "akri_trio.agent.run"),
+        ("akri_trio.controller.cli", "akri_trio.controller.run"),
+    ],
+    ids=["agent", "controller"],
+)
+def test_the_agent_and_the_controller_load_no_command_line_toolkit(
+    modules: tuple[str, ...],
+) -> None:
+    """httpx's own CLI (click, pygments) stays out: akri_trio/__init__.py."""
+    loaded = imported_by(*modules)
+    assert not loaded & {"click", "pygments", "rich"}
+    assert "httpx" in loaded

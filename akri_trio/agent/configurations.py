@@ -80,7 +80,10 @@ MAX_DEPART_ATTEMPTS = 5
 # How long a (re)started discovery waits for its handlers to answer before "no list" counts as
 # "no devices": upstream's grace for an unresponsive handler.
 HANDLER_GRACE_S = OFFLINE_GRACE_S
-WRITE_CONCURRENCY = 8  # parallel Instance writes per reconcile: a big discovery lands fast
+# Parallel Instance writes per reconcile, so a big discovery lands fast: each is one HTTP/1.1
+# connection, and 16 stays within the connections the client keeps alive (httpx's 20, with the
+# two watches), so a burst opens no TLS connection it then throws away.
+WRITE_CONCURRENCY = 16
 # ... but one at a time on shared Instances: every node of the fleet writes those too, and the
 # API server retries a write that lost the race on one object internally (each retry a full
 # server-side apply), so k writes in flight on one object cost it about k*k/2 applies.

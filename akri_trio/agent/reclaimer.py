@@ -29,6 +29,7 @@ from akri_trio.model import naming
 from akri_trio.rpc.gen import podresources_v1_grpc as pr_grpc
 from akri_trio.rpc.gen import podresources_v1_pb2 as pr
 from akri_trio.rpc.uds import UnixChannel
+from akri_trio.runtime import sleep_to_tick
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +97,7 @@ class Reclaimer:
     async def run(self) -> None:
         while True:
             await self.pass_once()
-            await trio.sleep(self.period)
+            await sleep_to_tick(self.period)
 
     async def pass_once(self) -> int:
         """One pass; returns how many slots/vdevs it freed."""
@@ -106,6 +107,9 @@ class Reclaimer:
         now = trio.current_time()
         held = held_devices(self.view)
         self.first_seen = {k: self.first_seen.get(k, now) for k in held}
+        if not held:  # nothing to reclaim: no need to ask the kubelet what is in use
+            self.state = self.state.step(now, {}, ()).state
+            return 0
         in_use = await self._in_use()
         if in_use is None:
             return 0

@@ -20,6 +20,8 @@ from typing import Final
 import attrs
 import trio
 
+from akri_trio.runtime import next_tick
+
 __all__ = ["LAG_THRESHOLD_S", "SAMPLE_PERIOD_S", "LagMonitor", "current_lag", "verdict"]
 
 # A stall longer than this always spans a wake-up, so it is always sampled; a shorter one may
@@ -65,8 +67,8 @@ class LagMonitor:
 
     async def run(self) -> None:
         while True:
-            self.expected_wake = trio.current_time() + self.period
-            await trio.sleep(self.period)
+            self.expected_wake = next_tick(self.period, trio.current_time())
+            await trio.sleep_until(self.expected_wake)
             self.last = max(0.0, trio.current_time() - self.expected_wake)
             self.peak = max(self.peak, self.last)
             self.record(self.last)

@@ -37,6 +37,7 @@ from akri_trio.agent.view import NodeView, config_key
 from akri_trio.kube.client import Client
 from akri_trio.kube.errors import ApiError, NotFound
 from akri_trio.model.resources import INSTANCES, Instance
+from akri_trio.runtime import sleep_to_tick
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +129,7 @@ class BrokerInfo:
     async def run(self) -> None:
         while True:
             await self.pass_once()
-            await trio.sleep(self.period)
+            await sleep_to_tick(self.period)
 
     async def pass_once(self) -> None:
         if not self._started:

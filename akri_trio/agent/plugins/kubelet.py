@@ -29,7 +29,7 @@ from akri_trio.model import naming
 from akri_trio.rpc.gen import deviceplugin_v1beta1_grpc as dp_grpc
 from akri_trio.rpc.gen import deviceplugin_v1beta1_pb2 as dp
 from akri_trio.rpc.uds import UnixChannel, serve_unix
-from akri_trio.runtime import Backoff, Changed
+from akri_trio.runtime import Backoff, Changed, sleep_to_tick
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ class KubeletWatch:
         last = self._stamp()
         task_status.started()
         while True:
-            await trio.sleep(self.period)
+            await sleep_to_tick(self.period)
             stamp = self._stamp()
             if stamp != last:
                 last = stamp

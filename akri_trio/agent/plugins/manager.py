@@ -129,12 +129,17 @@ class PluginManager:
 
     def _members(self, plugin: ConfigPlugin) -> Callable[[], list[ObjectKey]]:
         def members() -> list[ObjectKey]:
+            # Sorted by plain tuples: ObjectKey's generated ordering builds two tuples per
+            # comparison, and this runs on every change of any member (n log n each time).
             return sorted(
-                p.key
-                for p in self.running
-                if isinstance(p, InstancePlugin)
-                and p.config == plugin.config
-                and p.key.namespace == plugin.namespace
+                (
+                    p.key
+                    for p in self.running
+                    if isinstance(p, InstancePlugin)
+                    and p.config == plugin.config
+                    and p.key.namespace == plugin.namespace
+                ),
+                key=lambda k: (k.namespace, k.name),
             )
 
         return members

@@ -29,6 +29,7 @@ Decisions worth knowing:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection, Iterable, Mapping
 from typing import NamedTuple
 
@@ -36,7 +37,7 @@ import attrs
 
 from akri_trio.model.limits import MAX_CAPACITY
 from akri_trio.model.naming import (
-    FREE,
+    Free,
     NodeClaim,
     Usage,
     index_after,
@@ -80,6 +81,10 @@ class OverCapacity(SlotError):
         self.held = held
 
 
+# Keys whose parse slot_index keeps: a few thousand slots of this node's Instances (~100 B each).
+SLOT_CACHE_SIZE = 4096
+
+
 class DeviceView(NamedTuple):
     """One kubelet device in a ListAndWatch answer."""
 
@@ -95,11 +100,16 @@ class InstanceSlots:
     usage: Mapping[str, str] = attrs.field(factory=dict)
 
 
+@functools.lru_cache(maxsize=SLOT_CACHE_SIZE)
 def slot_index(instance: str, slot: str) -> int | None:
     """The index `i` if `slot` is `<instance>-<i>` with `i < MAX_CAPACITY`, else None
     (whatever the Instance's capacity). Anyone who may write an Instance can put any key in
     its deviceUsage: a key no capacity could ever make a slot is "not a slot", so it neither
-    counts against the capacity nor stops an answer (see `poisoned_keys`)."""
+    counts against the capacity nor stops an answer (see `poisoned_keys`).
+
+    Cached: every claim and every ListAndWatch answer parses each key of the Instance's
+    deviceUsage again (hundreds per Allocate on a device of high capacity), and the keys of
+    a node's Instances are few and stable."""
     index = index_after(instance, slot)
     return index if index is not None and index < MAX_CAPACITY else None
 
@@ -125,7 +135,7 @@ def _held_indices(instance: str, usage: Mapping[str, str]) -> dict[int, Usage]:
         index = slot_index(instance, key)
         if index is not None:
             holder = parse_usage(value)
-            if holder != FREE:
+            if not isinstance(holder, Free):
                 held[index] = holder
     return held
 
@@ -188,7 +198,7 @@ def claim(
         holder = parse_usage(raw)
         if holder == mine:
             continue
-        if holder != FREE:
+        if not isinstance(holder, Free):
             raise SlotTaken(slot, raw)
         new[slot] = node
         claimed_any = True

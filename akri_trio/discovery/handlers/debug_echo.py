@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Final
 
 import attrs
-import trio
 
 from akri_trio.discovery.interface import (
     MAX_DETAILS_BYTES,
@@ -26,6 +25,7 @@ from akri_trio.discovery.interface import (
     required_str_list,
 )
 from akri_trio.model.device import Device
+from akri_trio.runtime import sleep_to_tick
 
 NAME: Final = "debugEcho"
 PROPERTY: Final = "DEBUG_ECHO_DESCRIPTION"
@@ -128,4 +128,4 @@ class DebugEcho:
                 last = signature
                 text = None if signature is None else _read(self.availability_path)
                 await send(devices_for(details, text))
-            await trio.sleep(self.poll_interval)
+            await sleep_to_tick(self.poll_interval)
