@@ -16,8 +16,9 @@
     │   ├── plugin nursery (PluginManager)
     │   │   └── per plugin: socket server + ListAndWatch streams + registration
     │   └── slot reclaimer                                   PodResources -> free unused slots
-    └── or DRA mode (DraNode): node pool publisher (Instances -> ResourceSlices) and the
-        kubelet DRA plugin (claims -> CDI specs); /readyz waits for its registration
+    └── or DRA mode (DraNode): node pool reconciler (Instances -> ResourceSlices, a queue
+        keyed by pool) and the kubelet DRA plugin (claims -> CDI specs); /readyz waits for
+        its registration
 
 Cancelling `run_agent` (SIGTERM/SIGINT in the CLI) tears all of it down; each task removes what
 it created (sockets) on the way out. Nothing is kept in memory that the cluster does not also
@@ -261,7 +262,9 @@ async def run_agent(
         dra = DraNode(
             api,
             view,
-            instances.raw,  # the DRA publisher decodes the JSON itself
+            instances.raw,  # the DRA pool reconciler decodes the JSON itself
+            # All of its namespace(s)' Configurations, unless a selector leaves some out.
+            configurations=None if settings.configuration_selector else configs,
             namespace=settings.namespace,
             kubelet_root_dir=settings.kubelet_root_dir,
             cdi_dir=settings.cdi_dir,

@@ -1,9 +1,11 @@
-"""Which watched change wakes the agent's Configuration queue: the runner's mappers.
+"""Which watched change wakes the agent's Configuration queue, and in DRA mode its node pools'
+queue: the runner's mappers.
 
 Each is a plain function of a change (kube's `Mapper`: change -> keys), tested without a
-cluster; run.py only passes them to the runner. The Instance mapper also tells the node view of
-the change (its waiters, its overlay of our own writes), so a reconcile never reads a view older
-than the change that caused it.
+cluster; run.py (and DRA's pool_reconciler.py) only pass them to the runner. The Instance
+mapper of the Configuration queue also tells the node view of the change (its waiters, its
+overlay of our own writes), so a reconcile never reads a view older than the change that
+caused it.
 """
 
 from __future__ import annotations
@@ -13,12 +15,20 @@ from typing import Any
 
 import attrs
 
+from akri_trio.agent.dra.plan import node_pool_of, owns_slice
 from akri_trio.agent.status import node_entry_of
 from akri_trio.agent.view import NodeView, config_key
-from akri_trio.kube import JSON, Change, Mapper, ObjectKey
+from akri_trio.dra import pool_key
+from akri_trio.kube import JSON, Change, Mapper, ObjectKey, each
 from akri_trio.model.resources import Instance
 
-__all__ = ["configuration_changed", "instance_changed", "plan_inputs"]
+__all__ = [
+    "configuration_changed",
+    "instance_changed",
+    "instance_to_node_pool",
+    "plan_inputs",
+    "slice_to_node_pool",
+]
 
 
 def instance_changed(view: NodeView) -> Mapper:
@@ -80,3 +90,25 @@ def plan_inputs(inst: Instance, node: str) -> Instance:
             nodes=tuple(n for n in spec.nodes if n == node),
         ),
     )
+
+
+def instance_to_node_pool(node: str) -> Mapper:
+    """DRA mode: an Instance change reconciles the node pool it is in on `node`, before or after
+    the change (one that leaves the pool, or goes, reconciles the pool it left)."""
+
+    def keys_of(obj: Mapping[str, Any]) -> Iterable[ObjectKey]:
+        pool = node_pool_of(obj, node)
+        return () if pool is None else (ObjectKey("", pool),)
+
+    return each(keys_of)
+
+
+def slice_to_node_pool(namespace: str | None) -> Mapper:
+    """DRA mode: a change of one of the node's slices reconciles its pool when the pool is this
+    agent's (`owns_slice`), so a slice someone else deletes is published again at once."""
+
+    def keys_of(obj: Mapping[str, Any]) -> Iterable[ObjectKey]:
+        key = pool_key(obj) if owns_slice(obj, namespace) else None
+        return () if key is None else (key,)
+
+    return each(keys_of)

@@ -17,7 +17,7 @@ What each write did is also told as an Event on the Instance or Configuration co
 (controller/events.py decides which; the recorder never blocks), and log lines carry the
 `configuration`, `instance` and `node` they are about as fields.
 
-In DRA mode (`self.dra`, dra_reconcilers.py) `instance` also makes the Instance's broker claim
+In DRA mode (`self.dra`, dra/reconcilers.py) `instance` also makes the Instance's broker claim
 template before the Pods that use it, and the brokers claim their device instead of asking for
 `akri.sh/<instance>`.
 
@@ -67,8 +67,8 @@ from akri_trio.controller import (
     up_to_date,
 )
 from akri_trio.controller import events as ev
-from akri_trio.controller.dra import claim_broker_job, claim_broker_pod
-from akri_trio.controller.dra_reconcilers import DraReconcilers
+from akri_trio.controller.dra.plan import claim_broker_job, claim_broker_pod
+from akri_trio.controller.dra.reconcilers import DraReconcilers
 from akri_trio.controller.metrics import ControllerMetrics
 from akri_trio.dra import RESOURCE_CLAIMS
 from akri_trio.kube import (

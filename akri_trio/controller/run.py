@@ -13,7 +13,7 @@
             │   in DRA mode (`--allocation dra`) also, from our DeviceClasses and shared slices:
             ├── watch deviceclasses, watch resourceslices                    -> stores
             ├── deviceclass queue   DeviceClass name   a Configuration's or Instance's class
-            └── pool queue          pool name          a shared Instance's pool (dra_reconcilers)
+            └── pool queue          pool name          a shared Instance's pool (dra/reconcilers.py)
 
 Each name on a branch is the name its task is started with (test_run_tree compares the two);
 what the caches keep and which change wakes which queue are triggers.py's.
@@ -39,18 +39,8 @@ from typing import Any
 import attrs
 import trio
 
-from akri_trio.controller.dra_reconcilers import (
-    DraCaches,
-    DraReconcilers,
-    class_key,
-    class_selector,
-    instance_class_keys,
-    keys,
-    pool_key,
-    probe_consumable_capacity,
-    shared_pool_key,
-    slice_selector,
-)
+from akri_trio.controller.dra.plan import class_key, class_selector, shared_pool_key, slice_selector
+from akri_trio.controller.dra.reconcilers import DraCaches, DraReconcilers
 from akri_trio.controller.leader_elector import ClientLeaseApi, LeaderElector
 from akri_trio.controller.metrics import ControllerMetrics
 from akri_trio.controller.reconcilers import (
@@ -64,7 +54,9 @@ from akri_trio.controller.reconcilers import (
 from akri_trio.controller.settings import ControllerSettings
 from akri_trio.controller.triggers import (
     configuration_to_instances,
+    instance_class_keys,
     instance_to_services,
+    keys,
     labelled,
     make_caches,
     never,
@@ -73,7 +65,8 @@ from akri_trio.controller.triggers import (
     through,
     when_changed,
 )
-from akri_trio.dra import DEVICE_CLASSES, RESOURCE_SLICES
+from akri_trio.dra import DEVICE_CLASSES, RESOURCE_SLICES, pool_key
+from akri_trio.dra.edge import probe_consumable_capacity
 from akri_trio.kube import (
     Client,
     Controller,

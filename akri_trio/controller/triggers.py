@@ -17,11 +17,21 @@ from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from typing import Any, TypeVar
 
-from akri_trio.controller.dra_reconcilers import CONFIGURATION_INDEXES, INSTANCE_INDEXES
+from akri_trio.controller.dra.plan import instance_class_key
+from akri_trio.controller.dra.reconcilers import CONFIGURATION_INDEXES, INSTANCE_INDEXES
 from akri_trio.controller.reconcilers import Caches, label_key
 from akri_trio.controller.services import configuration_of
 from akri_trio.dra import HOSTNAME_LABEL
-from akri_trio.kube import JSON, Change, Mapper, ObjectKey, Store, by_field, drop_managed_fields
+from akri_trio.kube import (
+    JSON,
+    Change,
+    Mapper,
+    ObjectKey,
+    Store,
+    by_field,
+    drop_managed_fields,
+    each,
+)
 from akri_trio.model import naming
 from akri_trio.model.convert import structure
 from akri_trio.model.resources import Configuration, Instance
@@ -32,8 +42,10 @@ __all__ = [
     "config_of",
     "configuration_key",
     "configuration_to_instances",
+    "instance_class_keys",
     "instance_to_configuration",
     "instance_to_services",
+    "keys",
     "labelled",
     "make_caches",
     "name_label",
@@ -268,6 +280,19 @@ def instance_to_services(caches: Caches) -> Mapper:
         return keys
 
     return mapper
+
+
+def keys(get: Callable[[JSON], ObjectKey | None]) -> Mapper:
+    """A mapper from an object to the one key `get` finds in it (old and new), if any."""
+    return each(lambda obj: [k for k in [get(obj)] if k is not None])
+
+
+def instance_class_keys(change: Change) -> list[ObjectKey]:
+    """DRA mode's class queue, for Instances: their class, when one comes or goes (nothing
+    else about an Instance changes its class)."""
+    if change.old is not None and change.new is not None:
+        return []
+    return [k for k in [instance_class_key(change.old or change.new or {})] if k is not None]
 
 
 def never(change: Change[Any]) -> Iterable[ObjectKey]:

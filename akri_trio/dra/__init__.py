@@ -1,7 +1,10 @@
 """DRA mode's pure core: names, attributes, devices, pools, DeviceClasses, claims, CDI specs.
 
 No I/O here: the agent (node pools, the kubelet plugin) and the controller (shared pools,
-DeviceClasses) build what they write from these functions.
+DeviceClasses) build what they write from these functions, and publish a pool round by round
+with the same `plan_round`. The one edge, `akri_trio.dra.edge` (the pool writer and the
+consumable-capacity probe both sides use), is imported by name, not from here, so importing the
+core loads no client.
 """
 
 from akri_trio.dra.attributes import Attributes, Omitted, device_attributes, identity, qualified
@@ -61,10 +64,11 @@ from akri_trio.dra.offline import (
     OFFLINE_TAINT_KEY,
     GraceStep,
     Vanished,
-    configurations_of,
+    configuration_of,
     hold_vanished,
     tainted,
 )
+from akri_trio.dra.pools import PoolMemory, PoolRound, Wanted, plan_round, pool_key
 from akri_trio.dra.resources import (
     DEVICE_CLASSES,
     RESOURCE_CLAIM_TEMPLATES,
@@ -113,17 +117,20 @@ __all__ = [
     "NotAllocated",
     "Omitted",
     "PoolDevices",
+    "PoolMemory",
     "PoolPlan",
+    "PoolRound",
     "UnusableDevice",
     "Vanished",
+    "Wanted",
     "WrongClaim",
     "cdi_device_id",
     "cdi_device_name",
     "cdi_spec",
     "cel_string",
     "claim_spec",
+    "configuration_of",
     "configuration_selector",
-    "configurations_of",
     "container_edits",
     "device_attributes",
     "device_class",
@@ -144,7 +151,9 @@ __all__ = [
     "node_pool",
     "our_results",
     "plan_pool",
+    "plan_round",
     "pool_devices",
+    "pool_key",
     "pool_labels",
     "pool_name_of",
     "probe_slice",

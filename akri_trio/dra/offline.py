@@ -7,14 +7,15 @@ Instead, a device that was published and is no longer wanted is kept in its pool
 taint `akri.sh/offline` (effect NoSchedule: the scheduler allocates it to no new claim, and
 Pods already running keep it), and leaves the pool when the grace ends; one that comes back
 within the grace is published as it is wanted again, untainted, under the same name, so the
-claims allocated to it stay valid.
+claims allocated to it stay valid. A device that cannot come back (its Configuration was
+deleted) gets no grace: it leaves at once.
 
 Pure: the caller keeps the `Vanished` map between rounds and passes the clock's time in.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
 import attrs
@@ -57,13 +58,15 @@ def hold_vanished(
     *,
     now: float,
     grace: float = OFFLINE_GRACE_S,
+    may_return: Callable[[JSON], bool] = lambda device: True,
 ) -> GraceStep:
     """One round: `wanted` the devices the pool should hold now, `previous` those the last
     round wanted (untainted), `vanished` the last round's memory.
 
     A device of `previous` missing from `wanted` vanishes now; a vanished device wanted again
     is forgotten (published as wanted); one vanished for `grace` or more is forgotten too (it
-    leaves the pool). Every device still vanished is published tainted beside `wanted`.
+    leaves the pool), and so is one for which `may_return` says no. Every device still vanished
+    is published tainted beside `wanted`.
     """
     names = {str(d["name"]) for d in wanted}
     held = {name: v for name, v in vanished.items() if name not in names}
@@ -71,20 +74,16 @@ def hold_vanished(
         name = str(device["name"])
         if name not in names and name not in held:
             held[name] = Vanished(device, now)
-    held = {name: v for name, v in held.items() if now - v.since < grace}
+    held = {name: v for name, v in held.items() if now - v.since < grace and may_return(v.device)}
     devices = [*wanted, *(tainted(v.device) for v in held.values())]
     devices.sort(key=lambda d: str(d["name"]))
     deadline = min((v.since + grace for v in held.values()), default=None)
     return GraceStep(tuple(devices), held, deadline)
 
 
-def configurations_of(devices: Iterable[JSON]) -> set[tuple[str, str]]:
-    """The (namespace, Configuration) each device's identity attributes name."""
-    out: set[tuple[str, str]] = set()
-    for device in devices:
-        attrs_ = device.get("attributes") or {}
-        ns = (attrs_.get(qualified(NAMESPACE)) or {}).get("string")
-        name = (attrs_.get(qualified(CONFIGURATION)) or {}).get("string")
-        if ns and name:
-            out.add((str(ns), str(name)))
-    return out
+def configuration_of(device: JSON) -> tuple[str, str] | None:
+    """The (namespace, Configuration) a device's identity attributes name, if they do."""
+    attrs_ = device.get("attributes") or {}
+    ns = (attrs_.get(qualified(NAMESPACE)) or {}).get("string")
+    name = (attrs_.get(qualified(CONFIGURATION)) or {}).get("string")
+    return (str(ns), str(name)) if ns and name else None

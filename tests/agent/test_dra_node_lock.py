@@ -55,7 +55,7 @@ async def test_an_agent_waiting_on_the_lock_is_not_ready_until_the_kubelet_regis
         async with node_lock(lock), trio.open_nursery() as nursery:
             nursery.start_soon(node.run)
             await trio.sleep(60)
-            assert node.publisher is None  # still waiting on the lock
+            assert node.pools is None  # still waiting on the lock
             assert not node.ready()
             nursery.cancel_scope.cancel()
     registration = Registration(tmp_path / "dra.sock", node._on_status)

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from akri_trio.address import ObjectKey
-from akri_trio.agent.dra.publisher import NodePoolPublisher
+from akri_trio.agent.dra.pool_reconciler import NodePoolReconciler
 from akri_trio.agent.plugins import slots
 from akri_trio.agent.view import NodeView
 from akri_trio.kube import Init, InitApply, InitDone, Store
@@ -101,8 +101,8 @@ async def test_dra_publishes_at_most_max_capacity_slots() -> None:
     store.apply(InitApply(_instance("cam-8120fe", HUGE)))
     store.apply(InitDone())
     async with httpx.AsyncClient(base_url="http://127.0.0.1:9") as http:  # never called
-        publisher = NodePoolPublisher(
+        pools = NodePoolReconciler(
             Client(http), store, NODE, namespace=None, consumable=False, max_capacity=8
         )
-        (inst,) = publisher._instances()
+        (inst,) = pools._instances()
     assert inst.spec.capacity == 8

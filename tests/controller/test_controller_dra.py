@@ -190,7 +190,7 @@ async def test_a_shared_instance_is_one_pool_on_exactly_its_nodes(
             # The device vanishes: its devices stay tainted for the offline grace (shortened
             # here), on the same nodes, then the pool goes.
             assert running.reconcilers is not None and running.reconcilers.dra is not None
-            running.reconcilers.dra.offline_grace = 3.0
+            running.reconcilers.dra.pools.offline_grace = 3.0
             await api.delete(INSTANCES, "cfg-shared", namespace=ns)
 
             async def tainted() -> list[JSON]:

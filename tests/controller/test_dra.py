@@ -1,5 +1,5 @@
-"""The controller's DRA-mode decisions (akri_trio.controller.dra): DeviceClasses, shared pools,
-broker claims."""
+"""The controller's DRA-mode decisions (akri_trio.controller.dra.plan): DeviceClasses, shared
+pools, broker claims, and what the DRA reconcilers are keyed by."""
 
 from __future__ import annotations
 
@@ -12,32 +12,45 @@ from hypothesis import strategies as st
 from akri_trio import dra
 from akri_trio.address import ObjectKey
 from akri_trio.controller import PLACEHOLDER, broker_job, broker_pod
-from akri_trio.controller.dra import (
+from akri_trio.controller.dra.plan import (
     CLAIM_NAME,
     claim_broker_job,
     claim_broker_pod,
     claim_template,
-    class_up_to_date,
-    class_wanted,
-    is_our_class,
-    plan_shared_pool,
-)
-from akri_trio.controller.dra_reconcilers import (
     class_key,
     class_selector,
+    class_up_to_date,
+    class_wanted,
+    hostname_of,
     instance_class_key,
-    instance_class_keys,
-    pool_key,
+    is_our_class,
     shared_pool_key,
+    shared_pool_wanted,
     slice_selector,
 )
 from akri_trio.controller.names import claim_template_name
+from akri_trio.controller.triggers import instance_class_keys, keys
 from akri_trio.kube import Change
 from akri_trio.model import naming
+from akri_trio.model.resources import Instance
 from tests.controller.objects import CONFIG, INSTANCE, configuration, instance
 
 JSON = dict[str, Any]
 POOL = dra.shared_pool("ns", INSTANCE)
+
+
+def plan_shared_pool(
+    inst: Instance | None,
+    existing: list[JSON],
+    *,
+    hostname: dict[str, str] | None = None,
+    consumable: bool = False,
+    written: int = 0,
+) -> dra.PoolPlan:
+    """The writes of the pool's round, as the controller's reconcile asks for them (no grace
+    memory: what a fresh controller does)."""
+    wanted = shared_pool_wanted(POOL, inst, hostname=hostname or {}, consumable=consumable)
+    return dra.plan_round(POOL, wanted, existing, None, now=0.0, written=written).plan
 
 
 def _stored(plan: dra.PoolPlan, held: dict[str, JSON] | None = None) -> dict[str, JSON]:
@@ -85,6 +98,11 @@ def test_an_instance_maps_to_its_class_only_when_it_comes_or_goes() -> None:
     assert instance_class_keys(Change(ObjectKey("ns", INSTANCE), None, obj)) == [key]
     assert instance_class_keys(Change(ObjectKey("ns", INSTANCE), obj, None)) == [key]
     assert instance_class_keys(Change(ObjectKey("ns", INSTANCE), obj, obj)) == []
+    # The mapper of the Configurations (and of our own objects): the one key found, if any.
+    config = {"metadata": {"name": CONFIG, "namespace": "ns"}}
+    change = Change(ObjectKey("ns", CONFIG), None, config)
+    assert list(keys(class_key)(change)) == [ObjectKey("", dra.device_class_name(CONFIG, "ns"))]
+    assert list(keys(shared_pool_key)(change)) == []
 
 
 def test_a_class_with_our_spec_and_labels_is_up_to_date_whatever_else_it_holds() -> None:
@@ -119,7 +137,7 @@ def test_a_class_without_our_label_is_not_ours() -> None:
 
 def test_a_shared_instance_is_one_pool_selecting_exactly_its_nodes() -> None:
     inst = instance(nodes=("node-b", "node-a"))
-    plan = plan_shared_pool(POOL, inst, [], hostname={"node-b": "b"}, consumable=False)
+    plan = plan_shared_pool(inst, [], hostname={"node-b": "b"})
     (body,) = plan.apply
     spec = body["spec"]
     assert "nodeName" not in spec
@@ -133,26 +151,24 @@ def test_a_shared_instance_is_one_pool_selecting_exactly_its_nodes() -> None:
 
 
 def test_consumable_capacity_publishes_one_device() -> None:
-    plan = plan_shared_pool(POOL, instance(), [], hostname={}, consumable=True)
+    plan = plan_shared_pool(instance(), [], consumable=True)
     (device,) = plan.apply[0]["spec"]["devices"]
     assert device["allowMultipleAllocations"] is True
 
 
 def test_a_node_joining_bumps_the_generation_and_nothing_changes_without_it() -> None:
-    held = _stored(plan_shared_pool(POOL, instance(), [], hostname={}, consumable=False))
-    same = plan_shared_pool(POOL, instance(), list(held.values()), hostname={}, consumable=False)
+    held = _stored(plan_shared_pool(instance(), []))
+    same = plan_shared_pool(instance(), list(held.values()))
     assert same.unchanged
     joined = instance(nodes=("node-a", "node-b"))
-    plan = plan_shared_pool(POOL, joined, list(held.values()), hostname={}, consumable=False)
+    plan = plan_shared_pool(joined, list(held.values()))
     assert plan.generation == 2 and len(plan.apply) == 1
     values = plan.apply[0]["spec"]["nodeSelector"]["nodeSelectorTerms"][0]["matchExpressions"]
     assert values[0]["values"] == ["node-a", "node-b"]
 
 
 def test_the_pool_goes_with_the_instance_its_nodes_or_its_sharing() -> None:
-    held = list(
-        _stored(plan_shared_pool(POOL, instance(), [], hostname={}, consumable=False)).values()
-    )
+    held = list(_stored(plan_shared_pool(instance(), [])).values())
     names = [s["metadata"]["name"] for s in held]
     for gone in (
         None,
@@ -160,31 +176,18 @@ def test_the_pool_goes_with_the_instance_its_nodes_or_its_sharing() -> None:
         instance(nodes=()),
         instance(shared=False),
     ):
-        plan = plan_shared_pool(POOL, gone, held, hostname={}, consumable=False)
+        assert shared_pool_wanted(POOL, gone, hostname={}, consumable=False) is None
+        plan = plan_shared_pool(gone, held)
         assert plan.apply == () and list(plan.delete) == names
 
 
-def test_devices_in_their_offline_grace_stay_where_the_pool_was() -> None:
-    """The Instance gone, its vanished devices (tainted) are published on the nodes and with
-    the labels of the pool as it is, beside any the Instance still has."""
-    inst = instance(nodes=("node-a", "node-b"))
-    held_slices = list(
-        _stored(plan_shared_pool(POOL, inst, [], hostname={}, consumable=True)).values()
-    )
-    vanished = [dra.tainted(d) for d in held_slices[0]["spec"]["devices"]]
-    plan = plan_shared_pool(POOL, None, held_slices, hostname={}, consumable=True, held=vanished)
-    (body,) = plan.apply
-    assert body["spec"]["devices"] == vanished
-    assert body["spec"]["nodeSelector"] == held_slices[0]["spec"]["nodeSelector"]
-    assert body["metadata"]["labels"] == held_slices[0]["metadata"]["labels"]
-    assert plan.generation == 2 and plan.delete == ()
-    # Nothing held: the pool goes, as before.
-    gone = plan_shared_pool(POOL, None, held_slices, hostname={}, consumable=True)
-    assert gone.apply == () and len(gone.delete) == 1
+def test_another_instances_pool_wants_nothing_of_it() -> None:
+    other = dra.shared_pool("ns", "other-abc123")
+    assert shared_pool_wanted(other, instance(), hostname={}, consumable=False) is None
 
 
 def test_a_pool_published_again_never_repeats_a_generation() -> None:
-    plan = plan_shared_pool(POOL, instance(), [], hostname={}, consumable=False, written=4)
+    plan = plan_shared_pool(instance(), [], written=4)
     assert plan.generation == 5
 
 
@@ -198,9 +201,7 @@ def test_every_history_of_nodes_ends_in_one_pool_at_a_higher_generation(
     for node in steps:  # a node joins, or leaves when it was there
         nodes = [n for n in nodes if n != node] if node in nodes else [*nodes, node]
         inst = instance(nodes=tuple(nodes))
-        plan = plan_shared_pool(
-            POOL, inst, list(held.values()), hostname={}, consumable=consumable, written=last
-        )
+        plan = plan_shared_pool(inst, list(held.values()), consumable=consumable, written=last)
         held = _stored(plan, held)
         if plan.apply:
             assert plan.generation > last
@@ -283,7 +284,9 @@ def test_a_configuration_its_class_and_a_shared_instance_its_pool_map_to_one_key
     local = {"metadata": {"name": INSTANCE, "namespace": "ns"}, "spec": {"shared": False}}
     assert shared_pool_key(shared) == ObjectKey("", POOL)
     assert shared_pool_key(local) is None
-    (body,) = plan_shared_pool(POOL, instance(), [], hostname={}, consumable=False).apply
-    assert pool_key(body) == ObjectKey("", POOL)
+    (body,) = plan_shared_pool(instance(), []).apply
+    assert dra.pool_key(body) == ObjectKey("", POOL)
     assert class_selector(None) == "akri.sh/namespace"
     assert slice_selector("ns") == "akri.sh/pool-kind=shared,akri.sh/namespace=ns"
+    node = {"metadata": {"name": "n1", "labels": {dra.HOSTNAME_LABEL: "h1"}}}
+    assert hostname_of(node) == "h1" and hostname_of({"metadata": {}}) is None

@@ -17,7 +17,7 @@ from akri_trio.dra.offline import (
     OFFLINE_TAINT,
     GraceStep,
     Vanished,
-    configurations_of,
+    configuration_of,
     hold_vanished,
     tainted,
 )
@@ -131,11 +131,26 @@ def test_the_grace_is_device_plugin_modes() -> None:
     assert OFFLINE_GRACE_S == registry.OFFLINE_GRACE_S
 
 
-def test_configurations_of_reads_each_devices_identity_attributes() -> None:
-    """The controller lets a pool's devices go at once when the Configuration they name is
-    gone: it finds it in the devices' own identity attributes."""
-    named = [
-        {"name": f"d{i}", "attributes": device_attributes(cfg, ns, f"i{i}", {}).as_api()}
-        for i, (ns, cfg) in enumerate([("a", "cam"), ("a", "cam"), ("b", "usb")])
-    ]
-    assert configurations_of([*named, {"name": "bare"}]) == {("a", "cam"), ("b", "usb")}
+def test_configuration_of_reads_a_devices_identity_attributes() -> None:
+    """A publisher lets a device go at once when the Configuration it names is gone: it finds
+    it in the device's own identity attributes."""
+    named = {"name": "d", "attributes": device_attributes("cam", "a", "i", {}).as_api()}
+    assert configuration_of(named) == ("a", "cam")
+    assert configuration_of({"name": "bare"}) is None
+
+
+async def test_a_device_that_cannot_come_back_leaves_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """`may_return` no (its Configuration deleted): no grace, whether it vanishes now or is
+    already in its grace; the others keep theirs."""
+    gone = {"b", "c"}
+
+    def may_return(device: JSON) -> bool:
+        return device["name"] not in gone
+
+    out = hold_vanished([], [_device("a"), _device("b")], {}, now=0.0, may_return=may_return)
+    assert Pool.taints(out) == {"a": [OFFLINE_TAINT]}
+    held = {"c": Vanished(_device("c"), 0.0), **out.vanished}
+    out = hold_vanished([], [], held, now=1.0, may_return=may_return)
+    assert set(out.vanished) == {"a"}

@@ -166,8 +166,8 @@ def e2e(node_cluster: dict[str, str], tmp_path_factory: pytest.TempPathFactory) 
     config["spec"]["brokerSpec"] = _broker()
     env.kubectl.apply(config)
     line = f"the kubelet registered DRA driver {dra.DRIVER}"
-    until(lambda: line in env.agent.this_run(), what="the kubelet registered the plugin")
-    try:
+    try:  # the wait inside: an agent that never registers is stopped too
+        until(lambda: line in env.agent.this_run(), what="the kubelet registered the plugin")
         yield env
     finally:
         clear_namespace(env.kubectl, NS, CONFIG)

@@ -155,8 +155,8 @@ def e2e(node_cluster: dict[str, str], tmp_path_factory: pytest.TempPathFactory) 
     dra_class_and_template(env.kubectl, NS, CONFIG, TEMPLATE, env.instances["d0"])
     env.start_agent()
     env.kubectl.apply(debug_echo_configuration(CONFIG, NS, DESCRIPTIONS, capacity=2))
-    env.wait_registered()
     try:
+        env.wait_registered()  # inside: an agent that never registers is stopped too
         yield env
     finally:
         clear_namespace(env.kubectl, NS, CONFIG, dra_class=True)

@@ -2,8 +2,10 @@
 
 DraNode.run                  (ready() once the kubelet registered the plugin: the agent's /readyz)
 ├── node lock                one agent at a time serves driver akri.sh on a node
-├── probe: does the API server take consumable capacity? (a server-side dry run)
-├── NodePoolPublisher        Instances -> this node's ResourceSlices (re-published when wiped)
+├── probe: does the API server take consumable capacity? (dra.edge, a server-side dry run)
+├── NodePoolReconciler       Instances -> this node's ResourceSlices (re-published when wiped)
+│   ├── watch of this node's slices
+│   └── pool queue           the shared runner, keyed by pool
 └── kubelet plugin           registration socket + DRA socket -> Preparer -> CDI specs
 """
 
@@ -16,15 +18,15 @@ import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import httpx
 import trio
 
 from akri_trio.agent.dra.plugin import serve_kubelet_plugin
+from akri_trio.agent.dra.pool_reconciler import NodePoolReconciler
 from akri_trio.agent.dra.preparer import Preparer
-from akri_trio.agent.dra.publisher import NodePoolPublisher
 from akri_trio.agent.view import NodeView
-from akri_trio.dra import DRIVER, RESOURCE_SLICES, probe_slice, takes_consumable_capacity
-from akri_trio.kube import ApiError, Backoff, Client, ConfigError, Forbidden, NotFound, Store
+from akri_trio.dra import DRIVER
+from akri_trio.dra.edge import probe_consumable_capacity
+from akri_trio.kube import Client, Store
 
 log = logging.getLogger(__name__)
 
@@ -63,32 +65,6 @@ async def node_lock(path: Path) -> AsyncIterator[None]:
         os.close(fd)  # releases the lock
 
 
-async def probe_consumable_capacity(api: Client) -> bool:
-    """Whether the API server keeps `allowMultipleAllocations` (DRAConsumableCapacity); retried
-    with backoff while the API server cannot answer. An API server that does not serve
-    ResourceSlices raises ConfigError, RBAC's refusal Forbidden: neither goes away by waiting."""
-    backoff = Backoff()
-    attempt = 0
-    while True:
-        try:
-            answer = await api.request(
-                "POST", RESOURCE_SLICES.path(), params={"dryRun": "All"}, body=probe_slice()
-            )
-            return takes_consumable_capacity(answer)
-        except NotFound as exc:
-            raise ConfigError(
-                "DRA mode needs resource.k8s.io/v1 (Kubernetes >= 1.34), which this API server "
-                f"does not serve ({exc.message})"
-            ) from exc
-        except Forbidden:
-            raise
-        except (ApiError, httpx.HTTPError) as exc:
-            delay = backoff.delay(attempt)
-            attempt += 1
-            log.warning("consumable-capacity probe failed (%s); again in %.1f s", exc, delay)
-            await trio.sleep(delay)
-
-
 class DraNode:
     def __init__(
         self,
@@ -96,6 +72,7 @@ class DraNode:
         view: NodeView,
         instances: Store,
         *,
+        configurations: Store | None = None,
         namespace: str | None,
         kubelet_root_dir: Path,
         cdi_dir: Path,
@@ -104,11 +81,14 @@ class DraNode:
         self.api = api
         self.view = view
         self.instances = instances
+        # The agent's Configurations when it watches all of its namespace(s): a device whose
+        # Configuration is gone leaves its pool at once (NodePoolReconciler).
+        self.configurations = configurations
         self.namespace = namespace
         self.kubelet_root_dir = kubelet_root_dir
         self.cdi_dir = cdi_dir
         self.consumable = consumable  # None: ask the API server
-        self.publisher: NodePoolPublisher | None = None
+        self.pools: NodePoolReconciler | None = None
         self.preparer: Preparer | None = None
         self.registered = False
 
@@ -138,13 +118,14 @@ class DraNode:
             if consumable
             else "one device per slot (no consumable capacity)",
         )
-        self.publisher = NodePoolPublisher(
+        self.pools = NodePoolReconciler(
             self.api,
             self.instances,
             self.view.node,
             namespace=self.namespace,
             consumable=consumable,
             max_capacity=self.view.max_capacity,
+            configurations=self.configurations,
         )
         self.preparer = Preparer(
             self.api,
@@ -155,7 +136,7 @@ class DraNode:
         )
         self.preparer.load()
         async with trio.open_nursery() as nursery:
-            await nursery.start(self.publisher.run)
+            await nursery.start(self.pools.run)
             await nursery.start(
                 serve_kubelet_plugin, self.kubelet_root_dir, self.preparer, self._on_status
             )

@@ -2,9 +2,9 @@
 
 Prepare reads each claim from the API server, keeps the devices of driver `akri.sh`, checks that
 this node can stand behind each one and that each stands for an Instance of the claim's own
-namespace (`pools.usable_devices`, `dra.resolve`), writes one CDI spec
-per claim giving the container what device-plugin mode's Allocate gives, records the claim in
-the checkpoint, and answers with the CDI device ids. Unprepare removes the spec and the record.
+namespace (`plan.usable_devices`, `dra.resolve`), writes one CDI spec per claim giving the
+container what device-plugin mode's Allocate gives, records the claim in the checkpoint, and
+answers with the CDI device ids. Unprepare removes the spec and the record.
 
 - Idempotent: a claim already in the checkpoint (with its spec file still there) is answered
   from the checkpoint without reading the API; unpreparing an unknown claim succeeds.
@@ -32,7 +32,7 @@ import httpx
 import trio
 
 from akri_trio.address import ObjectKey
-from akri_trio.agent.dra.pools import usable_devices
+from akri_trio.agent.dra.plan import usable_devices
 from akri_trio.agent.view import NodeView
 from akri_trio.dra import (
     RESOURCE_CLAIMS,

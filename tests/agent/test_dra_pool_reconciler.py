@@ -1,4 +1,4 @@
-"""The DRA node-pool publisher against the real API server, with exactly the RBAC of k8s/agent.yaml
+"""The DRA node-pool reconciler against the real API server, with exactly the RBAC of k8s/agent.yaml
 and k8s/dra.yaml (DRA mode's opt-in; without it the agent may not touch ResourceSlices):
 it publishes the node's pool, writes nothing while nothing changes, bumps the generation on a
 change, publishes again at once what someone else deletes (as the kubelet wipes a node's slices
@@ -19,11 +19,11 @@ import pytest
 import trio
 
 from akri_trio import dra
-from akri_trio.agent.dra.node import probe_consumable_capacity
 from akri_trio.agent.dra.plugin import registration_socket
-from akri_trio.agent.dra.publisher import NodePoolPublisher
+from akri_trio.agent.dra.pool_reconciler import NodePoolReconciler
 from akri_trio.agent.run import Agent, AgentSettings, run_agent
-from akri_trio.kube import Apply, Client, Delete, Init, InitApply, InitDone, Store
+from akri_trio.dra.edge import probe_consumable_capacity
+from akri_trio.kube import Apply, Client, Delete, Init, InitApply, InitDone, ObjectKey, Store
 from akri_trio.model.convert import unstructure
 from akri_trio.rpc.gen import pluginregistration_v1_pb2 as reg
 from akri_trio.rpc.gen import pluginregistration_v1_pb2_grpc
@@ -65,7 +65,7 @@ async def _slices(api: Client, node: str) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("consumable", [True, False], ids=["consumable", "slots"])
-async def test_publisher_keeps_the_node_pool_with_the_manifest_rbac(
+async def test_the_reconciler_keeps_the_node_pool_with_the_manifest_rbac(
     api: Client, agent_api: Client, cluster: dict[str, str], consumable: bool
 ) -> None:
     if consumable:  # the agent publishes consumable devices only where its probe finds them
@@ -77,22 +77,27 @@ async def test_publisher_keeps_the_node_pool_with_the_manifest_rbac(
     instances.apply(Init())
     instances.apply(InitApply(_instance("echo-aaaaaa", node, "a")))
     instances.apply(InitDone())
-    publisher = NodePoolPublisher(
+    pools = NodePoolReconciler(
         agent_api, instances, node, namespace=NS, consumable=consumable, offline_grace=2.0
     )
     async with trio.open_nursery() as nursery:
         try:
-            await nursery.start(publisher.run)
+            await nursery.start(pools.run)
             (first,) = await until_api(lambda: _slices(api, node), what="the pool published")
             assert first["spec"]["pool"]["name"] == dra.node_pool(node, NS)
             assert first["spec"]["pool"]["generation"] == 1
             names = {d["name"] for d in first["spec"]["devices"]}
             assert names == ({"echo-aaaaaa"} if consumable else {"echo-aaaaaa-0", "echo-aaaaaa-1"})
 
-            rounds = publisher.rounds
-            publisher.wake()
-            await publisher.wait_published()
-            assert publisher.rounds > rounds
+            # Reconciled again with nothing changed (once its cache shows the pool): nothing
+            # written.
+            version = first["metadata"]["resourceVersion"]
+            with trio.fail_after(30):
+                await pools.slices.wait_for(
+                    ObjectKey("", first["metadata"]["name"]),
+                    lambda o: o is not None and o["metadata"]["resourceVersion"] == version,
+                )
+            assert await pools.reconcile(ObjectKey("", dra.node_pool(node, NS))) is None
             (same,) = await _slices(api, node)
             assert same["metadata"]["resourceVersion"] == first["metadata"]["resourceVersion"]
 

@@ -1,7 +1,9 @@
 """Which pools this node's agent publishes, and which devices it may prepare (pure).
 
 - Published: one pool per namespace (`dra.node_pool`) of the non-shared Instances that list
-  this node. Shared Instances are the controller's to publish.
+  this node. Shared Instances are the controller's to publish. The pool reconciler
+  (pool_reconciler.py) is keyed by pool: `node_pool_of` is the pool an Instance maps to,
+  `owns_slice` says which of the node's slices are this agent's.
 - Preparable ("usable on this node"): a device of such a node pool, or of the shared pool of a
   shared Instance that lists this node, when this node's discovery currently reports the
   Instance's device (its mounts and device nodes come from there).
@@ -9,15 +11,42 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from akri_trio.address import ObjectKey
-from akri_trio.dra import DeviceRef, PoolDevices, node_pool, pool_devices, shared_pool
+from akri_trio.dra import (
+    LABEL_NAMESPACE,
+    LABEL_POOL_KIND,
+    DeviceRef,
+    PoolDevices,
+    node_pool,
+    pool_devices,
+    shared_pool,
+)
 from akri_trio.model.resources import Instance
 
 
 def serves(inst: Instance, node: str) -> bool:
     return node in inst.spec.nodes and inst.metadata.deletion_timestamp is None
+
+
+def node_pool_of(obj: Mapping[str, Any], node: str) -> str | None:
+    """The node pool an Instance (as the API holds it) is in on `node`: its namespace's, when it
+    is not shared and lists the node (being deleted or not: it is leaving that pool)."""
+    spec = obj.get("spec") or {}
+    if spec.get("shared") or node not in (spec.get("nodes") or ()):
+        return None
+    return node_pool(node, str((obj.get("metadata") or {}).get("namespace") or ""))
+
+
+def owns_slice(obj: Mapping[str, Any], namespace: str | None) -> bool:
+    """Whether a slice of this node is this agent's: a node pool's, of its namespace when it
+    watches one (any namespace's otherwise)."""
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    if labels.get(LABEL_POOL_KIND) != "node":
+        return False
+    return namespace is None or labels.get(LABEL_NAMESPACE) == namespace
 
 
 def node_pools(

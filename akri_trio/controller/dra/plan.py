@@ -1,15 +1,17 @@
 """The controller's decisions in DRA mode, as plain data: DeviceClasses, shared pools, broker
-claims. The edge (dra_reconcilers.py) reads the caches, asks these functions, writes the answer.
+claims, and the keys their reconciles run under. The edge (reconcilers.py beside it) reads the
+caches, asks these functions, writes the answer.
 
-- One DeviceClass per Configuration (`dra.device_class`, for `akri.sh/<configuration>`) and
-  one per Instance (`dra.instance_class`, for `akri.sh/<instance>`). A cluster-scoped object
+- One DeviceClass per Configuration (`device_class`, for `akri.sh/<configuration>`) and
+  one per Instance (`instance_class`, for `akri.sh/<instance>`). A cluster-scoped object
   cannot have a namespaced owner, so nothing deletes it for us: its reconcile is keyed by the
   class's name and deletes a class of ours that no Configuration or Instance wants.
 - One pool per SHARED Instance, written by the controller alone: its devices
-  (`dra.pool_devices`) on a node selector of exactly the hostnames of `Instance.spec.nodes`.
-  Keyed by the pool's name; no Instance (gone, being deleted, no node left, not shared any
-  more) means no devices, so once the offline grace of the devices it had ends (`dra.offline`:
-  meanwhile they stay, tainted) `plan_pool` deletes every slice of the pool.
+  (`pool_devices`) on a node selector of exactly the hostnames of `Instance.spec.nodes`
+  (`shared_pool_wanted`). Keyed by the pool's name; no Instance (gone, being deleted, no node
+  left, not shared any more) means nothing wanted, so once the offline grace of the devices it
+  had ends (meanwhile they stay, tainted) the pool goes: `akri_trio.dra.plan_round`, the round
+  the agent's node pools go through too.
 - Brokers claim their device instead of asking for `akri.sh/<instance>` in `limits`: one
   ResourceClaimTemplate per Instance (owned by it; the request names the Configuration's
   DeviceClass and selects the Instance by CEL on `akri.sh/instance`), and every broker Pod, and
@@ -21,12 +23,27 @@ claims. The edge (dra_reconcilers.py) reads the caches, asks these functions, wr
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
-from akri_trio import dra
+from akri_trio.address import ObjectKey
 from akri_trio.controller import names
 from akri_trio.controller.brokers import akri_labels, owned_object
+from akri_trio.dra import (
+    HOSTNAME_LABEL,
+    LABEL_NAMESPACE,
+    LABEL_POOL_KIND,
+    Wanted,
+    claim_spec,
+    device_class,
+    device_class_name,
+    instance_class,
+    instance_class_name,
+    pool_devices,
+    pool_labels,
+    shared_placement,
+    shared_pool,
+)
 from akri_trio.model import naming
 from akri_trio.model.resources import JSON, Instance
 
@@ -47,9 +64,9 @@ def class_wanted(
     the first one's class (two could only share a name through a hash collision of overlong
     names, or a dotted Configuration name spelling an Instance class's), or None when none
     wants it."""
-    bodies = [dra.device_class(name, namespace) for namespace, name in sorted(configurations)]
+    bodies = [device_class(name, namespace) for namespace, name in sorted(configurations)]
     bodies += [
-        dra.instance_class(configuration, namespace, name)
+        instance_class(configuration, namespace, name)
         for namespace, name, configuration in sorted(instances)
     ]
     for body in bodies:
@@ -74,18 +91,11 @@ def class_up_to_date(existing: Mapping[str, Any] | None, wanted: Mapping[str, An
 
 
 def is_our_class(obj: Mapping[str, Any]) -> bool:
-    """A DeviceClass we made: it carries the namespace label `dra.device_class` puts on it."""
-    return dra.LABEL_NAMESPACE in ((obj.get("metadata") or {}).get("labels") or {})
+    """A DeviceClass we made: it carries the namespace label `device_class` puts on it."""
+    return LABEL_NAMESPACE in ((obj.get("metadata") or {}).get("labels") or {})
 
 
 # --- shared pools ----------------------------------------------------------------------------
-
-
-def wanted_devices(pool: str, instance: Instance | None, *, consumable: bool) -> list[JSON]:
-    """The devices `pool` holds for `instance` now (none when it does not publish there)."""
-    if instance is None or not publishes(instance) or shared_pool_of(instance) != pool:
-        return []
-    return list(dra.pool_devices([instance], consumable=consumable).devices)
 
 
 def shared_pool_of(instance: Instance) -> str | None:
@@ -93,7 +103,7 @@ def shared_pool_of(instance: Instance) -> str | None:
     its node publishes those)."""
     if not instance.spec.shared:
         return None
-    return dra.shared_pool(instance.metadata.namespace, instance.metadata.name)
+    return shared_pool(instance.metadata.namespace, instance.metadata.name)
 
 
 def publishes(instance: Instance | None) -> bool:
@@ -107,40 +117,21 @@ def publishes(instance: Instance | None) -> bool:
     )
 
 
-def plan_shared_pool(
-    pool: str,
-    instance: Instance | None,
-    existing: Sequence[Mapping[str, Any]],
-    *,
-    hostname: Mapping[str, str],
-    consumable: bool,
-    written: int = 0,
-    held: Sequence[JSON] = (),
-) -> dra.PoolPlan:
-    """The writes that make `pool` hold `instance`'s devices on exactly its nodes, or nothing.
-
-    `held`: devices that vanished and are in their offline grace (`dra.hold_vanished`), kept
-    beside them, tainted; with no Instance they are published where the pool already is.
+def shared_pool_wanted(
+    pool: str, instance: Instance | None, *, hostname: Mapping[str, str], consumable: bool
+) -> Wanted | None:
+    """What `pool` should hold now: `instance`'s devices on exactly its nodes, or nothing
+    (None) when it does not publish there.
 
     `hostname`: node name -> its `kubernetes.io/hostname` label, for the nodes whose Node says
     so; any other node is selected by its name (which is what the kubelet sets the label to).
     """
-    wanted = wanted_devices(pool, instance, consumable=consumable)
-    if instance is None or not wanted:
-        if held and existing:  # in their offline grace: where and as the pool was published
-            meta, spec = existing[0].get("metadata") or {}, existing[0].get("spec") or {}
-            placement = {k: spec[k] for k in ("nodeSelector", "allNodes") if k in spec}
-            labels = dict(meta.get("labels") or {})
-            return dra.plan_pool(pool, held, placement, existing, labels=labels, written=written)
-        return dra.plan_pool(pool, [], {}, existing, written=written)
-    nodes = [hostname.get(n, n) for n in instance.spec.nodes]
-    return dra.plan_pool(
-        pool,
-        [*wanted, *held],
-        dra.shared_placement(nodes),
-        existing,
-        labels=dra.pool_labels("shared", instance.metadata.namespace),
-        written=written,
+    if instance is None or not publishes(instance) or shared_pool_of(instance) != pool:
+        return None
+    return Wanted(
+        pool_devices([instance], consumable=consumable),
+        shared_placement(hostname.get(n, n) for n in instance.spec.nodes),
+        pool_labels("shared", instance.metadata.namespace),
     )
 
 
@@ -152,7 +143,7 @@ def claim_template(instance: Instance) -> JSON:
     class, of this Instance; owned by the Instance so it goes with it."""
     meta, spec = instance.metadata, instance.spec
     labels = {naming.LABEL_CONTROLLER: naming.CONTROLLER_VALUE, **akri_labels(instance)}
-    body = {"spec": dra.claim_spec(spec.configuration_name, meta.namespace, meta.name)}
+    body = {"spec": claim_spec(spec.configuration_name, meta.namespace, meta.name)}
     name = names.claim_template_name(meta.name)
     return owned_object(TEMPLATE_API_VERSION, "ResourceClaimTemplate", name, labels, instance, body)
 
@@ -213,3 +204,53 @@ def claim_broker_job(job: Mapping[str, Any], instance: Instance) -> JSON:
         names.claim_template_name(instance.metadata.name),
     )
     return body
+
+
+# --- what the reconciles are keyed by --------------------------------------------------------
+
+# The indexes of the controller's Configuration and Instance caches in DRA mode, by the key of
+# the class or pool an object maps to (reconcilers.CONFIGURATION_INDEXES, INSTANCE_INDEXES).
+CLASS_INDEX: Final = "deviceclass"
+POOL_INDEX: Final = "sharedpool"
+
+
+def _class_key(obj: JSON, class_name: Callable[[str, str], str]) -> ObjectKey | None:
+    meta = obj.get("metadata") or {}
+    name, namespace = meta.get("name"), meta.get("namespace")
+    if not name or not namespace:
+        return None
+    return ObjectKey("", class_name(str(name), str(namespace)))
+
+
+def class_key(obj: JSON) -> ObjectKey | None:
+    """A Configuration's DeviceClass, as the key its reconcile runs under."""
+    return _class_key(obj, device_class_name)
+
+
+def instance_class_key(obj: JSON) -> ObjectKey | None:
+    """An Instance's DeviceClass, as the key its reconcile runs under."""
+    return _class_key(obj, instance_class_name)
+
+
+def shared_pool_key(obj: JSON) -> ObjectKey | None:
+    """A shared Instance's pool, as the key its reconcile runs under."""
+    spec = obj.get("spec") or {}
+    meta = obj.get("metadata") or {}
+    if not spec.get("shared") or not meta.get("name"):
+        return None
+    return ObjectKey("", shared_pool(str(meta.get("namespace") or ""), str(meta["name"])))
+
+
+def class_selector(namespace: str | None) -> str:
+    """Our DeviceClasses: all, or those of one namespace's Configurations."""
+    return LABEL_NAMESPACE if namespace is None else f"{LABEL_NAMESPACE}={namespace}"
+
+
+def slice_selector(namespace: str | None) -> str:
+    """The shared pools' slices (the agents' node pools are theirs)."""
+    return f"{LABEL_POOL_KIND}=shared,{class_selector(namespace)}"
+
+
+def hostname_of(node: Mapping[str, Any]) -> str | None:
+    """A Node's `kubernetes.io/hostname` label."""
+    return ((node.get("metadata") or {}).get("labels") or {}).get(HOSTNAME_LABEL)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import attrs
 
 from akri_trio.address import ObjectKey
-from akri_trio.agent.dra.pools import node_pools, usable_devices
+from akri_trio.agent.dra.plan import node_pools, usable_devices
 from akri_trio.dra import DeviceRef, node_pool, shared_pool
 from tests.dra.support import instance
 

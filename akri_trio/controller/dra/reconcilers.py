@@ -1,0 +1,169 @@
+"""The controller's DRA-mode edges: the DeviceClass and shared-pool reconcilers and the broker
+claim template (the decisions are plan.py's beside it).
+
+Both reconcilers are keyed by the cluster-scoped object's own name (`ObjectKey("", name)`), and
+both the wanted side (Configurations, Instances, indexed by that name) and the written side
+(our DeviceClasses and shared ResourceSlices, watched by label) map to it. So a class or pool
+left behind while the controller was down (its Configuration or Instance deleted meanwhile) is
+in the first list, is mapped to its own key, finds nothing that wants it, and is deleted: that
+is the orphan cleanup on start, with no separate pass.
+
+A shared pool is written by `akri_trio.dra.edge.PoolWriter`, the writer the agent's node pools
+use too (`agent/dra/pool_reconciler.py`): the same round (`dra.plan_round`, the offline grace
+included), the same apply-then-delete.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Final
+
+import attrs
+
+from akri_trio.controller.dra.plan import (
+    CLASS_INDEX,
+    POOL_INDEX,
+    claim_template,
+    class_key,
+    class_up_to_date,
+    class_wanted,
+    hostname_of,
+    instance_class_key,
+    is_our_class,
+    shared_pool_key,
+    shared_pool_of,
+    shared_pool_wanted,
+)
+from akri_trio.controller.metrics import ControllerMetrics
+from akri_trio.dra import DEVICE_CLASSES, RESOURCE_CLAIM_TEMPLATES
+from akri_trio.dra.edge import PoolWriter, slice_store
+from akri_trio.kube import (
+    AlreadyExists,
+    Client,
+    Conflict,
+    NotFound,
+    ObjectKey,
+    Requeue,
+    Store,
+    by_field,
+    drop_managed_fields,
+)
+from akri_trio.model.resources import Instance
+
+log = logging.getLogger(__name__)
+
+FIELD_MANAGER: Final = "akri-controller"
+
+# Added to the controller's Configuration and Instance stores in DRA mode.
+CONFIGURATION_INDEXES: Final = {CLASS_INDEX: by_field(class_key)}
+INSTANCE_INDEXES: Final = {
+    POOL_INDEX: by_field(shared_pool_key),
+    CLASS_INDEX: by_field(instance_class_key),
+}
+
+
+@attrs.frozen
+class DraCaches:
+    """Our DeviceClasses and shared ResourceSlices (watched by label: plan.class_selector,
+    plan.slice_selector)."""
+
+    classes: Store = attrs.field(factory=lambda: Store(transform=drop_managed_fields))
+    slices: Store = attrs.field(factory=slice_store)
+
+
+# --- reconcilers -----------------------------------------------------------------------------
+
+
+@attrs.define
+class DraReconcilers:
+    api: Client
+    configurations: Store  # the controller's caches, indexed (CONFIGURATION_INDEXES, ...)
+    instances: Store
+    nodes: Store
+    c: DraCaches
+    metrics: ControllerMetrics
+    consumable: bool
+    read_instance: Callable[[ObjectKey], Instance | None]  # through the controller's models
+    pools: PoolWriter = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.pools = PoolWriter(
+            self.api,
+            self.c.slices,
+            field_manager=FIELD_MANAGER,
+            configurations=self.configurations,
+            on_write=lambda verb: self._count("ResourceSlice", verb),
+        )
+
+    def _count(self, kind: str, verb: str) -> None:
+        self.metrics.writes.labels(kind=kind, verb=verb).inc()
+
+    async def device_class(self, key: ObjectKey) -> Requeue | None:
+        instances = []
+        for k in self.instances.keys_for(CLASS_INDEX, key):
+            instance = self.read_instance(k)
+            if instance is not None:
+                instances.append((k.namespace, k.name, instance.spec.configuration_name))
+        wanted = class_wanted(
+            [(k.namespace, k.name) for k in self.configurations.keys_for(CLASS_INDEX, key)],
+            key.name,
+            instances,
+        )
+        existing = self.c.classes.get(key)
+        if wanted is None:
+            if existing is not None and is_our_class(existing):
+                uid = (existing.get("metadata") or {}).get("uid")
+                try:
+                    await self.api.delete(DEVICE_CLASSES, key.name, uid=uid)
+                    log.info("deleted DeviceClass %s (no Configuration or Instance)", key.name)
+                except (NotFound, Conflict):
+                    pass
+                self._count("DeviceClass", "delete")
+            return None
+        if class_up_to_date(existing, wanted):
+            return None
+        await self.api.apply(DEVICE_CLASSES, wanted, field_manager=FIELD_MANAGER, force=True)
+        self._count("DeviceClass", "apply")
+        log.info("applied DeviceClass %s", key.name)
+        return None
+
+    def _hostnames(self, instance: Instance) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for node in instance.spec.nodes:
+            obj = self.nodes.get(ObjectKey("", node))
+            label = None if obj is None else hostname_of(obj)
+            if label:
+                out[node] = label
+        return out
+
+    async def shared_pool(self, key: ObjectKey) -> Requeue | None:
+        pool = key.name
+        instance: Instance | None = None
+        for k in sorted(self.instances.keys_for(POOL_INDEX, key)):
+            candidate = self.read_instance(k)
+            if candidate is not None and shared_pool_of(candidate) == pool:
+                instance = candidate
+                break
+        wanted = shared_pool_wanted(
+            pool,
+            instance,
+            hostname={} if instance is None else self._hostnames(instance),
+            consumable=self.consumable,
+        )
+        return await self.pools.publish(pool, wanted)
+
+    async def ensure_claim_template(self, instance: Instance) -> None:
+        """Create the Instance's broker claim template unless it exists (its spec is a function
+        of the Instance's name and Configuration only, so an existing one is right)."""
+        body = claim_template(instance)
+        try:
+            await self.api.create(RESOURCE_CLAIM_TEMPLATES, body, field_manager=FIELD_MANAGER)
+            log.info(
+                "created ResourceClaimTemplate %s/%s",
+                body["metadata"]["namespace"],
+                body["metadata"]["name"],
+            )
+        except AlreadyExists:
+            pass
+        self._count("ResourceClaimTemplate", "create")
