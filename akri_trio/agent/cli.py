@@ -20,7 +20,8 @@ from akri_trio.agent.brokerinfo import DEFAULT_PERIOD_S as BROKER_INFO_PERIOD_S
 from akri_trio.agent.brokerinfo import Limits
 from akri_trio.agent.configurations import ConfigurationLimits
 from akri_trio.agent.plugins.kubelet import POLL_S as KUBELET_POLL_S
-from akri_trio.agent.run import AgentSettings, run_agent
+from akri_trio.agent.run import run_agent
+from akri_trio.agent.settings import AgentSettings
 from akri_trio.discovery.device_rules import DeviceRules, host_path_problem
 from akri_trio.discovery.handlers import BUILTIN
 from akri_trio.discovery.handlers.debug_echo import DEFAULT_POLL_S as DEBUG_ECHO_POLL_S
