@@ -125,7 +125,9 @@ R = TypeVar("R", bound=Release)
 
 @attrs.frozen
 class Caches:
-    """The stores the reconcilers read (run.py keeps them filled)."""
+    """The stores the reconcilers read (run.py keeps them filled), and the models read from
+    them: each version is structured once, not on every reconcile that reads it (a
+    Configuration's Services read all its Instances)."""
 
     instances: Store
     configurations: Store
@@ -133,6 +135,28 @@ class Caches:
     jobs: Store
     services: Store
     nodes: Store
+    # (kind, key) -> (resourceVersion, model)
+    _models: dict[tuple[type, ObjectKey], tuple[str, Any]] = attrs.field(
+        factory=dict, init=False, eq=False, repr=False
+    )
+
+    def read(self, store: Store, key: ObjectKey, cls: type[T]) -> T | None:
+        obj = store.get(key)
+        if obj is None:
+            self._models.pop((cls, key), None)
+            return None
+        version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+        hit = self._models.get((cls, key))
+        if hit is not None and version and hit[0] == version:
+            model: T = hit[1]
+            return model
+        made = _model(obj, cls)
+        if made is not None and version:
+            self._models[(cls, key)] = (version, made)
+        return made
+
+    def instance(self, key: ObjectKey) -> Instance | None:
+        return self.read(self.instances, key, Instance)
 
 
 def label_key(namespace: str, name: str) -> ObjectKey:
@@ -189,6 +213,7 @@ class Reconcilers:
         rand: Callable[[], float] = random.random,
         recorder: EventRecorder | None = None,
         node_lost_grace: float = NODE_LOST_GRACE_S,
+        dra: DraReconcilers | None = None,
     ) -> None:
         self.api = api
         self.recorder = recorder
@@ -197,33 +222,18 @@ class Reconcilers:
         self.clock = clock  # wall clock: Pod timestamps are compared with it
         self.rand = rand
         self.retries: dict[ObjectKey, Mapping[str, Retry]] = {}
-        # (kind, key) -> (resourceVersion, model): each version is structured once, not on
-        # every reconcile that reads it (a Configuration's Services read all its Instances).
-        self._models: dict[tuple[type, ObjectKey], tuple[str, Any]] = {}
         self.launched: dict[ObjectKey, str] = {}
         self.node_states: dict[str, NodeState] = {}
         # A NotReady node found serving at start: cleaned only after this many seconds NotReady.
         self.node_lost_grace = node_lost_grace
         self.not_ready_seen: dict[str, float] = {}  # node -> when first seen so (wall clock)
-        self.dra: DraReconcilers | None = None  # DRA mode: brokers claim their device
+        self.dra = dra  # DRA mode: brokers claim their device
 
     def read_instance(self, key: ObjectKey) -> Instance | None:
-        return self._read(self.c.instances, key, Instance)
+        return self.c.instance(key)
 
     def _read(self, store: Store, key: ObjectKey, cls: type[T]) -> T | None:
-        obj = store.get(key)
-        if obj is None:
-            self._models.pop((cls, key), None)
-            return None
-        version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
-        hit = self._models.get((cls, key))
-        if hit is not None and version and hit[0] == version:
-            model: T = hit[1]
-            return model
-        made = _model(obj, cls)
-        if made is not None and version:
-            self._models[(cls, key)] = (version, made)
-        return made
+        return self.c.read(store, key, cls)
 
     def record(self, event: ev.Event | None) -> None:
         if self.recorder is not None and event is not None:
