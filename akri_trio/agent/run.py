@@ -118,9 +118,7 @@ async def run_agent(
     registry = Registry(clock=trio.current_time)
     for handler in embedded_handlers(settings):
         registry.register(embedded(handler))
-    metrics = AgentMetrics()
-    registry.subscribe(lambda _: metrics.update_handlers(registry))
-    metrics.update_handlers(registry)
+    metrics = AgentMetrics(handlers=registry, slots=view.instances)
     configs = Store(transform=drop_managed_fields, indexes=CONFIG_INDEXES)
     instances = Store(transform=drop_managed_fields)
     claims = Claims(api, view)
@@ -158,7 +156,6 @@ async def run_agent(
         workloads=broker_info,
     )
     metrics.plugins_registered.set_function(lambda: float(len(plugins.registered)))
-    metrics.watch_slots(view.instances)
     reclaimer = Reclaimer(
         view,
         claims,

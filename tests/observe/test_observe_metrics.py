@@ -178,8 +178,9 @@ def test_slot_counts() -> None:
 
 
 async def test_agent_metrics_names_and_slots() -> None:
-    m = AgentMetrics(new_registry(process=False))
-    m.watch_slots(lambda: [_inst("cfg-abc", 2, {"cfg-abc-1": "node"})])
+    m = AgentMetrics(
+        new_registry(process=False), slots=lambda: [_inst("cfg-abc", 2, {"cfg-abc-1": "node"})]
+    )
     m.set_instance_count(ObjectKey("ns", "cfg"), False, 1)
     m.first_response(ObjectKey("ns", "cfg"), 0.3)
     m.discovery_result("debugEcho", True)
