@@ -154,6 +154,7 @@ async def run_agent(
         metrics.plugin_registrations.inc,
         events.allocate_refused,
         workloads=broker_info,
+        grpc=settings.grpc,
     )
     metrics.plugins_registered.set_function(lambda: float(len(plugins.registered)))
     reclaimer = Reclaimer(
@@ -211,6 +212,7 @@ async def run_agent(
             functools.partial(
                 serve_registration,
                 mode=SOCKET_MODE if settings.handler_group is None else GROUP_SOCKET_MODE,
+                limits=settings.grpc,
             ),
             registry,
             settings.discovery_handlers_directory / REGISTRATION_SOCKET,

@@ -18,6 +18,7 @@ from akri_trio.discovery.handlers.debug_echo import DEFAULT_POLL_S as DEBUG_ECHO
 from akri_trio.discovery.handlers.debug_echo import DebugEcho
 from akri_trio.discovery.interface import AnyHandler
 from akri_trio.observe.lag import LAG_THRESHOLD_S, SAMPLE_PERIOD_S
+from akri_trio.rpc.uds import DEFAULT_LIMITS, ServerLimits
 from akri_trio.runtime.http import DEFAULT_MAX_CONNECTIONS
 
 __all__ = ["REGISTRATION_SOCKET", "AgentSettings", "embedded_handlers"]
@@ -64,6 +65,9 @@ class AgentSettings:
     # DRA capacity: None asks the API server (consumable capacity where it is served); False
     # publishes slot devices anyway (tests of slot mode on a cluster that has both).
     dra_consumable_capacity: bool | None = None
+    # What each connection to the agent's gRPC sockets may do (--grpc-idle-timeout,
+    # --grpc-max-streams): the registration socket's and the device plugins'.
+    grpc: ServerLimits = DEFAULT_LIMITS
 
 
 def embedded_handlers(settings: AgentSettings) -> list[AnyHandler]:
