@@ -21,7 +21,7 @@ CRYPTO = "cryptography"
 AGENT_PROBE = """
 import json, os, sys
 from akri_trio.agent.cli import parse_args
-from akri_trio.agent.run import embedded_handlers
+from akri_trio.agent.settings import embedded_handlers
 embedded_handlers(parse_args({argv!r}, {{}}))
 print(json.dumps(sorted({{m.partition(".")[0] for m in sys.modules}})))
 """

@@ -20,7 +20,8 @@ from akri_trio.agent.brokerinfo import DEFAULT_PERIOD_S as BROKER_INFO_PERIOD_S
 from akri_trio.agent.brokerinfo import Limits
 from akri_trio.agent.configurations import ConfigurationLimits
 from akri_trio.agent.plugins.kubelet import POLL_S as KUBELET_POLL_S
-from akri_trio.agent.run import AgentSettings, run_agent
+from akri_trio.agent.run import run_agent
+from akri_trio.agent.settings import AgentSettings
 from akri_trio.discovery.device_rules import DeviceRules, host_path_problem
 from akri_trio.discovery.handlers import BUILTIN
 from akri_trio.discovery.handlers.debug_echo import DEFAULT_POLL_S as DEBUG_ECHO_POLL_S
@@ -394,6 +395,7 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         lag_period=args.event_loop_lag_period,
         configuration_selector=args.configuration_selector,
         handler_group=args.handler_group,
+        grpc=uds.ServerLimits.of(args),
         limits=ConfigurationLimits(
             max_capacity=args.max_capacity,
             devices=DeviceRules(
@@ -425,7 +427,6 @@ async def _main(settings: AgentSettings, config: KubeConfig) -> None:
 
 def main(argv: list[str]) -> int:
     settings, args = _parse(argv, os.environ)
-    uds.configure(idle_timeout=args.grpc_idle_timeout, max_streams=args.grpc_max_streams)
     # A bad kubeconfig is one error line, first.
     config = load_config(settings.kubeconfig, context=args.context)
     # Every line of an agent is about its node: the field lets one query span a DaemonSet.

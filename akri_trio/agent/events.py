@@ -15,6 +15,7 @@ from typing import Any
 
 from akri_trio.address import ObjectKey
 from akri_trio.kube.events import EventRecorder, ObjectRef
+from akri_trio.model.resources import Instance
 
 # condition type -> the Event reason when it turns False
 CONDITION_REASONS = {
@@ -52,6 +53,14 @@ def device_events(before: Iterable[str], after: Iterable[str]) -> list[tuple[str
     return [("DeviceFound", n) for n in sorted(new - old)] + [
         ("DeviceLost", n) for n in sorted(old - new)
     ]
+
+
+def instance_ref(inst: Instance | None) -> ObjectRef | None:
+    """What an Event on this Instance is about (None: not known here)."""
+    if inst is None:
+        return None
+    meta = inst.metadata
+    return ObjectRef(inst.api_version, inst.kind, meta.namespace, meta.name, meta.uid)
 
 
 class AgentEvents:

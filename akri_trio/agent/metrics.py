@@ -61,7 +61,15 @@ class SlotsCollector(Collector):
 
 
 class AgentMetrics:
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        handlers: Registry | None = None,
+        slots: Callable[[], Iterable[Instance]] = tuple,
+    ) -> None:
+        """`handlers`: the discovery handler registry, recounted on each of its changes;
+        `slots()`: the Instances whose slots are counted when scraped."""
         self.registry = registry if registry is not None else new_registry()
         r = self.registry
         self.upstream = agent_families(r)
@@ -97,6 +105,10 @@ class AgentMetrics:
             "Slots and virtual devices freed by the reclaimer",
             registry=r,
         )
+        r.register(SlotsCollector(slots))
+        if handlers is not None:
+            handlers.subscribe(lambda _: self.update_handlers(handlers))
+            self.update_handlers(handlers)
 
     # --- discovery and Instances (upstream's families) ----------------------------------------
 
@@ -113,9 +125,6 @@ class AgentMetrics:
         self.upstream.forget_configuration(key.namespace, key.name)
 
     # --- ours ----------------------------------------------------------------------------------
-
-    def watch_slots(self, instances: Callable[[], Iterable[Instance]]) -> None:
-        self.registry.register(SlotsCollector(instances))
 
     def observe_allocate(self, plugin: str, outcome: str, seconds: float) -> None:
         self.allocate_duration.labels(plugin=plugin, outcome=outcome).observe(seconds)

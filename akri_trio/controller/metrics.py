@@ -86,12 +86,18 @@ class BrokerPodCount(Collector):
 
 
 class ControllerMetrics:
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        broker_pods: Callable[[], Iterable[Mapping[str, Any]]] = tuple,
+        leading: Callable[[], bool] = lambda: True,
+    ) -> None:
+        """`broker_pods()`: the broker Pods cached (none while standing by); `leading()`:
+        whether this replica leads. Both are read when scraped."""
         self.registry = registry if registry is not None else new_registry()
-        # The broker Pods cached while leading (none while standing by).
-        self.broker_pods: Callable[[], Iterable[Mapping[str, Any]]] = lambda: ()
         r = self.registry
-        r.register(BrokerPodCount(lambda: self.broker_pods()))
+        r.register(BrokerPodCount(broker_pods))
         self.reconciles = Counter(
             "akri_controller_reconcile",
             "Reconciles by reconciler and outcome (ok, requeue, error)",
@@ -107,6 +113,7 @@ class ControllerMetrics:
         )
         self.queue_depth = reconcile_queue_depth(r)
         self.leader = Gauge("akri_controller_leader", "1 while this replica leads", registry=r)
+        self.leader.set_function(lambda: 1.0 if leading() else 0.0)
         self.writes = Counter(
             "akri_controller_writes",
             "API writes by kind of object and verb",

@@ -193,6 +193,7 @@ class Reconcilers:
         recorder: EventRecorder | None = None,
         node_lost_grace: float = NODE_LOST_GRACE_S,
         namespace: str | None = None,
+        dra: DraReconcilers | None = None,
     ) -> None:
         self.api = api
         self.namespace = namespace  # the one the controller watches; None: all
@@ -207,7 +208,7 @@ class Reconcilers:
         # A NotReady node found serving at start: cleaned only after this many seconds NotReady.
         self.node_lost_grace = node_lost_grace
         self.not_ready_seen: dict[str, float] = {}  # node -> when first seen so (wall clock)
-        self.dra: DraReconcilers | None = None  # DRA mode: brokers claim their device
+        self.dra = dra  # DRA mode: brokers claim their device
 
     def read_instance(self, key: ObjectKey) -> Instance | None:
         return self.c.instances.get(key)

@@ -33,7 +33,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -92,16 +92,29 @@ class RunningController:
     """Handles to the running controller (tests, the health endpoint)."""
 
     settings: ControllerSettings
-    metrics: ControllerMetrics
-    elector: LeaderElector | None = None
+    elector: LeaderElector | None = None  # None: leads alone (no --leader-elect)
     port: int | None = None
     caches: Caches | None = None  # while leading
     reconcilers: Reconcilers | None = None
     synced: bool = False
+    # Scraped from the above: the broker Pods in the caches, whether this replica leads.
+    metrics: ControllerMetrics = attrs.field(
+        init=False,
+        default=attrs.Factory(
+            lambda self: ControllerMetrics(
+                broker_pods=self.broker_pods, leading=lambda: self.leading
+            ),
+            takes_self=True,
+        ),
+    )
 
     @property
     def leading(self) -> bool:
         return self.elector is None or self.elector.leading
+
+    def broker_pods(self) -> Iterable[Mapping[str, Any]]:
+        """The broker Pods cached while leading (none while standing by)."""
+        return () if self.caches is None else self.caches.pods.snapshot().values()
 
 
 # --- the tree --------------------------------------------------------------------------------
@@ -132,6 +145,7 @@ async def reconcile_while_leading(
     caches = make_caches(dra=dra_mode)
     metrics = running.metrics
     recorder = EventRecorder(api, "akri-controller")
+    dra = await _dra_reconcilers(api, caches, metrics) if dra_mode else None
     reconcilers = Reconcilers(
         api,
         caches,
@@ -139,6 +153,7 @@ async def reconcile_while_leading(
         recorder=recorder,
         node_lost_grace=settings.node_lost_grace,
         namespace=settings.namespace,
+        dra=dra,
     )
     ns = settings.namespace
     ours = f"{naming.LABEL_CONTROLLER}={naming.CONTROLLER_VALUE}"
@@ -178,8 +193,8 @@ async def reconcile_while_leading(
         .watches(caches.instances, never)
         .watches(caches.configurations, never),
     }
-    if dra_mode:
-        controllers.update(await _dra_controllers(api, settings, caches, reconcilers, watches))
+    if dra is not None:
+        controllers.update(_dra_controllers(settings, caches, dra, watches))
     try:
         async with trio.open_nursery() as nursery:
             for res, store, selector in watches:
@@ -197,7 +212,6 @@ async def reconcile_while_leading(
             nursery.start_soon(reflect, api, NODES, caches.nodes, name="watch nodes")
             nursery.start_soon(recorder.run, name="event recorder")
             running.caches, running.reconcilers = caches, reconcilers
-            metrics.broker_pods = lambda: caches.pods.snapshot().values()
             # No deadline on the first lists: with the API server away this waits (and /readyz
             # says so) until it is back or leadership ends.
             for name, controller in controllers.items():
@@ -212,19 +226,14 @@ async def reconcile_while_leading(
     finally:
         running.synced = False
         running.caches = running.reconcilers = None
-        metrics.broker_pods = lambda: ()
         for name in controllers:
             metrics.queue_depth.remove(name)
 
 
-async def _dra_controllers(
-    api: Client,
-    settings: ControllerSettings,
-    caches: Caches,
-    reconcilers: Reconcilers,
-    watches: list[tuple[Resource, Store[Any], str | None]],
-) -> dict[str, Controller]:
-    """DRA mode's stores (added to `watches`), reconcilers and controllers."""
+async def _dra_reconcilers(
+    api: Client, caches: Caches, metrics: ControllerMetrics
+) -> DraReconcilers:
+    """DRA mode's reconcilers, as the API server serves DRA."""
     consumable = await probe_consumable_capacity(api)
     log.info(
         "DRA mode: shared pools as %s",
@@ -232,24 +241,32 @@ async def _dra_controllers(
         if consumable
         else "one device per slot (no consumable capacity)",
     )
-    dra_caches = DraCaches()
-    dra = DraReconcilers(
+    return DraReconcilers(
         api,
         # DRA's reconcilers read the JSON the models are decoded from
         configurations=caches.configurations.raw,
         instances=caches.instances.raw,
         nodes=caches.nodes,
-        c=dra_caches,
-        metrics=reconcilers.metrics,
+        c=DraCaches(),
+        metrics=metrics,
         consumable=consumable,
-        read_instance=reconcilers.read_instance,
+        read_instance=caches.instances.get,
     )
-    reconcilers.dra = dra
+
+
+def _dra_controllers(
+    settings: ControllerSettings,
+    caches: Caches,
+    dra: DraReconcilers,
+    watches: list[tuple[Resource, Store, str | None]],
+) -> dict[str, Controller]:
+    """DRA mode's stores (added to `watches`) and controllers."""
+    dra_caches = dra.c
     ns = settings.namespace
     # Cluster-scoped, watched in no namespace: the label selectors scope them instead.
     watches.append((DEVICE_CLASSES, dra_caches.classes, class_selector(ns)))
     watches.append((RESOURCE_SLICES, dra_caches.slices, slice_selector(ns)))
-    metrics = reconcilers.metrics
+    metrics = dra.metrics
     return {
         "deviceclass": Controller(
             _measured("deviceclass", dra.device_class, metrics), dra_caches.classes, drain=0
@@ -293,18 +310,17 @@ async def run_controller(
         async with Client.open(load_config(settings.kubeconfig)) as owned:
             await run_controller(settings, api=owned, task_status=task_status)
         return
-    metrics = ControllerMetrics()
-    running = RunningController(settings, metrics)
-    work = functools.partial(reconcile_while_leading, api, settings, running)
+    elector = None
     if settings.leader_elect:
         lease_api = ClientLeaseApi(api, settings.lease_name, settings.lease_namespace)
-        running.elector = LeaderElector(
+        elector = LeaderElector(
             lease_api,
             settings.identity,
             name=settings.lease_name,
             namespace=settings.lease_namespace,
-            on_change=lambda leading: metrics.leader.set(1 if leading else 0),
         )
+    running = RunningController(settings, elector)
+    work = functools.partial(reconcile_while_leading, api, settings, running)
     async with trio.open_nursery() as root:
         if settings.metrics_port is not None:
             running.port = await root.start(
@@ -312,16 +328,15 @@ async def run_controller(
                     serve_observe,
                     settings.metrics_host,
                     settings.metrics_port,
-                    registry=metrics.registry,
+                    registry=running.metrics.registry,
                     ready=_ready_checks(running),
                     max_connections=settings.metrics_max_connections,
                 ),
                 name="health / metrics server",
             )
-        if running.elector is not None:
-            root.start_soon(running.elector.run, work, name="leader election")
+        if elector is not None:
+            root.start_soon(elector.run, work, name="leader election")
         else:
-            metrics.leader.set(1)
             root.start_soon(work, name="reconcile_while_leading")
         log.info("controller %s started", settings.identity)
         task_status.started(running)

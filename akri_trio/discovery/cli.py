@@ -72,7 +72,6 @@ def main(argv: list[str], env: Mapping[str, str] | None = None) -> int:
     environ = os.environ if env is None else env
     parser = build_parser(environ)
     args = parser.parse_args(argv)
-    uds.configure(idle_timeout=args.grpc_idle_timeout, max_streams=args.grpc_max_streams)
     setup_logging(args.log_level, args.log_format, defaults={"handler": args.name})
     try:
         handler = load_handler(args.name, environ)
@@ -98,6 +97,7 @@ def main(argv: list[str], env: Mapping[str, str] | None = None) -> int:
         socket_path=socket_path,
         network=network,
         advertise_host=advertise,
+        limits=uds.ServerLimits.of(args),
     )
     trio.run(_until_signalled, run)
     return 0

@@ -25,7 +25,14 @@ import trio
 from akri_trio.discovery.registry import EndpointType, Registration, Registry, RegistryEvent
 from akri_trio.rpc.gen import discovery_pb2 as pb
 from akri_trio.rpc.gen.discovery_grpc import RegistrationServicer
-from akri_trio.rpc.uds import TcpEndpoint, UnixEndpoint, parse_endpoint, serve_unix
+from akri_trio.rpc.uds import (
+    DEFAULT_LIMITS,
+    ServerLimits,
+    TcpEndpoint,
+    UnixEndpoint,
+    parse_endpoint,
+    serve_unix,
+)
 from akri_trio.runtime import Changed
 
 log = logging.getLogger(__name__)
@@ -157,13 +164,17 @@ async def serve_registration(
     socket_path: Path,
     *,
     mode: int = SOCKET_MODE,
+    limits: ServerLimits = DEFAULT_LIMITS,
     task_status: trio.TaskStatus[Path] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve v0.Registration on `socket_path` (`mode`, 0600 by default; a stale file is
-    replaced, ours is removed on the way out) and expire Offline handlers, until cancelled."""
+    replaced, ours is removed on the way out; each connection within `limits`) and expire
+    Offline handlers, until cancelled."""
     async with trio.open_nursery() as nursery:
         nursery.start_soon(expire_offline, registry)
         path: Path = await nursery.start(
-            functools.partial(serve_unix, socket_path, RegistrationService(registry), mode=mode)
+            functools.partial(
+                serve_unix, socket_path, RegistrationService(registry), mode=mode, limits=limits
+            )
         )
         task_status.started(path)

@@ -32,7 +32,7 @@ from akri_trio.discovery.wire import properties_from_proto, response_to_proto
 from akri_trio.model.device import Device
 from akri_trio.rpc.gen import discovery_pb2 as pb
 from akri_trio.rpc.gen.discovery_grpc import DiscoveryHandlerServicer, RegistrationStub
-from akri_trio.rpc.uds import UnixChannel, serve_tcp, serve_unix
+from akri_trio.rpc.uds import DEFAULT_LIMITS, ServerLimits, UnixChannel, serve_tcp, serve_unix
 from akri_trio.runtime import Backoff, Changed
 
 log = logging.getLogger(__name__)
@@ -204,11 +204,13 @@ async def run_standalone(
     advertise_host: str | None = None,
     backoff: Backoff = REGISTER_BACKOFF,
     watch_interval: float = WATCH_INTERVAL_S,
+    limits: ServerLimits = DEFAULT_LIMITS,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve `handler` on `socket_path` (UDS) or `network` (host, port; 0 = any free port) and
-    keep it registered with the agent. Reports the registered endpoint once it is serving
-    (registration keeps retrying in the background). Removes its socket when cancelled."""
+    """Serve `handler` on `socket_path` (UDS) or `network` (host, port; 0 = any free port),
+    each connection within `limits`, and keep it registered with the agent. Reports the
+    registered endpoint once it is serving (registration keeps retrying in the background).
+    Removes its socket when cancelled."""
     if (socket_path is None) == (network is None):
         raise ValueError("exactly one of socket_path and network")
     nudge = Changed()
@@ -216,14 +218,16 @@ async def run_standalone(
         service = DiscoveryHandlerService(handler, nursery, on_client_gone=nudge.bump)
         if socket_path is not None:
             await nursery.start(
-                functools.partial(serve_unix, mode=SOCKET_MODE), socket_path, service
+                functools.partial(serve_unix, mode=SOCKET_MODE, limits=limits), socket_path, service
             )
             endpoint = os.fspath(socket_path)
             kind = pb.RegisterDiscoveryHandlerRequest.UDS
         else:
             assert network is not None
             host, port = network
-            bound: int = await nursery.start(serve_tcp, host, port, service)
+            bound: int = await nursery.start(
+                functools.partial(serve_tcp, limits=limits), host, port, service
+            )
             shown = advertise_host or host
             endpoint = f"http://[{shown}]:{bound}" if ":" in shown else f"http://{shown}:{bound}"
             kind = pb.RegisterDiscoveryHandlerRequest.NETWORK

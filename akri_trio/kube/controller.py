@@ -101,7 +101,9 @@ class Watched:
 class Controller:
     """`Controller(reconcile, primary)`, `.watches(store, mapper)` for each related resource,
     then `await nursery.start(controller.run)`; `controller.queue.enqueue(key)` also
-    reconciles a key on other news (a timer, a discovery result)."""
+    reconciles a key on other news (a timer, a discovery result). A part built before the
+    controller (one the reconcile itself uses) sends such keys into a channel the controller
+    `reconciles_on` instead."""
 
     def __init__(
         self,
@@ -117,10 +119,18 @@ class Controller:
         primary object (e.g. a pool its objects belong to)."""
         self.queue = ReconcileQueue(reconcile, workers=workers, backoff=backoff, drain=drain)
         self.sources: list[Watched] = [Watched(primary, mapper)]
+        self.triggers: list[trio.MemoryReceiveChannel[ObjectKey]] = []
 
     def watches(self, store: Store[Any], mapper: Mapper) -> Controller:
         """Reconcile `mapper(change)` on every change in `store`; returns the controller."""
         self.sources.append(Watched(store, mapper))
+        return self
+
+    def reconciles_on(self, keys: trio.MemoryReceiveChannel[ObjectKey]) -> Controller:
+        """Reconcile every key received on `keys` (as kube-rs's `reconcile_on`): news that is
+        not a watched change, from parts that cannot hold the controller because the reconcile
+        holds them. Returns the controller."""
+        self.triggers.append(keys)
         return self
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -131,6 +141,8 @@ class Controller:
         async with trio.open_nursery() as nursery:
             for source in self.sources:
                 await nursery.start(self._route, source)
+            for keys in self.triggers:
+                nursery.start_soon(self._receive, keys)
             await nursery.start(self.queue.run)
             task_status.started()
 
@@ -142,6 +154,10 @@ class Controller:
             task_status.started()
             while True:
                 self._enqueue(source.mapper(await changes.next_change()))
+
+    async def _receive(self, keys: trio.MemoryReceiveChannel[ObjectKey]) -> None:
+        async for key in keys:
+            self.queue.enqueue(key)
 
     def _enqueue(self, keys: Iterable[ObjectKey]) -> None:
         for key in keys:

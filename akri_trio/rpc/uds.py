@@ -34,8 +34,8 @@ the letters are shared with the glue below):
     set) that a call's request is complete, so a call whose request never completes can be
     timed out ((g) below).
 (j) purerpc advertises, and h2 enforces, 65,536 concurrent streams per connection, and h2 ends
-    the whole connection (GOAWAY) when a peer opens one more. Our servers advertise
-    `MAX_CONCURRENT_STREAMS` (or what `configure` set: `--grpc-max-streams`) as
+    the whole connection (GOAWAY) when a peer opens one more. Our servers advertise their
+    `ServerLimits.max_streams` (`--grpc-max-streams`, default `MAX_CONCURRENT_STREAMS`) as
     SETTINGS_MAX_CONCURRENT_STREAMS (well-behaved clients such as grpcio queue their calls past
     it) and refuse a stream past it with RST_STREAM(REFUSED_STREAM) (RFC 9113 §5.1.2), which
     gRPC clients report as UNAVAILABLE; the connection and its other calls carry on. One
@@ -56,14 +56,16 @@ Glue (subclasses, not patches):
     the agent notices a dead discovery handler instead of hanging on its Discover stream.
 (g) Anything may connect to a socket we serve. A peer that does not speak HTTP/2 (or breaks
     its rules) costs one log line, not a traceback; a connection with no call in progress
-    for `idle_timeout` seconds (default IDLE_TIMEOUT_S; never while a stream is open, so a
+    for `ServerLimits.idle_timeout` seconds (default IDLE_TIMEOUT_S; never while a stream is
+    open, so a
     kubelet's ListAndWatch or an agent's Discover stream is untouched) is closed, so idle or
     half-open connections cannot pile up. A call whose request has not fully arrived within
     `idle_timeout` of its opening (a peer that opens a stream and then stalls) is ended with
     RST_STREAM(CANCEL): every method we serve takes one request message, so a live client
     sends it at once; a stream past its request (ListAndWatch, Discover) is never timed out.
-    The process-wide default is set once at startup by `configure` (the agent's and the
-    discovery handlers' `--grpc-idle-timeout`).
+    Each server is given its `ServerLimits` (the agent's and the discovery handlers'
+    `--grpc-idle-timeout` and `--grpc-max-streams`, passed down to every server they start);
+    nothing about them is process-wide.
 
 A purerpc `Server`'s service context managers can be entered only once, so every (re)serve
 builds a fresh one (`make_server`); `serve_unix` / `serve_tcp` do that themselves.
@@ -127,27 +129,19 @@ _CONNECTION_ERRORS = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSEr
 _ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 _ACCEPT_BACKOFF_S = 0.1
 # A connection without any call in progress is closed after this long; a call whose request
-# has not arrived this long after it opened is reset. `configure` sets the process's value.
+# has not arrived this long after it opened is reset (the default `ServerLimits.idle_timeout`).
 IDLE_TIMEOUT_S = 300.0
 # Calls one connection to our servers may have open at once ((j) above): the kubelet holds a
 # ListAndWatch and a few Allocates on a plugin's socket, the agent one Discover stream per
-# connection, so no legitimate client comes near it. `configure` sets the process's value.
+# connection, so no legitimate client comes near it (the default `ServerLimits.max_streams`).
 MAX_CONCURRENT_STREAMS: Final = 128
 # The largest gRPC message read, before and after decompression: purerpc's limit (32 MiB).
 MAX_MESSAGE_BYTES: int = GRPCConfiguration(client_side=False).max_message_length
 
 
-@dataclass
-class _Settings:
-    idle_timeout: float = IDLE_TIMEOUT_S
-
-
-_settings = _Settings()
-
-
 def add_server_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
     """`--grpc-idle-timeout` (env AKRI_GRPC_IDLE_TIMEOUT) and `--grpc-max-streams` (env
-    AKRI_GRPC_MAX_STREAMS), for every command serving gRPC; pass their values to `configure`."""
+    AKRI_GRPC_MAX_STREAMS), for every command serving gRPC; `ServerLimits.of(args)` reads them."""
     add_env_argument(
         parser,
         "--grpc-idle-timeout",
@@ -192,17 +186,29 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def configure(*, idle_timeout: float, max_streams: int = MAX_CONCURRENT_STREAMS) -> None:
-    """Set the process's default idle timeout and its calls per connection for the gRPC
-    servers it starts afterwards (the commands call this once, from their flags; a server
-    given `idle_timeout` uses that)."""
-    if not idle_timeout > 0:
-        raise ValueError(f"the gRPC idle timeout must be positive, got {idle_timeout!r}")
-    if max_streams < 1:
-        raise ValueError(f"the gRPC calls per connection must be at least 1, got {max_streams!r}")
-    _settings.idle_timeout = idle_timeout
-    # purerpc reads it as each connection starts (its local HTTP/2 settings).
-    GRPCConnection.MAX_CONCURRENT_STREAMS = max_streams
+@dataclass(frozen=True)
+class ServerLimits:
+    """What one of our gRPC servers allows each connection: `idle_timeout` seconds without a
+    call in progress (or for a call's request to arrive), `max_streams` calls open at once."""
+
+    idle_timeout: float = IDLE_TIMEOUT_S
+    max_streams: int = MAX_CONCURRENT_STREAMS
+
+    def __post_init__(self) -> None:
+        if not self.idle_timeout > 0:
+            raise ValueError(f"the gRPC idle timeout must be positive, got {self.idle_timeout!r}")
+        if self.max_streams < 1:
+            raise ValueError(
+                f"the gRPC calls per connection must be at least 1, got {self.max_streams!r}"
+            )
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> ServerLimits:
+        """From the flags `add_server_arguments` added."""
+        return cls(args.grpc_idle_timeout, args.grpc_max_streams)
+
+
+DEFAULT_LIMITS: Final = ServerLimits()
 
 
 # Connections one server handles at once; more are closed as soon as accepted. Each costs the
@@ -365,7 +371,6 @@ def _apply_patches() -> None:
         return events
 
     grpc_socket.SocketWrapper._set_socket_options = staticmethod(set_socket_options)
-    GRPCConnection.MAX_CONCURRENT_STREAMS = MAX_CONCURRENT_STREAMS
     GRPCConnection._stream_reset = stream_reset
     GRPCConnection._data_received = data_received
     GRPCConnection._stream_ended = stream_ended_with_hook
@@ -399,9 +404,10 @@ class _ConnectionHandler(ConnectionHandler):  # type: ignore[misc]  # purerpc is
     """purerpc's per-connection handler with per-stream cancellation, contained failures and
     an idle timeout."""
 
-    def __init__(self, services: Any, server: Any, idle_timeout: float) -> None:
+    def __init__(self, services: Any, server: Any, limits: ServerLimits) -> None:
         super().__init__(services, server)
-        self.idle_timeout = idle_timeout
+        self.idle_timeout = limits.idle_timeout
+        self.max_streams = limits.max_streams
 
     async def __call__(self, conn: anyio.abc.SocketStream) -> None:
         scopes: dict[int, trio.CancelScope] = {}
@@ -461,7 +467,11 @@ class _ConnectionHandler(ConnectionHandler):  # type: ignore[misc]  # purerpc is
                 await grpc_conn._socket.flush()
 
         try:
-            async with conn, GRPCProtoSocket(self.config, conn) as grpc_conn:
+            grpc_conn = GRPCProtoSocket(self.config, conn)
+            # The connection's own limit, in its HTTP/2 settings before they are sent.
+            grpc_conn._grpc_connection.MAX_CONCURRENT_STREAMS = self.max_streams
+            grpc_conn._grpc_connection._set_h2_connection_local_settings()
+            async with conn, grpc_conn:
                 grpc_conn._grpc_connection.on_stream_reset = on_stream_reset
                 grpc_conn._grpc_connection.on_request_ended = on_request_ended
                 _refuse_streams_past_the_limit(grpc_conn._grpc_connection.h2_connection)
@@ -521,15 +531,13 @@ async def _accept_forever(
 
 
 async def _serve(
-    server: purerpc.Server, listener: anyio.abc.SocketListener, idle_timeout: float | None
+    server: purerpc.Server, listener: anyio.abc.SocketListener, limits: ServerLimits
 ) -> None:
-    if idle_timeout is None:
-        idle_timeout = _settings.idle_timeout
     async with AsyncExitStack() as stack:
         services = {
             name: await stack.enter_async_context(cm) for name, cm in server.services.items()
         }
-        await _accept_forever(listener, _ConnectionHandler(services, server, idle_timeout))
+        await _accept_forever(listener, _ConnectionHandler(services, server, limits))
 
 
 def bind_unix_socket(path: Path, mode: int | None, backlog: int = 128) -> tuple[socket.socket, int]:
@@ -578,7 +586,7 @@ async def serve_unix(
     path: str | os.PathLike[str],
     *servicers: HasService,
     mode: int | None = None,
-    idle_timeout: float | None = None,
+    limits: ServerLimits = DEFAULT_LIMITS,
     task_status: trio.TaskStatus[Path] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve `servicers` over gRPC on a Unix socket at `path` until cancelled.
@@ -588,8 +596,8 @@ async def serve_unix(
     socket file at `path` is replaced; `mode` (e.g. 0o600) is in force before anyone can
     connect. The socket file is removed on the way out, cancellation included, unless someone
     else has replaced it meanwhile. Each call builds a fresh purerpc Server. A connection
-    without a call in progress for `idle_timeout` seconds (default: the process's, see
-    `configure`) is closed, and so is a call whose request has not arrived by then.
+    without a call in progress for `limits.idle_timeout` seconds is closed, and so is a call
+    whose request has not arrived by then; one has at most `limits.max_streams` calls open.
     """
     sock_path = Path(path)
     server = make_server(*servicers)
@@ -603,7 +611,7 @@ async def serve_unix(
     try:
         async with listener:
             task_status.started(sock_path)
-            await _serve(server, listener, idle_timeout)
+            await _serve(server, listener, limits)
     finally:
         _remove_if_ours(sock_path, inode)
 
@@ -612,7 +620,7 @@ async def serve_tcp(
     host: str,
     port: int,
     *servicers: HasService,
-    idle_timeout: float | None = None,
+    limits: ServerLimits = DEFAULT_LIMITS,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve `servicers` over gRPC on TCP `host:port` (0 picks a free port) until cancelled.
@@ -630,7 +638,7 @@ async def serve_tcp(
         raise
     async with listener:
         task_status.started(listener.extra(anyio.abc.SocketAttribute.local_port))
-        await _serve(server, listener, idle_timeout)
+        await _serve(server, listener, limits)
 
 
 # ---- clients ----------------------------------------------------------------------------------

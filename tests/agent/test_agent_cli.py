@@ -16,6 +16,7 @@ from akri_trio.model.limits import (
     MAX_DEVICES_PER_CONFIGURATION,
     MAX_DEVICES_PER_HANDLER,
 )
+from akri_trio.rpc.uds import IDLE_TIMEOUT_S, MAX_CONCURRENT_STREAMS, ServerLimits
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -86,6 +87,15 @@ def test_a_limit_below_one_is_a_usage_error(capsys: pytest.CaptureFixture[str]) 
         parse_args(["--max-capacity", "0"], {"AGENT_NODE_NAME": "n1"})
     assert exit_.value.code == 2
     assert "--max-capacity must be at least 1" in capsys.readouterr().err
+
+
+def test_the_grpc_flags_are_the_limits_the_agent_hands_its_servers() -> None:
+    env = {"AGENT_NODE_NAME": "n1"}
+    assert parse_args([], env).grpc == ServerLimits(IDLE_TIMEOUT_S, MAX_CONCURRENT_STREAMS)
+    flags = ["--grpc-idle-timeout", "30", "--grpc-max-streams", "8"]
+    assert parse_args(flags, env).grpc == ServerLimits(idle_timeout=30.0, max_streams=8)
+    from_env = parse_args([], {**env, "AKRI_GRPC_MAX_STREAMS": "16"})
+    assert from_env.grpc == ServerLimits(IDLE_TIMEOUT_S, 16)
 
 
 @pytest.mark.parametrize("kind", ["configuration", "instance"])

@@ -4,6 +4,7 @@ hand and time is trio's MockClock (autojump)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -209,6 +210,24 @@ async def test_a_mapper_can_filter_changes_that_cannot_matter(
         await settle()
         assert rec.keys[mark:] == []
         primary.apply(Apply(obj("a", config="d", rv=3)))
+        await settle()
+        assert rec.keys[mark:] == [k("a")]
+
+
+async def test_keys_sent_on_a_channel_are_reconciled_even_before_the_run(
+    autojump_clock: MockClock,
+) -> None:
+    # A part the reconcile itself uses (built before the controller) wakes it through a channel.
+    primary = synced(obj("a"))
+    rec = Reconciles()
+    wake, woken = trio.open_memory_channel[ObjectKey](math.inf)
+    controller = Controller(rec, primary).reconciles_on(woken)
+    wake.send_nowait(k("gone"))  # sent before the controller runs: kept until it does
+    async with running(controller):
+        await settle()
+        assert sorted(rec.keys) == [k("a"), k("gone")]
+        mark = len(rec.keys)
+        wake.send_nowait(k("a"))
         await settle()
         assert rec.keys[mark:] == [k("a")]
 

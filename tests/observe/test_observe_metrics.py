@@ -134,8 +134,6 @@ def test_gauge_snapshot_replaces_the_whole_set() -> None:
 
 
 def test_controller_broker_pod_count_and_queue_depth() -> None:
-    m = ControllerMetrics(new_registry(process=False))
-
     def pod(node: str | None, deleting: bool = False) -> dict[str, object]:
         labels = {"akri.sh/configuration": "foo"} | ({"akri.sh/target-node": node} if node else {})
         meta: dict[str, object] = {"labels": labels}
@@ -143,7 +141,10 @@ def test_controller_broker_pod_count_and_queue_depth() -> None:
             meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
         return {"metadata": meta}
 
-    m.broker_pods = lambda: [pod("node-a"), pod("node-a", deleting=True), pod(None)]
+    m = ControllerMetrics(
+        new_registry(process=False),
+        broker_pods=lambda: [pod("node-a"), pod("node-a", deleting=True), pod(None)],
+    )
     queue = [1, 2, 3]
     m.queue_depth.labels(controller="brokers").set_function(lambda: float(len(queue)))
     assert lines(m.registry, "akri_broker_pod_count") == [
@@ -177,8 +178,9 @@ def test_slot_counts() -> None:
 
 
 async def test_agent_metrics_names_and_slots() -> None:
-    m = AgentMetrics(new_registry(process=False))
-    m.watch_slots(lambda: [_inst("cfg-abc", 2, {"cfg-abc-1": "node"})])
+    m = AgentMetrics(
+        new_registry(process=False), slots=lambda: [_inst("cfg-abc", 2, {"cfg-abc-1": "node"})]
+    )
     m.set_instance_count(ObjectKey("ns", "cfg"), False, 1)
     m.first_response(ObjectKey("ns", "cfg"), 0.3)
     m.discovery_result("debugEcho", True)

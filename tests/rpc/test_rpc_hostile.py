@@ -192,7 +192,7 @@ async def test_a_stalled_call_is_reset_after_the_idle_timeout_and_then_its_conne
     with trio.fail_after(10 * timeout):
         async with trio.open_nursery() as nursery:
             path = await nursery.start(
-                functools.partial(uds.serve_unix, idle_timeout=timeout),
+                functools.partial(uds.serve_unix, limits=uds.ServerLimits(idle_timeout=timeout)),
                 sock_dir / "dp.sock",
                 plugin,
             )
@@ -210,7 +210,9 @@ async def test_a_call_whose_request_arrived_is_never_timed_out(
     timeout = 60.0
     async with trio.open_nursery() as nursery:
         path = await nursery.start(
-            functools.partial(uds.serve_unix, idle_timeout=timeout), sock_dir / "dp.sock", plugin
+            functools.partial(uds.serve_unix, limits=uds.ServerLimits(idle_timeout=timeout)),
+            sock_dir / "dp.sock",
+            plugin,
         )
         async with uds.UnixChannel(path) as channel:
             stub = dp_grpc.DevicePluginStub(channel)

@@ -11,6 +11,7 @@ bound and its Allocate calls answered (tests/support/flood.py).
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import socket
 from collections.abc import AsyncIterator
@@ -115,18 +116,20 @@ async def test_a_stream_past_the_cap_is_refused_and_everything_else_is_served(
             nursery.cancel_scope.cancel()
 
 
-async def test_the_cap_is_the_process_setting(plugin: Plugin, sock_dir: Path) -> None:
+async def test_the_cap_is_the_servers_setting(plugin: Plugin, sock_dir: Path) -> None:
     ids = [1, 3, 5, 7, 9]
-    uds.configure(idle_timeout=uds.IDLE_TIMEOUT_S, max_streams=4)
-    try:
-        with trio.fail_after(60):  # a hang guard, not a timing
-            async with trio.open_nursery() as nursery:
-                path = await nursery.start(uds.serve_unix, sock_dir / "dp.sock", plugin)
-                async with raw_peer(path, ids) as peer:
-                    await peer.read_until(answered=set(ids[:4]), reset={9})
-                nursery.cancel_scope.cancel()
-    finally:
-        uds.configure(idle_timeout=uds.IDLE_TIMEOUT_S)
+    serve = functools.partial(uds.serve_unix, limits=uds.ServerLimits(max_streams=4))
+    with trio.fail_after(60):  # a hang guard, not a timing
+        async with trio.open_nursery() as nursery:
+            path = await nursery.start(serve, sock_dir / "dp.sock", plugin)
+            async with raw_peer(path, ids) as peer:
+                await peer.read_until(answered=set(ids[:4]), reset={9})
+            # Another server in the same process keeps the default cap.
+            other = await nursery.start(uds.serve_unix, sock_dir / "other.sock", plugin)
+            async with raw_peer(other, ids) as peer_of_other:
+                await peer_of_other.read_until(answered=set(ids), reset=set())
+            nursery.cancel_scope.cancel()
+    assert peer_of_other.advertised == CAP
     assert peer.advertised == 4
     assert peer.resets == {9: h2.errors.ErrorCodes.REFUSED_STREAM}
 
@@ -143,7 +146,7 @@ def test_the_flag_and_its_environment_variable() -> None:
     with pytest.raises(argparse.ArgumentError, match="expected a positive whole number"):
         parse(["--grpc-max-streams", "0"], {})
     with pytest.raises(ValueError, match="at least 1"):
-        uds.configure(idle_timeout=1.0, max_streams=0)
+        uds.ServerLimits(idle_timeout=1.0, max_streams=0)
 
 
 async def test_grpcio_queues_calls_past_the_cap_instead_of_failing_them(

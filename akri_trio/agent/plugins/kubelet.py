@@ -15,6 +15,7 @@ served; if not, we re-serve first.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -28,7 +29,7 @@ import trio
 from akri_trio.model import naming
 from akri_trio.rpc.gen import deviceplugin_v1beta1_grpc as dp_grpc
 from akri_trio.rpc.gen import deviceplugin_v1beta1_pb2 as dp
-from akri_trio.rpc.uds import UnixChannel, serve_unix
+from akri_trio.rpc.uds import DEFAULT_LIMITS, ServerLimits, UnixChannel, serve_unix
 from akri_trio.runtime import Backoff, Changed, sleep_to_tick
 
 log = logging.getLogger(__name__)
@@ -170,9 +171,11 @@ async def serve_registered(
     watch: KubeletWatch,
     *,
     on_registered: Callable[[], None] | None = None,
+    limits: ServerLimits = DEFAULT_LIMITS,
     task_status: trio.TaskStatus[Path] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve `servicer` on a plugin socket and keep it registered, forever.
+    """Serve `servicer` on a plugin socket (each connection within `limits`) and keep it
+    registered, forever.
 
     Reports the first socket path once it accepts connections; registration (and each
     re-registration after a kubelet restart) follows, retried with backoff while the kubelet is
@@ -183,7 +186,7 @@ async def serve_registered(
     while True:
         path = socket_path(watch.plugin_dir, plugin_name, int(time.time()))
         async with trio.open_nursery() as nursery:
-            await nursery.start(serve_unix, path, servicer)
+            await nursery.start(functools.partial(serve_unix, limits=limits), path, servicer)
             inode = _inode(path)
             if not started:
                 task_status.started(path)

@@ -33,6 +33,7 @@ from akri_trio.agent.plugins.service import (
 from akri_trio.agent.view import NodeView
 from akri_trio.model import naming
 from akri_trio.model.resources import Instance
+from akri_trio.rpc.uds import DEFAULT_LIMITS, ServerLimits
 from akri_trio.runtime import TaskSet
 
 log = logging.getLogger(__name__)
@@ -104,8 +105,10 @@ class PluginManager:
         on_registered: Callable[[], None] | None = None,
         on_refused: RefusalObserver | None = None,
         workloads: WorkloadMounts | None = None,
+        grpc: ServerLimits = DEFAULT_LIMITS,
     ) -> None:
         self.workloads = workloads  # brokerInfo directories, when the agent has them
+        self.grpc = grpc  # what each plugin's socket allows a connection
         self.on_registered = on_registered
         self.on_refused = on_refused
         self.view = view
@@ -173,6 +176,7 @@ class PluginManager:
                 service.options(),
                 self.watch,
                 on_registered=lambda: self._registered(plugin),
+                limits=self.grpc,
                 task_status=task_status,
             )
         finally:
