@@ -210,6 +210,12 @@ async def run_agent(
         instance=lambda key: _instance_ref(view, key),
     )
     controller: Controller
+    dra: DraNode | None = None
+
+    def dra_node() -> DraNode:  # brokerInfo's DRA side: built below, started before it
+        assert dra is not None
+        return dra
+
     broker_info = None
     if settings.broker_info_dir is not None:
         broker_info = BrokerInfo(
@@ -223,6 +229,9 @@ async def run_agent(
             namespace=settings.namespace,
             period=settings.broker_info_period,
             on_problems=lambda k: controller.queue.enqueue(k),
+            # DRA mode: its workloads are the claims the kubelet plugin prepared.
+            held=(lambda: dra_node().held()) if settings.allocation == "dra" else None,
+            reports=(lambda w: dra_node().report(w)) if settings.allocation == "dra" else None,
         )
     watch = KubeletWatch(settings.device_plugin_dir, settings.kubelet_poll_period)
     plugins = PluginManager(
@@ -245,7 +254,6 @@ async def run_agent(
         on_freed=metrics.slots_reclaimed.inc,
         on_slots_freed=events.slots_reclaimed,
     )
-    dra = None
     ready = [
         ("configurations-synced", lambda: configs.synced),
         ("instances-synced", lambda: instances.synced),
@@ -262,6 +270,7 @@ async def run_agent(
             kubelet_root_dir=settings.kubelet_root_dir,
             cdi_dir=settings.cdi_dir,
             consumable=settings.dra_consumable_capacity,
+            workloads=broker_info,
         )
         ready.append(("dra-plugin-registered", dra.ready))
     settings.discovery_handlers_directory.mkdir(parents=True, exist_ok=True)
@@ -334,11 +343,13 @@ async def run_agent(
         metrics.queue_depth.labels(controller="configurations").set_function(
             lambda: float(len(controller.queue))
         )
-        if broker_info is not None:
+        if broker_info is not None and dra is None:
             root.start_soon(broker_info.run)
         await root.start(controller.run)
         if dra is not None:
             await root.start(dra.run)
+            if broker_info is not None:  # its workloads: the claims the plugin prepared
+                root.start_soon(broker_info.run)
         else:
             await root.start(watch.run)
             await root.start(plugins.run)
