@@ -8,7 +8,7 @@
     ├── watches: Configurations, Instances -> stores        one watch each, shared by all below
     ├── discovery nursery
     │   └── per Configuration: Discover stream per handler endpoint
-    ├── brokerInfo copier (with --broker-info-dir)           workload files -> Instances
+    ├── brokerInfo copier (with --broker-info-dir)           workload files -> Instances (claims)
     ├── Configuration reconcile queue                        discovery -> Instances + status;
     │                                                        folds Instance changes into the view
     ├── device-plugin mode (the default):
