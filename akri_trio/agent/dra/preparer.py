@@ -54,6 +54,7 @@ from akri_trio.dra.checkpoint import (
     decode,
     encode,
 )
+from akri_trio.dra.health import DeviceHealth, device_health
 from akri_trio.kube import ApiError, Client
 from akri_trio.model.device import Mount
 from akri_trio.model.edits import ContainerEdits, instance_edits
@@ -150,6 +151,16 @@ class Preparer:
             self.prepared = {}
             return
         log.info("DRA checkpoint: %d prepared claim(s)", len(self.prepared))
+
+    def health(self) -> list[DeviceHealth]:
+        """The health of the devices this node serves and has prepared (`dra.health`)."""
+        usable = usable_devices(
+            self.view.instances(),
+            self.view.node,
+            lambda key: self.view.device(key) is not None,
+            consumable=self.consumable,
+        )
+        return device_health(usable, self.prepared.values())
 
     def device_owners(self) -> dict[tuple[str, str], ObjectKey]:
         """(pool, device) -> the Instance it stands for, of every device this node publishes or
