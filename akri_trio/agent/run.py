@@ -13,11 +13,12 @@
     │                                                        folds Instance changes into the view
     ├── device-plugin mode (the default):
     │   ├── kubelet watch                                    restarts -> plugins re-register
-    │   ├── plugin nursery (PluginManager)
-    │   │   └── per plugin: socket server + ListAndWatch streams + registration
-    │   └── slot reclaimer                                   PodResources -> free unused slots
-    └── or DRA mode (DraNode): node pool publisher (Instances -> ResourceSlices) and the
-        kubelet DRA plugin (claims -> CDI specs); /readyz waits for its registration
+    │   └── plugin nursery (PluginManager)
+    │       └── per plugin: socket server + ListAndWatch streams + registration
+    ├── or DRA mode (DraNode): node pool publisher (Instances -> ResourceSlices) and the
+    │   kubelet DRA plugin (claims -> CDI specs); /readyz waits for its registration
+    └── slot reclaimer (both modes: in DRA mode the slots     PodResources -> free unused slots
+        device-plugin mode's Pods still hold after a switch)
 
 Cancelling `run_agent` (SIGTERM/SIGINT in the CLI) tears all of it down; each task removes what
 it created (sockets) on the way out. Nothing is kept in memory that the cluster does not also
@@ -258,7 +259,7 @@ async def run_agent(
         ("configurations-synced", lambda: configs.synced),
         ("instances-synced", lambda: instances.synced),
     ]
-    if settings.allocation == "dra":  # no device plugins, nothing to reclaim
+    if settings.allocation == "dra":  # no device plugins
         # Imported here: DRA's gRPC services and protobufs cost a device-plugin agent memory.
         from akri_trio.agent.dra.node import DraNode
 
@@ -353,7 +354,9 @@ async def run_agent(
         else:
             await root.start(watch.run)
             await root.start(plugins.run)
-            root.start_soon(reclaimer.run)
+        # In DRA mode: deviceUsage slots left by device-plugin mode's Pods (a switched cluster),
+        # freed once their containers end; DRA does not offer them meanwhile.
+        root.start_soon(reclaimer.run)
         log.info("agent for node %s is running", settings.node)
         task_status.started(
             Agent(
