@@ -702,3 +702,12 @@ def test_upstream_image_keys() -> None:
 def test_crds_are_the_repository_crds() -> None:
     ours = [yaml.safe_load(p.read_text()) for p in sorted((REPO / "k8s" / "crds").glob("*.yaml"))]
     assert crds() == ours
+
+
+def test_on_the_host_network_an_upgrade_replaces_pods_one_at_a_time() -> None:
+    """A surge Pod on the host network would wait for the ports the Pod it replaces holds."""
+    on = render({"kubernetesApiOverride": {"enabled": True, "host": "10.0.0.1", "port": 6443}})
+    for name in ("akri-controller-deployment", "akri-webhook-configuration"):
+        strategy = one(on, "Deployment", name)["spec"]["strategy"]
+        assert strategy["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+        assert "strategy" not in one(render(), "Deployment", name)["spec"]
