@@ -373,8 +373,6 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         host_allowances = parse_allowances(args.allow_host_devices)
     except ValueError as exc:
         p.error(f"--allow-host-devices: {exc}")
-    if args.broker_info_dir is not None and args.allocation == "dra":
-        p.error("--broker-info-dir works with --allocation device-plugin only (no Allocate)")
     settings = AgentSettings(
         node=args.node_name,
         discovery_handlers_directory=args.discovery_handlers_directory,

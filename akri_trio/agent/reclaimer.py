@@ -107,8 +107,8 @@ class Reclaimer:
         now = trio.current_time()
         held = held_devices(self.view)
         self.first_seen = {k: self.first_seen.get(k, now) for k in held}
-        if not held:  # nothing to reclaim: no need to ask the kubelet what is in use
-            self.state = self.state.step(now, {}, ()).state
+        if not held:  # nothing to free, so no need to ask (a DRA-mode agent, most of the time)
+            self.state = self.state.step(now, {}, []).state
             return 0
         in_use = await self._in_use()
         if in_use is None:

@@ -8,13 +8,15 @@
     ├── watch configurations, watch instances                      -> stores
     ├── discovery nursery         per Configuration its discovery, a Discover stream per
     │                             handler endpoint (the reconciler's TaskSet starts them)
-    ├── brokerInfo copier         with --broker-info-dir: workload files -> Instances
+    ├── brokerInfo copier         with --broker-info-dir: workload files -> Instances (in DRA
+    │                             mode the prepared claims' files; started after the DRA node)
     ├── configuration queue       Configuration key  discovery -> Instances + status
+    ├── slot reclaimer            PodResources -> free the slots no container holds (in DRA
+    │                             mode the ones Pods of device plugins hold after a switch)
     ├── kubelet watch             a kubelet restart -> the plugins register again
     ├── plugin manager            per Instance a device plugin: socket, ListAndWatch streams,
     │                             registration with the kubelet
-    ├── slot reclaimer            PodResources -> free the slots no container holds
-    │   in DRA mode (`--allocation dra`) instead of the three above:
+    │   in DRA mode (`--allocation dra`) instead of the two above:
     └── DRA node                  the node pool reconciler (Instances -> ResourceSlices, a queue
                                   keyed by pool) and the kubelet DRA plugin (agent/dra/node.py)
 
@@ -143,6 +145,14 @@ async def run_agent(
     )
     # What the reconcile's own parts (discovery, brokerInfo) ask the queue to reconcile.
     wake, woken = trio.open_memory_channel[ObjectKey](math.inf)
+    # DRA mode: the DraNode prepares claims with brokerInfo's mounts, and brokerInfo reads the
+    # claims it prepared; the DraNode is built below and started before brokerInfo's task.
+    dra: DraNode | None = None
+
+    def dra_node() -> DraNode:
+        assert dra is not None
+        return dra
+
     broker_info = None
     if settings.broker_info_dir is not None:
         broker_info = BrokerInfo(
@@ -156,6 +166,9 @@ async def run_agent(
             namespace=settings.namespace,
             period=settings.broker_info_period,
             on_problems=wake.send_nowait,
+            # DRA mode: its workloads are the claims the kubelet plugin prepared.
+            held=(lambda: dra_node().held()) if settings.allocation == "dra" else None,
+            reports=(lambda w: dra_node().report(w)) if settings.allocation == "dra" else None,
         )
     watch = KubeletWatch(settings.device_plugin_dir, settings.kubelet_poll_period)
     plugins = PluginManager(
@@ -178,12 +191,11 @@ async def run_agent(
         on_freed=metrics.slots_reclaimed.inc,
         on_slots_freed=events.slots_reclaimed,
     )
-    dra = None
     ready = [
         ("configurations-synced", lambda: configs.synced),
         ("instances-synced", lambda: instances.synced),
     ]
-    if settings.allocation == "dra":  # no device plugins, nothing to reclaim
+    if settings.allocation == "dra":  # no device plugins
         # Imported here: DRA's gRPC services and protobufs cost a device-plugin agent memory.
         from akri_trio.agent.dra.node import DraNode
 
@@ -197,6 +209,7 @@ async def run_agent(
             kubelet_root_dir=settings.kubelet_root_dir,
             cdi_dir=settings.cdi_dir,
             consumable=settings.dra_consumable_capacity,
+            workloads=broker_info,
         )
         ready.append(("dra-plugin-registered", dra.ready))
     settings.discovery_handlers_directory.mkdir(parents=True, exist_ok=True)
@@ -280,15 +293,15 @@ async def run_agent(
         metrics.queue_depth.labels(controller="configurations").set_function(
             functools.partial(len, controller.queue)
         )
-        if broker_info is not None:
-            root.start_soon(broker_info.run, name="brokerInfo copier")
         await root.start(controller.run, name="configuration queue")
+        root.start_soon(reclaimer.run, name="slot reclaimer")
         if dra is not None:
             await root.start(dra.run, name="DRA node")
         else:
             await root.start(watch.run, name="kubelet watch")
             await root.start(plugins.run, name="plugin manager")
-            root.start_soon(reclaimer.run, name="slot reclaimer")
+        if broker_info is not None:  # in DRA mode its workloads are the claims prepared above
+            root.start_soon(broker_info.run, name="brokerInfo copier")
         log.info("agent for node %s is running", settings.node)
         task_status.started(
             Agent(

@@ -31,7 +31,7 @@ from typing import Any, Final
 
 import attrs
 
-from akri_trio.controller.observed import Delete, ObservedPod
+from akri_trio.controller.observed import Delete, ObservedPod, claim_names
 from akri_trio.model import naming
 
 PENDING_TIMEOUT_S: Final = 300.0
@@ -93,6 +93,12 @@ def plan_pods(
             continue
         if body is None or pod.target_node != _target_node(body):
             deletes.append(Delete(pod.namespace, pod.name, pod.uid, "not desired"))
+            continue
+        if pod.claims != claim_names(body):
+            # Made in the other allocation mode (a switch between device plugins and DRA):
+            # replaced, the new one made once this one is gone, so it never holds a slot the
+            # old one still holds (DRA offers no slot device-plugin mode holds).
+            deletes.append(Delete(pod.namespace, pod.name, pod.uid, "allocation mode changed"))
             continue
         since = pod.started if pod.started is not None else pod.created
         if pod.phase == "Running":

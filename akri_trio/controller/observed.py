@@ -39,6 +39,7 @@ class ObservedPod:
     created: float | None = None
     started: float | None = None
     deleting: bool = False
+    claims: frozenset[str] = frozenset()  # its spec.resourceClaims' names
 
     @property
     def target_node(self) -> str | None:
@@ -57,7 +58,15 @@ class ObservedPod:
             created=timestamp(meta.get("creationTimestamp")),
             started=timestamp(status.get("startTime")),
             deleting=meta.get("deletionTimestamp") is not None,
+            claims=claim_names(pod),
         )
+
+
+def claim_names(pod: Mapping[str, Any]) -> frozenset[str]:
+    """The names of a Pod's `spec.resourceClaims` (DRA mode's brokers have the `akri` one)."""
+    return frozenset(
+        str(c.get("name")) for c in (pod.get("spec") or {}).get("resourceClaims") or []
+    )
 
 
 @attrs.frozen

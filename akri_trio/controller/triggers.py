@@ -74,10 +74,14 @@ def _slim_meta(obj: Mapping[str, Any], keep: Iterable[str]) -> JSON:
 def slim_pod(obj: JSON) -> JSON:
     """What ObservedPod and the mappers read of a Pod."""
     status = obj.get("status") or {}
-    return {
+    claims = [{"name": c.get("name")} for c in (obj.get("spec") or {}).get("resourceClaims") or []]
+    slim: JSON = {
         "metadata": _slim_meta(obj, _POD_META),
         "status": {k: status[k] for k in ("phase", "startTime") if k in status},
     }
+    if claims:  # which allocation mode made it (DRA mode's brokers have a claim)
+        slim["spec"] = {"resourceClaims": claims}
+    return slim
 
 
 def slim_job(obj: JSON) -> JSON:

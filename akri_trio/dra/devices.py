@@ -6,6 +6,11 @@ Either way at most `capacity` Pods hold an Instance at once, counted by the sche
   unless it asks for more;
 - otherwise `capacity` slot devices `<instance>-<i>`, each allocated to one claim at a time.
 
+Slots a device-plugin-mode claim holds (the Instance's deviceUsage) are not offered: after a
+switch from device-plugin mode, its Pods keep their slots until they end (the agent's reclaimer
+frees them then), so a slot is never held twice. A consumable device counts them off its
+capacity (and is left out while they are all held); a held slot's device is left out.
+
 Which one a cluster takes is decided at run time: an API server without the feature drops the
 fields it does not know, so a server-side dry-run create of `probe_slice()` answers the question
 (`takes_consumable_capacity` reads the answer).
@@ -20,6 +25,7 @@ import attrs
 
 from akri_trio.dra.attributes import Attributes, device_attributes, qualified
 from akri_trio.dra.names import DRIVER, device_name
+from akri_trio.model import naming
 from akri_trio.model.resources import JSON, Instance
 
 SLOTS: Final = "slots"  # the capacity a consumable device counts its users in
@@ -53,8 +59,20 @@ def _slots_capacity(capacity: int) -> JSON:
     }
 
 
+def held_slots(instance: Instance) -> set[int]:
+    """The slots of `instance` a device-plugin-mode claim holds: `<instance>-<i>` keys of its
+    deviceUsage with any value (a value we cannot read is held by someone, as in that mode)."""
+    name = instance.metadata.name
+    return {
+        i
+        for key, value in instance.spec.device_usage.items()
+        if value and (i := naming.index_after(name, key)) is not None and i < instance.spec.capacity
+    }
+
+
 def instance_devices(instance: Instance, *, consumable: bool) -> InstanceDevices:
-    """The DRA devices of `instance` (none for capacity 0)."""
+    """The DRA devices of `instance` (none for capacity 0), without the slots device-plugin
+    mode holds (`held_slots`)."""
     meta, spec = instance.metadata, instance.spec
     attributes = device_attributes(
         spec.configuration_name,
@@ -66,18 +84,20 @@ def instance_devices(instance: Instance, *, consumable: bool) -> InstanceDevices
     attrs_api = attributes.as_api()
     if spec.capacity <= 0:
         return InstanceDevices((), (), attributes)
+    held = held_slots(instance)
     if consumable:
+        if len(held) >= spec.capacity:  # a capacity of 0 is refused (its request's min is 1)
+            return InstanceDevices((), (), attributes)
         device = {
             "name": device_name(meta.name),
             "attributes": attrs_api,
             "allowMultipleAllocations": True,
-            "capacity": _slots_capacity(spec.capacity),
+            "capacity": _slots_capacity(spec.capacity - len(held)),
         }
         return InstanceDevices((device,), (DeviceRef(meta.namespace, meta.name),), attributes)
-    devices = tuple(
-        {"name": device_name(meta.name, i), "attributes": attrs_api} for i in range(spec.capacity)
-    )
-    refs = tuple(DeviceRef(meta.namespace, meta.name, i) for i in range(spec.capacity))
+    free = [i for i in range(spec.capacity) if i not in held]
+    devices = tuple({"name": device_name(meta.name, i), "attributes": attrs_api} for i in free)
+    refs = tuple(DeviceRef(meta.namespace, meta.name, i) for i in free)
     return InstanceDevices(devices, refs, attributes)
 
 

@@ -43,6 +43,8 @@ PROTOS = (
     "podresources_v1.proto",
     "dra_v1.proto",
     "dra_v1beta1.proto",
+    "dra_health_v1.proto",
+    "dra_health_v1alpha1.proto",
     "pluginregistration_v1.proto",
 )
 

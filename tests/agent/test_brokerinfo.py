@@ -617,10 +617,10 @@ async def test_shutdown_does_not_wait_for_the_disk(
     release.set()
 
 
-def test_brokerinfo_needs_allocate(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit):
-        parse_args(["--node-name", "n", "--allocation", "dra", "--broker-info-dir", "/x"], {})
-    assert "--broker-info-dir works with --allocation device-plugin only" in capsys.readouterr().err
+def test_brokerinfo_works_in_both_modes() -> None:
+    for allocation in ("device-plugin", "dra"):
+        argv = ["--node-name", "n", "--allocation", allocation, "--broker-info-dir", "/x"]
+        assert parse_args(argv, {}).broker_info_dir == Path("/x")
 
 
 def test_a_tree_of_any_depth_is_removed_without_following_links(tmp_path: Path) -> None:

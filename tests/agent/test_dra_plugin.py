@@ -139,7 +139,12 @@ async def test_registration_names_the_driver_its_socket_and_versions(plugin: Plu
     info = await plugin.call(sock, stub, "GetInfo", reg.InfoRequest())
     assert (info.type, info.name) == ("DRAPlugin", "akri.sh")
     assert info.endpoint == str(plugin.root / "plugins" / "akri.sh" / "dra.sock")
-    assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+    assert list(info.supported_versions) == [
+        "v1.DRAPlugin",
+        "v1beta1.DRAPlugin",
+        "v1.DRAResourceHealth",
+        "v1alpha1.DRAResourceHealth",
+    ]
     status = reg.RegistrationStatus(plugin_registered=True)
     await plugin.call(sock, stub, "NotifyRegistrationStatus", status)
     assert plugin.statuses == [(True, "")]

@@ -37,3 +37,17 @@ async def test_every_pass_starts_with_upstreams_line(
     lines = _lines(caplog)
     assert len(lines) == 3  # at 0, 10 and 20 s: always one within any 20 s
     assert all(r.levelno == logging.INFO for r in lines)
+
+
+async def test_with_nothing_held_the_kubelet_is_not_asked(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A DRA-mode agent runs the reclaimer for slots device-plugin mode left: most of the time
+    there are none, and a pass costs no PodResources call."""
+    caplog.set_level(logging.INFO)
+    view = NodeView("node-a")
+    async with httpx.AsyncClient(base_url="http://api.invalid") as http:
+        reclaimer = Reclaimer(view, Claims(Client(http), view), tmp_path / "kubelet.sock")
+        assert await reclaimer.pass_once() == 0
+    assert len(_lines(caplog)) == 1
+    assert not [r for r in caplog.records if "PodResources" in r.getMessage()]

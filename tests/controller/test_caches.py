@@ -58,6 +58,12 @@ def test_a_pods_status_churn_is_not_cached() -> None:
     assert slim_pod(_pod("Failed")) != a
 
 
+def test_a_pods_claims_are_cached_by_name() -> None:
+    pod = _pod("Running")
+    pod["spec"] = {"resourceClaims": [{"name": "akri", "resourceClaimTemplateName": "t"}]}
+    assert slim_pod(pod)["spec"] == {"resourceClaims": [{"name": "akri"}]}
+
+
 def test_a_nodes_heartbeats_are_not_cached() -> None:
     def node(ready: str, beat: str) -> dict[str, object]:
         cond = {"type": "Ready", "status": ready, "lastHeartbeatTime": beat}

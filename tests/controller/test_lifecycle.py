@@ -105,6 +105,35 @@ def test_broker_on_a_node_no_longer_listed_is_deleted_at_once() -> None:
     assert POD not in plan.retries
 
 
+def test_a_broker_of_the_other_allocation_mode_is_replaced_once_gone() -> None:
+    """A switch between device plugins and DRA: a running broker without the desired claims
+    (or with claims no longer desired) is deleted, and made again only once it is gone."""
+    dra = {
+        POD: {
+            **DESIRED[POD],
+            "spec": {
+                **DESIRED[POD]["spec"],
+                "resourceClaims": [{"name": "akri", "resourceClaimTemplateName": "t"}],
+            },
+        }
+    }
+    for desired, pod in ((dra, observed("Running")), (DESIRED, _with_claim(observed("Running")))):
+        plan = plan_pods(desired, [pod], {}, T0, doubling)
+        assert plan.delete == (Delete("ns", POD, "p-uid", "allocation mode changed"),)
+        assert plan.create == ()
+        going = plan_pods(desired, [attrs.evolve(pod, deleting=True)], {}, T0, doubling)
+        assert going.create == () and going.delete == ()
+        assert [p["metadata"]["name"] for p in plan_pods(desired, [], {}, T0, doubling).create] == [
+            POD
+        ]
+    same = plan_pods(dra, [_with_claim(observed("Running"))], {}, T0, doubling)
+    assert same.delete == () and same.create == ()
+
+
+def _with_claim(pod: ObservedPod) -> ObservedPod:
+    return attrs.evolve(pod, claims=frozenset({"akri"}))
+
+
 def test_instance_gone_deletes_every_broker() -> None:
     plan = plan_pods({}, [observed("Running"), observed("Pending")], {}, T0, doubling)
     assert len(plan.delete) == 2 and plan.create == () and plan.retries == {}

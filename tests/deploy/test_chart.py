@@ -216,14 +216,33 @@ def test_handler_mount_dirs_reach_the_agent() -> None:
     assert "AKRI_HANDLER_MOUNT_DIRS" not in env_of(default)
 
 
-def test_broker_info_directory_is_refused_with_dra() -> None:
-    with pytest.raises(helm_python.HelmError, match="brokerInfoDirectory works with allocation"):
-        render({"allocation": "dra", "agent": {"brokerInfoDirectory": "/var/lib/akri-bi"}})
+def test_broker_info_in_dra_mode_may_write_its_driver_s_claim_status() -> None:
+    objs = render({"allocation": "dra", "agent": {"brokerInfoDirectory": "/var/lib/akri-bi"}})
+    rules = one(objs, "ClusterRole", "akri-agent-dra-role")["rules"]
+    assert {
+        "apiGroups": ["resource.k8s.io"],
+        "resources": ["resourceclaims/driver"],
+        "resourceNames": ["akri.sh"],
+        "verbs": ["associated-node:patch", "arbitrary-node:patch"],
+    } in rules
+    assert {
+        "apiGroups": ["resource.k8s.io"],
+        "resources": ["resourceclaims/status"],
+        "verbs": ["patch"],
+    } in rules
+    (agent,) = pod_spec(one(objs, "DaemonSet", "akri-agent-daemonset"))["containers"]
+    assert env_of(agent)["BROKER_INFO_DIRECTORY"] == "/var/lib/akri-bi"
 
 
-def test_broker_info_directory_is_mounted_at_its_own_path() -> None:
+@pytest.mark.parametrize("allocation", ["device-plugin", "dra"])
+def test_broker_info_directory_is_mounted_at_its_own_path(allocation: str) -> None:
     ds = one(
-        render({"agent": {"brokerInfoDirectory": "/var/lib/akri-broker-info"}}),
+        render(
+            {
+                "allocation": allocation,
+                "agent": {"brokerInfoDirectory": "/var/lib/akri-broker-info"},
+            }
+        ),
         "DaemonSet",
         "akri-agent-daemonset",
     )
@@ -686,3 +705,12 @@ def test_upstream_image_keys() -> None:
 def test_crds_are_the_repository_crds() -> None:
     ours = [yaml.safe_load(p.read_text()) for p in sorted((REPO / "k8s" / "crds").glob("*.yaml"))]
     assert crds() == ours
+
+
+def test_on_the_host_network_an_upgrade_replaces_pods_one_at_a_time() -> None:
+    """A surge Pod on the host network would wait for the ports the Pod it replaces holds."""
+    on = render({"kubernetesApiOverride": {"enabled": True, "host": "10.0.0.1", "port": 6443}})
+    for name in ("akri-controller-deployment", "akri-webhook-configuration"):
+        strategy = one(on, "Deployment", name)["spec"]["strategy"]
+        assert strategy["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+        assert "strategy" not in one(render(), "Deployment", name)["spec"]

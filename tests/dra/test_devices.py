@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import copy
 
+import attrs
+import pytest
+
 from akri_trio.dra import DeviceRef, instance_devices, probe_slice, takes_consumable_capacity
+from akri_trio.dra.attributes import qualified
+from akri_trio.dra.devices import SLOTS, held_slots
 from tests.dra.support import instance
 
 
@@ -41,3 +46,23 @@ def test_the_probe_answer_decides() -> None:
     del dropped["spec"]["devices"][0]["capacity"]["akri.sh/slots"]["requestPolicy"]
     assert not takes_consumable_capacity(dropped)
     assert not takes_consumable_capacity({})
+
+
+@pytest.mark.parametrize("consumable", [True, False], ids=["consumable", "slots"])
+def test_slots_device_plugin_mode_holds_are_not_offered(consumable: bool) -> None:
+    """After a switch from device-plugin mode its running Pods keep their deviceUsage slots:
+    DRA offers only the rest, so no slot is held twice."""
+    usage = {"cam-abc123-0": "", "cam-abc123-1": "n1", "cam-abc123-9": "n1", "other-0": "n1"}
+    base = instance(capacity=3)
+    inst = attrs.evolve(base, spec=attrs.evolve(base.spec, device_usage=usage))
+    assert held_slots(inst) == {1}  # slot 9 is beyond the capacity, other-0 not its slot
+    got = instance_devices(inst, consumable=consumable)
+    if consumable:
+        (device,) = got.devices
+        assert device["capacity"][qualified(SLOTS)]["value"] == "2"
+    else:
+        assert [d["name"] for d in got.devices] == ["cam-abc123-0", "cam-abc123-2"]
+        assert [r.slot for r in got.refs] == [0, 2]
+    full = {f"cam-abc123-{i}": "n1" for i in range(3)}
+    every = attrs.evolve(inst, spec=attrs.evolve(inst.spec, device_usage=full))
+    assert instance_devices(every, consumable=consumable).devices == ()

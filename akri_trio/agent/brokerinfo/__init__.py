@@ -24,6 +24,8 @@ from akri_trio.agent.brokerinfo._sync import (
     ENV_VAR,
     BrokerInfo,
     WorkloadMount,
+    WorkloadMounts,
+    WorkloadReports,
 )
 
 __all__ = [
@@ -36,6 +38,8 @@ __all__ = [
     "Selection",
     "WorkloadDir",
     "WorkloadMount",
+    "WorkloadMounts",
+    "WorkloadReports",
     "entry_key",
     "field_manager",
     "merge",

@@ -151,6 +151,17 @@ def merge(selections: Iterable[Selection]) -> dict[str, str]:
     return {name: text for name, (_, text) in sorted(newest.items())}
 
 
+def running_workloads(read: Iterable[tuple[str, Selection]]) -> dict[str, dict[str, str]]:
+    """slot -> the files of the running workload holding it, from the directories read
+    (directory name, selection); ended workloads' directories and problems are left out."""
+    by_slot: dict[str, list[Selection]] = {}
+    for name, selection in read:
+        wd = parse_dir(name)
+        if wd is not None and not wd.ended:
+            by_slot.setdefault(wd.slot, []).append(selection)
+    return {slot: merge(selections) for slot, selections in sorted(by_slot.items())}
+
+
 def desired_entries(
     node: str, files: Mapping[str, str], limits: Limits
 ) -> tuple[dict[str, str], list[str]]:

@@ -14,6 +14,12 @@ its per-node budget (`_rules.Limits`). A file-system error is a problem like a s
 (the root directory's: one log line when it changes) and leaves what was written; it never ends
 the loop.
 
+In DRA mode a workload is a prepared claim (its directory is named for the claim's uid and made
+by the kubelet plugin's Prepare through `mount`): `held` says which claims of each Instance are
+prepared on this node, and `reports` takes every running workload's own files each pass, for
+its claim's `status.devices` (`agent/dra/claim_status.py`), with problems of its own (the
+claim's size limit) reported like the others.
+
 Files that break a rule are skipped and reported: one log line when the set of problems of an
 Instance changes, and through `problems(configuration)`, which the agent puts in its entry of the
 Configuration's status (a `BrokerInfoValid` condition; turning False records an Event).
@@ -23,8 +29,9 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Protocol
 
 import attrs
 import httpx
@@ -55,6 +62,20 @@ class WorkloadMount:
     envs: Mapping[str, str]
 
 
+class WorkloadMounts(Protocol):
+    """brokerInfo's Allocate (or Prepare) hook: a directory for the workload given `slots` of
+    `inst`."""
+
+    def mount(self, inst: Instance, slots: Sequence[str]) -> WorkloadMount | None: ...
+
+
+# Instance -> slot (a claim uid in DRA mode) -> that running workload's own files.
+Workloads = Mapping[ObjectKey, Mapping[str, Mapping[str, str]]]
+# Where each running workload's files go besides its Instance (DRA mode: its claim); the
+# answer: what could not go there, per Instance.
+WorkloadReports = Callable[[Workloads], Awaitable[Mapping[ObjectKey, Sequence[str]]]]
+
+
 class BrokerInfo:
     def __init__(
         self,
@@ -69,10 +90,14 @@ class BrokerInfo:
         namespace: str | None = None,
         period: float = DEFAULT_PERIOD_S,
         on_problems: Callable[[ObjectKey], None] = lambda _: None,
+        held: Callable[[], Mapping[ObjectKey, Collection[str]]] | None = None,
+        reports: WorkloadReports | None = None,
     ) -> None:
         """`generation(config key)`: its metadata.generation (None: gone). `current(instance
         key)`: its spec.brokerInfo as the watch cache has it (None: unknown). `known()`: the
-        Instances in that cache. `on_problems`: the problems of that Configuration changed."""
+        Instances in that cache. `on_problems`: the problems of that Configuration changed.
+        `held()`: the slots each Instance's running workloads hold on this node (None: this
+        node's deviceUsage claims). `reports`: where running workloads' files go besides."""
         self.api = api
         self.view = view
         self.node = view.node
@@ -84,6 +109,8 @@ class BrokerInfo:
         self.namespace = namespace
         self.period = period
         self.on_problems = on_problems
+        self.held = held
+        self.reports = reports
         self.manager = _rules.field_manager(self.node)
         # Instances this node has (or may have) entries on without a directory any more: a
         # pass checks that they are gone.
@@ -149,15 +176,27 @@ class BrokerInfo:
             self._root_failed(f"cannot list {self.root}: {exc}")
             return
         self._root_failed("")
-        plans = {key: self._plan(key, names) for key, names in found.items()}
+        held = None if self.held is None else self.held()
+        plans = {key: self._plan(key, names, held) for key, names in found.items()}
         reads, untidy = await trio.to_thread.run_sync(
             self._carry_out_and_read, plans, abandon_on_cancel=True
         )
-        for key in sorted(set(plans) | self.leftover):
-            selections = reads.get(key, [])
+        keys = sorted(set(plans) | self.leftover)
+        elsewhere: Mapping[ObjectKey, Sequence[str]] = {}
+        if self.reports is not None:
+            elsewhere = await self.reports(
+                {
+                    key: _rules.running_workloads(reads.get(key, []))
+                    for key in keys
+                    if key not in untidy
+                }
+            )
+        for key in keys:
+            selections = [s for _, s in reads.get(key, [])]
             files = _rules.merge(selections)
             desired, over = _rules.desired_entries(self.node, files, self.limits)
-            self._report(key, [*(p for s in selections for p in s.problems), *over])
+            problems = [*(p for s in selections for p in s.problems), *over]
+            self._report(key, [*problems, *elsewhere.get(key, ())])
             if key in untidy:
                 continue  # what it wrote stays until its directories can be put in order
             inst = self.view.instance(key)
@@ -166,29 +205,39 @@ class BrokerInfo:
             else:
                 self.leftover.add(key)  # retried next pass, even once its directory is gone
 
-    def _plan(self, key: ObjectKey, names: list[str]) -> _rules.DirPlan:
+    def _plan(
+        self, key: ObjectKey, names: list[str], held: Mapping[ObjectKey, Collection[str]] | None
+    ) -> _rules.DirPlan:
         inst = self.view.instance(key)
+        slots: Collection[str] = ()
+        if inst is not None:
+            slots = (
+                held_by(inst.spec.device_usage, self.node, key.name)
+                if held is None
+                else held.get(key, ())
+            )
         return _rules.plan_dirs(
             names,
-            held=() if inst is None else held_by(inst.spec.device_usage, self.node, key.name),
+            held=slots,
             serving=inst is not None and self.node in inst.spec.nodes,
             generation=None if inst is None else self.generation(config_key(inst)),
         )
 
     def _carry_out_and_read(
         self, plans: Mapping[ObjectKey, _rules.DirPlan]
-    ) -> tuple[dict[ObjectKey, list[_rules.Selection]], set[ObjectKey]]:
-        """In a worker thread: what each Instance's directories hold, and the Instances whose
-        plan failed. A file-system error (a read-only disk, a directory a broker took its
-        permissions from) is reported as a problem of the Instance."""
-        out: dict[ObjectKey, list[_rules.Selection]] = {}
+    ) -> tuple[dict[ObjectKey, list[tuple[str, _rules.Selection]]], set[ObjectKey]]:
+        """In a worker thread: what each Instance's directories hold (directory name ->
+        selection; "" for a problem of no directory), and the Instances whose plan failed. A
+        file-system error (a read-only disk, a directory a broker took its permissions from)
+        is reported as a problem of the Instance."""
+        out: dict[ObjectKey, list[tuple[str, _rules.Selection]]] = {}
         untidy: set[ObjectKey] = set()
         for key, plan in plans.items():
             path = _disk.instance_dir(self.root, key)
             try:
                 _disk.carry_out(path, plan)
             except OSError as exc:
-                out[key] = [_rules.Selection({}, (f"cannot tidy its directories: {exc}",))]
+                out[key] = [("", _rules.Selection({}, (f"cannot tidy its directories: {exc}",)))]
                 untidy.add(key)
                 continue
             out[key] = []
@@ -196,9 +245,9 @@ class BrokerInfo:
                 try:
                     found = _disk.read_workload(path / name, self.limits)
                 except OSError as exc:
-                    out[key].append(_rules.Selection({}, (f"cannot list {name}: {exc}",)))
+                    out[key].append(("", _rules.Selection({}, (f"cannot list {name}: {exc}",))))
                 else:
-                    out[key].append(_rules.select(found, self.limits))
+                    out[key].append((name, _rules.select(found, self.limits)))
         return out, untidy
 
     def _root_failed(self, problem: str) -> None:

@@ -7,6 +7,9 @@ DraNode.run                  (ready() once the kubelet registered the plugin: th
 │   ├── watch of this node's slices
 │   └── pool queue           the shared runner, keyed by pool
 └── kubelet plugin           registration socket + DRA socket -> Preparer -> CDI specs
+
+With brokerInfo (`workloads`), Prepare mounts each claim's workload directory, and `held` and
+`report` serve the brokerInfo copier (which the agent starts once this has started).
 """
 
 from __future__ import annotations
@@ -15,11 +18,15 @@ import contextlib
 import fcntl
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import trio
 
+from akri_trio.address import ObjectKey
+from akri_trio.agent.brokerinfo import WorkloadMounts
+from akri_trio.agent.brokerinfo._sync import Workloads
+from akri_trio.agent.dra.claim_status import ClaimStatus
 from akri_trio.agent.dra.plugin import serve_kubelet_plugin
 from akri_trio.agent.dra.pool_reconciler import NodePoolReconciler
 from akri_trio.agent.dra.preparer import Preparer
@@ -77,6 +84,7 @@ class DraNode:
         kubelet_root_dir: Path,
         cdi_dir: Path,
         consumable: bool | None = None,
+        workloads: WorkloadMounts | None = None,
     ) -> None:
         self.api = api
         self.view = view
@@ -89,7 +97,9 @@ class DraNode:
         self.cdi_dir = cdi_dir
         self.consumable = consumable  # None: ask the API server
         self.pools: NodePoolReconciler | None = None
+        self.workloads = workloads
         self.preparer: Preparer | None = None
+        self.claim_status: ClaimStatus | None = None
         self.registered = False
 
     def _on_status(self, registered: bool, error: str) -> None:
@@ -100,6 +110,18 @@ class DraNode:
         not while another agent holds the node lock, not before the kubelet has called, not
         after it refused the driver. The agent's /readyz reports it."""
         return self.registered
+
+    def held(self) -> dict[ObjectKey, set[str]]:
+        """brokerInfo: the claims prepared here, per Instance (once `run` has started)."""
+        if self.preparer is None:
+            raise RuntimeError("DraNode.held before DraNode.run started")
+        return self.preparer.held()
+
+    async def report(self, workloads: Workloads) -> dict[ObjectKey, Sequence[str]]:
+        """brokerInfo: running workloads' files into their claims' status."""
+        if self.claim_status is None:
+            raise RuntimeError("DraNode.report before DraNode.run started")
+        return await self.claim_status.report(workloads)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         state_dir = self.kubelet_root_dir / "plugins" / DRIVER
@@ -133,8 +155,10 @@ class DraNode:
             cdi_dir=self.cdi_dir,
             state_dir=state_dir,
             consumable=consumable,
+            workloads=self.workloads,
         )
         self.preparer.load()
+        self.claim_status = ClaimStatus(self.api, self.view.node, self.preparer)
         async with trio.open_nursery() as nursery:
             await nursery.start(self.pools.run)
             await nursery.start(

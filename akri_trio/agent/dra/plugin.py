@@ -6,13 +6,22 @@ The kubelet's plugin watcher finds `<root>/plugins_registry/akri.sh-reg.sock`, a
 NotifyRegistrationStatus. Both services are served on the one DRA socket; v1beta1 messages are
 v1's without `share_id` (same fields, same numbers), so the v1beta1 service converts by bytes
 and runs the v1 code.
+
+The optional health service (`v1.DRAResourceHealth`, and `v1alpha1.DRAResourceHealth` with the
+same messages, for 1.36's kubelet) is advertised and served there too: the kubelet
+(ResourceHealthStatus, on by default from 1.36) watches NodeWatchResources and shows each
+allocated device's health in its containers' `allocatedResourcesStatus` (`dra.health`). The
+stream sends the whole list at once, again whenever an Instance or a discovered device of the
+node changes, and at least every RESEND_S (the kubelet turns a device Unknown when no report
+came for HEALTH_TIMEOUT_S).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Final
 
@@ -21,7 +30,16 @@ import trio
 from akri_trio.agent.dra.preparer import ClaimRef, Preparer
 from akri_trio.dra import DRIVER
 from akri_trio.dra.checkpoint import PreparedClaim
-from akri_trio.rpc.gen import dra_v1_grpc, dra_v1beta1_grpc, pluginregistration_v1_grpc
+from akri_trio.dra.health import DeviceHealth
+from akri_trio.rpc.gen import (
+    dra_health_v1_grpc,
+    dra_health_v1alpha1_grpc,
+    dra_v1_grpc,
+    dra_v1beta1_grpc,
+    pluginregistration_v1_grpc,
+)
+from akri_trio.rpc.gen import dra_health_v1_pb2 as health_v1
+from akri_trio.rpc.gen import dra_health_v1alpha1_pb2 as health_v1alpha1
 from akri_trio.rpc.gen import dra_v1_pb2 as v1
 from akri_trio.rpc.gen import dra_v1beta1_pb2 as v1beta1
 from akri_trio.rpc.gen import pluginregistration_v1_pb2 as reg
@@ -30,7 +48,15 @@ from akri_trio.rpc.uds import serve_unix
 log = logging.getLogger(__name__)
 
 PLUGIN_TYPE: Final = "DRAPlugin"
-VERSIONS: Final = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+VERSIONS: Final = (
+    "v1.DRAPlugin",
+    "v1beta1.DRAPlugin",
+    "v1.DRAResourceHealth",
+    "v1alpha1.DRAResourceHealth",
+)
+HEALTH_TIMEOUT_S: Final = 60
+RESEND_S: Final = 20.0
+SETTLE_S: Final = 0.05  # a burst of changes (a Configuration's devices going) costs one report
 
 
 def registration_socket(kubelet_root_dir: Path) -> Path:
@@ -105,6 +131,50 @@ class DraPluginV1beta1(dra_v1beta1_grpc.DRAPluginServicer):
         return response
 
 
+def health_response(
+    devices: list[DeviceHealth], now: float
+) -> health_v1.NodeWatchResourcesResponse:
+    return health_v1.NodeWatchResourcesResponse(
+        devices=[
+            health_v1.DeviceHealth(
+                device=health_v1.DeviceIdentifier(pool_name=d.pool, device_name=d.device),
+                health=health_v1.HEALTHY if d.healthy else health_v1.UNHEALTHY,
+                last_updated_time=int(now),
+                health_check_timeout_seconds=HEALTH_TIMEOUT_S,
+                message=d.message,
+            )
+            for d in devices
+        ]
+    )
+
+
+class DraHealthV1(dra_health_v1_grpc.DRAResourceHealthServicer):
+    def __init__(self, preparer: Preparer) -> None:
+        self.preparer = preparer
+
+    async def NodeWatchResources(
+        self, input_message: health_v1.NodeWatchResourcesRequest
+    ) -> AsyncIterator[health_v1.NodeWatchResourcesResponse]:
+        changes = self.preparer.view.membership
+        while True:
+            seen = changes.version
+            yield health_response(self.preparer.health(), time.time())
+            with trio.move_on_after(RESEND_S):
+                await changes.wait_past(seen)
+                await trio.sleep(SETTLE_S)
+
+
+class DraHealthV1alpha1(dra_health_v1alpha1_grpc.DRAResourceHealthServicer):
+    def __init__(self, v1_service: DraHealthV1) -> None:
+        self.v1 = v1_service
+
+    async def NodeWatchResources(
+        self, input_message: health_v1alpha1.NodeWatchResourcesRequest
+    ) -> AsyncIterator[health_v1alpha1.NodeWatchResourcesResponse]:
+        async for answer in self.v1.NodeWatchResources(health_v1.NodeWatchResourcesRequest()):
+            yield health_v1alpha1.NodeWatchResourcesResponse.FromString(answer.SerializeToString())
+
+
 class Registration(pluginregistration_v1_grpc.RegistrationServicer):
     def __init__(self, endpoint: Path, on_status: Callable[[bool, str], None]) -> None:
         self.endpoint = endpoint
@@ -143,10 +213,10 @@ async def serve_kubelet_plugin(
     dra_sock.parent.mkdir(parents=True, exist_ok=True)
     reg_sock.parent.mkdir(parents=True, exist_ok=True)
     service = DraPluginV1(preparer)
+    health = DraHealthV1(preparer)
+    services = (service, DraPluginV1beta1(service), health, DraHealthV1alpha1(health))
     async with trio.open_nursery() as nursery:
-        await nursery.start(
-            functools.partial(serve_unix, dra_sock, service, DraPluginV1beta1(service), mode=0o600)
-        )
+        await nursery.start(functools.partial(serve_unix, dra_sock, *services, mode=0o600))
         await nursery.start(
             functools.partial(serve_unix, reg_sock, Registration(dra_sock, on_status), mode=0o600)
         )

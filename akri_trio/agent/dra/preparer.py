@@ -16,6 +16,10 @@ answers with the CDI device ids. Unprepare removes the spec and the record.
 - Bounded: one call is cut after PREPARE_TIMEOUT_S (below the kubelet's 45 s); claims not done
   by then are answered with an error, and the kubelet asks again.
 - Serialized: one call at a time, so the checkpoint has one writer.
+- brokerInfo (with `workloads`, the agent's `--broker-info-dir`): each Instance a claim is
+  given gets a workload directory named for the claim's uid, mounted into the container by the
+  claim's CDI spec as device-plugin mode's Allocate mounts it; `held` tells the copier which
+  claims of an Instance are prepared (its workloads that still run).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import httpx
 import trio
 
 from akri_trio.address import ObjectKey
+from akri_trio.agent.brokerinfo import WorkloadMounts
 from akri_trio.agent.dra.plan import usable_devices
 from akri_trio.agent.view import NodeView
 from akri_trio.dra import (
@@ -49,8 +54,11 @@ from akri_trio.dra.checkpoint import (
     decode,
     encode,
 )
+from akri_trio.dra.health import DeviceHealth, device_health
 from akri_trio.kube import ApiError, Client
-from akri_trio.model.edits import instance_edits
+from akri_trio.model.device import Mount
+from akri_trio.model.edits import ContainerEdits, instance_edits
+from akri_trio.model.resources import Instance
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +99,20 @@ def write_atomically(path: Path, text: str) -> None:
         os.close(directory)
 
 
+def with_workload(
+    edits: ContainerEdits, workloads: WorkloadMounts, inst: Instance, uid: str
+) -> ContainerEdits:
+    """`edits` plus the brokerInfo directory of the workload `uid` (a claim) of `inst`."""
+    mount = workloads.mount(inst, (uid,))
+    if mount is None:
+        return edits
+    return attrs.evolve(
+        edits,
+        env=(*edits.env, *mount.envs.items()),
+        mounts=(*edits.mounts, Mount(mount.container_path, mount.host_path)),
+    )
+
+
 class Preparer:
     def __init__(
         self,
@@ -100,8 +122,10 @@ class Preparer:
         cdi_dir: Path,
         state_dir: Path,
         consumable: bool,
+        workloads: WorkloadMounts | None = None,
     ) -> None:
         self.api = api
+        self.workloads = workloads
         self.view = view
         self.cdi_dir = cdi_dir
         self.checkpoint = state_dir / CHECKPOINT_FILE
@@ -127,6 +151,39 @@ class Preparer:
             self.prepared = {}
             return
         log.info("DRA checkpoint: %d prepared claim(s)", len(self.prepared))
+
+    def health(self) -> list[DeviceHealth]:
+        """The health of the devices this node serves and has prepared (`dra.health`)."""
+        usable = usable_devices(
+            self.view.instances(),
+            self.view.node,
+            lambda key: self.view.device(key) is not None,
+            consumable=self.consumable,
+        )
+        return device_health(usable, self.prepared.values())
+
+    def device_owners(self) -> dict[tuple[str, str], ObjectKey]:
+        """(pool, device) -> the Instance it stands for, of every device this node publishes or
+        may use, discovered now or not."""
+        usable = usable_devices(
+            self.view.instances(), self.view.node, lambda _: True, consumable=self.consumable
+        )
+        return {
+            (pool, device): ObjectKey(ref.namespace, ref.instance)
+            for pool, devices in usable.items()
+            for device, ref in devices.items()
+        }
+
+    def held(self) -> dict[ObjectKey, set[str]]:
+        """Instance -> the uids of the claims prepared here that hold a device of it: its
+        running workloads, as brokerInfo names their directories."""
+        owners = self.device_owners()
+        out: dict[ObjectKey, set[str]] = {}
+        for uid, claim in self.prepared.items():
+            for d in claim.devices:
+                if (key := owners.get((d.pool, d.device))) is not None:
+                    out.setdefault(key, set()).add(uid)
+        return out
 
     def _save(self, prepared: dict[str, PreparedClaim]) -> None:
         """Write `prepared` as the checkpoint, then (not before: a failed write leaves the
@@ -173,12 +230,19 @@ class Preparer:
         )
         resolved = resolve(claim, ref.uid, usable)
         edits = []
+        mounted: set[ObjectKey] = set()
         for allocated, device_ref in resolved:
             key = ObjectKey(device_ref.namespace, device_ref.instance)
             inst = self.view.instance(key)
             if inst is None:
                 raise PrepareError(f"Instance {key} is gone")
-            edits.append((allocated.index, instance_edits(inst, self.view.device(key))))
+            device_edits = instance_edits(inst, self.view.device(key))
+            if self.workloads is not None and key not in mounted:
+                # One directory per Instance of the claim (two devices of one Instance: one
+                # workload, as a container given two slots of it in device-plugin mode).
+                mounted.add(key)
+                device_edits = with_workload(device_edits, self.workloads, inst, ref.uid)
+            edits.append((allocated.index, device_edits))
         spec_file = spec_file_name(ref.uid)
         write_atomically(self.cdi_dir / spec_file, json.dumps(cdi_spec(ref.uid, edits), indent=1))
         devices = tuple(

@@ -19,6 +19,7 @@ import attrs
 import trio
 
 from akri_trio.address import ObjectKey
+from akri_trio.agent.brokerinfo import WorkloadMounts
 from akri_trio.agent.plugins.claims import Claims
 from akri_trio.agent.plugins.kubelet import KubeletWatch, serve_registered
 from akri_trio.agent.plugins.service import (
@@ -28,7 +29,6 @@ from akri_trio.agent.plugins.service import (
     DevicePluginService,
     InstanceBehaviour,
     RefusalObserver,
-    WorkloadMounts,
 )
 from akri_trio.agent.view import NodeView
 from akri_trio.model import naming

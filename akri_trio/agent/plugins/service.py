@@ -22,7 +22,7 @@ import purerpc
 import trio
 
 from akri_trio.address import ObjectKey
-from akri_trio.agent.brokerinfo import WorkloadMount
+from akri_trio.agent.brokerinfo import WorkloadMounts
 from akri_trio.agent.plugins import slots, vdevs
 from akri_trio.agent.plugins.claims import ClaimFailed, Claims, InstanceGone
 from akri_trio.agent.plugins.slots import DeviceView, InstanceSlots
@@ -92,12 +92,6 @@ def within_message_limit(
         if total > limit:
             return list(devices[:i])
     return list(devices)
-
-
-class WorkloadMounts(Protocol):
-    """brokerInfo's Allocate hook: a directory for the workload given `slots` of `inst`."""
-
-    def mount(self, inst: Instance, slots: Sequence[str]) -> WorkloadMount | None: ...
 
 
 def container_response(

@@ -1,0 +1,254 @@
+"""Switching a running node from device-plugin mode to DRA mode on the real node: no slot is
+held twice at any moment, the broker comes back with a claim, a Pod of device-plugin mode keeps
+its slot until it ends, and the node's device-plugin resource goes to 0.
+
+The agent (debugEcho embedded as `swEcho`, see tests/support/echo_agent.py) and the controller
+run as real processes watching only this module's namespace, first in device-plugin mode, then
+restarted with `--allocation dra` (what `helm upgrade --set allocation=dra` does to their
+Pods). One Instance of capacity 2: a broker and a user's Pod hold both slots before the switch.
+A sampler records, every half second through it all, how many hold the device: the
+deviceUsage slots plus the claims allocated it, never above 2.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from akri_trio import dra
+from akri_trio.model import naming
+from tests.support.kubectl import Kubectl, busybox_pod
+from tests.support.node_agent import fresh_namespace
+from tests.support.polling import until
+
+pytestmark = pytest.mark.node
+
+NS = f"switch-node-{secrets.token_hex(3)}"
+ECHO = "swEcho"
+CONFIG = "sw-echo"
+DESCRIPTION = "sw0"
+CAPACITY = 2
+REPO = Path(__file__).resolve().parents[2]
+SLEEP = "trap 'exit 0' TERM; sleep 3600 & wait"
+
+
+class Env:
+    def __init__(self, env: dict[str, str], tmp: Path) -> None:
+        self.node = env["AKRI_TRIO_NODE_NAME"]
+        self.cluster = env
+        self.kubectl = Kubectl(env)
+        self.proc_env = {**os.environ, "KUBECONFIG": env["KUBECONFIG"], "PYTHONUNBUFFERED": "1"}
+        self.tmp = tmp
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.instance = naming.instance_name(CONFIG, naming.device_hash(DESCRIPTION, self.node))
+        self.most = 0  # the most holders the sampler saw at once
+        self.samples = 0
+        self._stop = threading.Event()
+
+    def spawn(self, name: str, args: list[str]) -> None:
+        log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115  (closed with the process)
+        self.procs[name] = subprocess.Popen(
+            [sys.executable, "-m", *args], cwd=REPO, env=self.proc_env, stdout=log, stderr=log
+        )
+
+    def stop(self, name: str) -> None:
+        proc = self.procs.pop(name, None)
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def start(self, allocation: str) -> None:
+        mode = ["--allocation", allocation]
+        dra_args = [
+            "--kubelet-root-dir", self.cluster["AKRI_TRIO_KUBELET_ROOT_DIR"],
+            "--cdi-dir", self.cluster["AKRI_TRIO_CDI_DIR"],
+        ] if allocation == "dra" else []  # fmt: skip
+        self.spawn(
+            "agent",
+            [
+                "tests.support.echo_agent",
+                "--echo-name", ECHO,
+                "--node-name", self.node,
+                "--namespace", NS,
+                *mode, *dra_args,
+                "--discovery-handlers-directory", str(self.tmp / "akri"),
+                "--debug-echo-availability", str(self.tmp / "availability"),
+                "--metrics-port", "-1",
+                "--reclaim-period", "1",
+                "--reclaim-grace", "3",
+            ],
+        )  # fmt: skip
+        self.spawn(
+            "controller",
+            [
+                "akri_trio", "controller", *mode,
+                "--namespace", NS,
+                "--no-leader-elect",
+                "--metrics-port", "-1",
+            ],
+        )  # fmt: skip
+
+    def get(self, *args: str) -> dict[str, Any]:
+        """`kubectl get ... -o json`, or {} (missing, or the shared API server restarting)."""
+        out = self.kubectl("get", *args, "-o", "json", check=False)
+        return dict(json.loads(out)) if out else {}
+
+    def usage(self) -> dict[str, str]:
+        inst = self.get("instances.akri.sh", self.instance, "-n", NS)
+        return {k: v for k, v in (inst.get("spec") or {}).get("deviceUsage", {}).items() if v}
+
+    def allocated(self) -> int:
+        """Claims in the namespace allocated this Instance's device (or one of its slots)."""
+        count = 0
+        for claim in self.get("resourceclaims", "-n", NS).get("items", []):
+            results = ((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}
+            count += sum(
+                1
+                for r in results.get("results") or []
+                if r["driver"] == dra.DRIVER and r["device"].startswith(self.instance)
+            )
+        return count
+
+    def sample(self) -> None:
+        while not self._stop.wait(0.5):
+            # Claims first: a slot freed and then allocated between the two reads is counted
+            # once at most, never twice.
+            allocated = self.allocated()
+            usage = self.usage()
+            self.most = max(self.most, len(usage) + allocated)
+            self.samples += 1
+
+    def brokers(self) -> list[dict[str, Any]]:
+        items = self.get("pods", "-n", NS, "-l", naming.LABEL_INSTANCE).get("items", [])
+        return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+
+    def phase(self, pod: str) -> str:
+        return str(self.get("pod", pod, "-n", NS).get("status", {}).get("phase", ""))
+
+    def allocatable(self) -> str | None:
+        node = self.get("node", self.node)
+        value = (node.get("status") or {}).get("allocatable", {}).get(f"akri.sh/{self.instance}")
+        return None if value is None else str(value)
+
+
+def _config() -> dict[str, Any]:
+    container = {
+        "name": "broker",
+        "image": "docker.io/library/busybox:latest",
+        "imagePullPolicy": "Never",
+        "command": ["sh", "-c", SLEEP],
+        "resources": {"limits": {"{{PLACEHOLDER}}": "1"}},
+    }
+    return {
+        "apiVersion": "akri.sh/v0",
+        "kind": "Configuration",
+        "metadata": {"name": CONFIG, "namespace": NS},
+        "spec": {
+            "discoveryHandler": {
+                "name": ECHO,
+                "discoveryDetails": yaml.safe_dump({"descriptions": [DESCRIPTION]}),
+            },
+            "capacity": CAPACITY,
+            "brokerSpec": {
+                "brokerPodSpec": {"containers": [container], "terminationGracePeriodSeconds": 1}
+            },
+        },
+    }
+
+
+@pytest.fixture(scope="module")
+def env(node_cluster: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    e = Env(node_cluster, tmp_path_factory.mktemp("switch-node"))
+    fresh_namespace(e.kubectl, NS)
+    sampler = threading.Thread(target=e.sample, daemon=True)
+    try:
+        e.start("device-plugin")
+        sampler.start()
+        yield e
+    finally:
+        e._stop.set()
+        e.kubectl("delete", "pods", "--all", "-n", NS, "--wait=true", "--timeout=60s", check=False)
+        e.kubectl(
+            "delete", "configurations.akri.sh", "--all", "-n", NS, "--wait=false", check=False
+        )
+        with contextlib.suppress(AssertionError):
+            until(
+                lambda: not e.get("instances.akri.sh", "-n", NS).get("items", [1]),
+                seconds=30,
+                what="the Instance gone",
+            )
+        for name in list(e.procs):
+            e.stop(name)
+        e.kubectl("delete", "deviceclass", dra.device_class_name(CONFIG, NS), check=False)
+        e.kubectl("delete", "deviceclass", dra.instance_class_name(e.instance, NS), check=False)
+        e.kubectl("delete", "namespace", NS, "--wait=false", check=False)
+
+
+def test_in_device_plugin_mode_a_broker_and_a_pod_hold_both_slots(env: Env) -> None:
+    config = json.dumps(_config())
+    until(lambda: env.kubectl("apply", "-f", "-", stdin=config, check=False), what="applied")
+    (broker,) = until(env.brokers, seconds=120, what="the broker Pod")
+    name = broker["metadata"]["name"]
+    until(lambda: env.phase(name) == "Running", seconds=120, what="the broker Running")
+    pod = busybox_pod("user-dp", NS, SLEEP, {f"akri.sh/{env.instance}": 1})
+    until(lambda: env.kubectl("apply", "-f", "-", stdin=json.dumps(pod), check=False))
+    until(lambda: env.phase("user-dp") == "Running", seconds=120, what="user-dp Running")
+    assert len(env.usage()) == CAPACITY
+
+
+def test_after_the_switch_the_broker_comes_back_with_a_claim(env: Env) -> None:
+    (old,) = env.brokers()
+    env.stop("controller")
+    env.stop("agent")
+    env.start("dra")
+    # The node's device-plugin resource is gone from what the scheduler counts.
+    until(lambda: env.allocatable() in (None, "0"), seconds=120, what="akri.sh resource at 0")
+
+    def new_broker() -> dict[str, Any] | None:
+        brokers = [b for b in env.brokers() if b["metadata"]["uid"] != old["metadata"]["uid"]]
+        return brokers[0] if len(brokers) == 1 else None
+
+    broker = until(new_broker, seconds=180, what="the broker made again")
+    name = broker["metadata"]["name"]
+    assert [c["name"] for c in broker["spec"]["resourceClaims"]] == ["akri"]
+    # It runs once the old broker's slot is freed (the reclaimer), with the other still held.
+    until(lambda: env.phase(name) == "Running", seconds=180, what="the new broker Running")
+    assert env.phase("user-dp") == "Running"
+    assert list(env.usage().values()) == [env.node]  # user-dp's slot, still held
+
+
+def test_a_new_pod_waits_for_the_slot_the_old_pod_holds(env: Env) -> None:
+    pod = busybox_pod("user-dra", NS, SLEEP, {f"akri.sh/{env.instance}": 1})
+    until(lambda: env.kubectl("apply", "-f", "-", stdin=json.dumps(pod), check=False))
+    until(
+        lambda: any(
+            c.get("reason") == "Unschedulable"
+            for c in env.get("pod", "user-dra", "-n", NS).get("status", {}).get("conditions", [])
+        ),
+        seconds=90,
+        what="user-dra unschedulable while user-dp holds the slot",
+    )
+    env.kubectl("delete", "pod", "user-dp", "-n", NS, "--wait=true", "--timeout=60s")
+    until(lambda: env.phase("user-dra") == "Running", seconds=180, what="user-dra Running")
+    assert env.usage() == {}
+
+
+def test_no_slot_was_held_twice(env: Env) -> None:
+    assert env.samples > 10
+    assert env.most == CAPACITY, env.most  # both slots were held, never more
