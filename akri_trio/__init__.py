@@ -3,11 +3,19 @@
 Importing the package keeps httpx's command-line client out of every process: httpx's
 `__init__` imports it (click and pygments: 1.6 MB of resident memory in each agent and
 controller, for a `httpx` command nobody runs here) and falls back to a stub when that import
-fails, which an empty module under its name makes it do.
+fails, which the finder below makes it do (and nothing else: it answers for that one name).
 """
 
 import sys as _sys
-import types as _types
+from typing import Any as _Any
 
-if "httpx" not in _sys.modules:
-    _sys.modules.setdefault("httpx._main", _types.ModuleType("httpx._main"))
+
+class _NoHttpxCommandLine:
+    @staticmethod
+    def find_spec(name: str, path: _Any = None, target: _Any = None) -> None:
+        if name == "httpx._main":
+            raise ImportError("akri-trio does not load httpx's command-line client")
+
+
+if _NoHttpxCommandLine not in _sys.meta_path:
+    _sys.meta_path.insert(0, _NoHttpxCommandLine)
