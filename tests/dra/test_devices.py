@@ -1,11 +1,17 @@
 """An Instance as one consumable-capacity device or as `capacity` slot devices; the probe that
-tells which one a cluster takes."""
+tells which one a cluster takes, and whether it keeps device taints."""
 
 from __future__ import annotations
 
 import copy
 
-from akri_trio.dra import DeviceRef, instance_devices, probe_slice, takes_consumable_capacity
+from akri_trio.dra import (
+    DeviceRef,
+    instance_devices,
+    keeps_device_taints,
+    probe_slice,
+    takes_consumable_capacity,
+)
 from tests.dra.support import instance
 
 
@@ -41,3 +47,14 @@ def test_the_probe_answer_decides() -> None:
     del dropped["spec"]["devices"][0]["capacity"]["akri.sh/slots"]["requestPolicy"]
     assert not takes_consumable_capacity(dropped)
     assert not takes_consumable_capacity({})
+
+
+def test_the_probe_answer_tells_whether_device_taints_are_kept() -> None:
+    kept = copy.deepcopy(probe_slice())
+    assert keeps_device_taints(kept)
+    kept["spec"]["devices"][0]["taints"][0]["timeAdded"] = "2026-11-26T09:00:00Z"
+    assert keeps_device_taints(kept)
+    dropped = copy.deepcopy(kept)
+    del dropped["spec"]["devices"][0]["taints"]
+    assert not keeps_device_taints(dropped)
+    assert not keeps_device_taints({})
