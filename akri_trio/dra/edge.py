@@ -26,7 +26,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 from functools import partial
-from typing import Final
+from typing import Any, Final
 
 import httpx
 import trio
@@ -80,7 +80,7 @@ class PoolWriter:
         slices: Store,
         *,
         field_manager: str,
-        configurations: Store | None = None,
+        configurations: Store[Any] | None = None,
         offline_grace: float = OFFLINE_GRACE_S,
         on_write: Callable[[str], None] = lambda verb: None,
         device_taints: bool | None = None,
