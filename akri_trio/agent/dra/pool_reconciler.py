@@ -8,8 +8,9 @@ an Instance change maps to the node pool it is in (`triggers.instance_to_node_po
 change to its pool when the pool is ours (`triggers.slice_to_node_pool`). The reconcile says
 what the pool should hold (`plan.node_pools`) and `akri_trio.dra.edge.PoolWriter`, the
 controller's writer too, does the rest: the offline grace (a device that leaves stays in its
-pool tainted `akri.sh/offline` NoSchedule for the grace, then leaves it; one back within the
-grace is published untainted again; one whose Configuration was deleted leaves at once), the
+pool tainted `akri.sh/offline` NoSchedule for the grace, untainted where the API server keeps
+no device taints, then leaves it; one back within the grace is published untainted again; one
+whose Configuration was deleted leaves at once), the
 slices at a bumped generation, applied then deleted. Its own slices are watched, so a slice
 someone else deletes (the kubelet wipes a node's slices when it starts, and 30 s after the
 node's plugin went away) is published again at once, at a generation above every one this run
