@@ -202,7 +202,7 @@ async def run_agent(
         dra = DraNode(
             api,
             view,
-            instances.raw,  # the DRA pool reconciler decodes the JSON itself
+            instances,
             # All of its namespace(s)' Configurations, unless a selector leaves some out.
             configurations=None if settings.configuration_selector else configs,
             namespace=settings.namespace,

@@ -96,11 +96,11 @@ def instance_to_node_pool(node: str) -> Mapper:
     """DRA mode: an Instance change reconciles the node pool it is in on `node`, before or after
     the change (one that leaves the pool, or goes, reconciles the pool it left)."""
 
-    def keys_of(obj: Mapping[str, Any]) -> Iterable[ObjectKey]:
-        pool = node_pool_of(obj, node)
-        return () if pool is None else (ObjectKey("", pool),)
+    def mapper(change: Change[Instance]) -> Iterable[ObjectKey]:
+        pools = (node_pool_of(inst, node) for inst in (change.old, change.new) if inst)
+        return {ObjectKey("", pool) for pool in pools if pool is not None}
 
-    return each(keys_of)
+    return mapper
 
 
 def slice_to_node_pool(namespace: str | None) -> Mapper:

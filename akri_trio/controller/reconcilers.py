@@ -210,9 +210,6 @@ class Reconcilers:
         self.not_ready_seen: dict[str, float] = {}  # node -> when first seen so (wall clock)
         self.dra = dra  # DRA mode: brokers claim their device
 
-    def read_instance(self, key: ObjectKey) -> Instance | None:
-        return self.c.instances.get(key)
-
     def record(self, event: ev.Event | None) -> None:
         if self.recorder is not None and event is not None:
             self.recorder.record(event.obj, event.type, event.reason, event.message)

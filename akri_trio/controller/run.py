@@ -39,7 +39,7 @@ from typing import Any
 import attrs
 import trio
 
-from akri_trio.controller.dra.plan import class_key, class_selector, shared_pool_key, slice_selector
+from akri_trio.controller.dra.plan import class_selector, slice_selector
 from akri_trio.controller.dra.reconcilers import DraCaches, DraReconcilers
 from akri_trio.controller.leader_elector import ClientLeaseApi, LeaderElector
 from akri_trio.controller.metrics import ControllerMetrics
@@ -53,9 +53,11 @@ from akri_trio.controller.reconcilers import (
 )
 from akri_trio.controller.settings import ControllerSettings
 from akri_trio.controller.triggers import (
+    configuration_to_class,
     configuration_to_instances,
     instance_class_keys,
     instance_to_services,
+    instance_to_shared_pool,
     keys,
     labelled,
     make_caches,
@@ -243,14 +245,12 @@ async def _dra_reconcilers(
     )
     return DraReconcilers(
         api,
-        # DRA's reconcilers read the JSON the models are decoded from
-        configurations=caches.configurations.raw,
-        instances=caches.instances.raw,
+        configurations=caches.configurations,
+        instances=caches.instances,
         nodes=caches.nodes,
         c=DraCaches(),
         metrics=metrics,
         consumable=consumable,
-        read_instance=caches.instances.get,
     )
 
 
@@ -271,8 +271,8 @@ def _dra_controllers(
         "deviceclass": Controller(
             _measured("deviceclass", dra.device_class, metrics), dra_caches.classes, drain=0
         )
-        .watches(caches.configurations.raw, keys(class_key))
-        .watches(caches.instances.raw, instance_class_keys),
+        .watches(caches.configurations, configuration_to_class)
+        .watches(caches.instances, instance_class_keys),
         "pool": Controller(
             _measured("pool", dra.shared_pool, metrics),
             dra_caches.slices,
@@ -280,7 +280,7 @@ def _dra_controllers(
             drain=0,
             mapper=keys(pool_key),
         )
-        .watches(caches.instances.raw, when_changed(keys(shared_pool_key)))
+        .watches(caches.instances, instance_to_shared_pool)
         .watches(caches.nodes, never),
     }
 

@@ -17,11 +17,11 @@ from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from typing import Any, TypeVar
 
-from akri_trio.controller.dra.plan import instance_class_key
+from akri_trio.controller.dra.plan import shared_pool_of
 from akri_trio.controller.dra.reconcilers import CONFIGURATION_INDEXES, INSTANCE_INDEXES
 from akri_trio.controller.reconcilers import Caches, label_key
 from akri_trio.controller.services import configuration_of
-from akri_trio.dra import HOSTNAME_LABEL
+from akri_trio.dra import HOSTNAME_LABEL, device_class_name, instance_class_name
 from akri_trio.kube import (
     JSON,
     Change,
@@ -41,10 +41,12 @@ T = TypeVar("T")
 __all__ = [
     "config_of",
     "configuration_key",
+    "configuration_to_class",
     "configuration_to_instances",
     "instance_class_keys",
     "instance_to_configuration",
     "instance_to_services",
+    "instance_to_shared_pool",
     "keys",
     "labelled",
     "make_caches",
@@ -291,12 +293,32 @@ def keys(get: Callable[[JSON], ObjectKey | None]) -> Mapper:
     return each(lambda obj: [k for k in [get(obj)] if k is not None])
 
 
-def instance_class_keys(change: Change) -> list[ObjectKey]:
+def configuration_to_class(change: Change[Configuration]) -> Iterable[ObjectKey]:
+    """DRA mode's class queue, for Configurations: the class of each, before and after."""
+    return {
+        ObjectKey("", device_class_name(c.metadata.name, c.metadata.namespace))
+        for c in _both(change)
+    }
+
+
+def instance_class_keys(change: Change[Instance]) -> list[ObjectKey]:
     """DRA mode's class queue, for Instances: their class, when one comes or goes (nothing
     else about an Instance changes its class)."""
     if change.old is not None and change.new is not None:
         return []
-    return [k for k in [instance_class_key(change.old or change.new or {})] if k is not None]
+    return [
+        ObjectKey("", instance_class_name(i.metadata.name, i.metadata.namespace))
+        for i in _both(change)
+    ]
+
+
+def instance_to_shared_pool(change: Change[Instance]) -> Iterable[ObjectKey]:
+    """DRA mode's pool queue, for Instances: the shared pool of each, before and after, when
+    the Instance changed."""
+    if change.old == change.new:
+        return ()
+    pools = (shared_pool_of(i) for i in _both(change))
+    return {ObjectKey("", pool) for pool in pools if pool is not None}
 
 
 def never(change: Change[Any]) -> Iterable[ObjectKey]:

@@ -40,6 +40,7 @@ from akri_trio.dra.devices import (
     DeviceRef,
     InstanceDevices,
     instance_devices,
+    keeps_device_taints,
     probe_slice,
     takes_consumable_capacity,
 )
@@ -147,6 +148,7 @@ __all__ = [
     "instance_selector",
     "is_ours",
     "is_shared_pool",
+    "keeps_device_taints",
     "node_placement",
     "node_pool",
     "our_results",

@@ -1,4 +1,5 @@
-"""An Instance as DRA devices, and how to tell whether the cluster takes consumable capacity.
+"""An Instance as DRA devices, and how to tell whether the cluster takes consumable capacity and
+device taints.
 
 Either way at most `capacity` Pods hold an Instance at once, counted by the scheduler:
 - consumable capacity (`DRAConsumableCapacity`, on by default from 1.36): ONE device with
@@ -13,7 +14,9 @@ capacity (and is left out while they are all held); a held slot's device is left
 
 Which one a cluster takes is decided at run time: an API server without the feature drops the
 fields it does not know, so a server-side dry-run create of `probe_slice()` answers the question
-(`takes_consumable_capacity` reads the answer).
+(`takes_consumable_capacity` reads the answer). The same dry run tells whether it keeps device
+taints (DRADeviceTaints: on by default from 1.36; `keeps_device_taints`), which the offline
+grace sets.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import attrs
 
 from akri_trio.dra.attributes import Attributes, device_attributes, qualified
 from akri_trio.dra.names import DRIVER, device_name
+from akri_trio.dra.offline import OFFLINE_TAINT, OFFLINE_TAINT_KEY
 from akri_trio.model import naming
 from akri_trio.model.resources import JSON, Instance
 
@@ -106,7 +110,8 @@ PROBE_NAME: Final = "akri.sh-consumable-capacity-probe"
 
 def probe_slice() -> JSON:
     """A ResourceSlice to dry-run create: its device keeps `allowMultipleAllocations` and the
-    capacity's `requestPolicy` only where the API server serves consumable capacity."""
+    capacity's `requestPolicy` only where the API server serves consumable capacity, and its
+    offline taint only where it serves device taints."""
     return {
         "apiVersion": API_VERSION,
         "kind": "ResourceSlice",
@@ -116,7 +121,12 @@ def probe_slice() -> JSON:
             "allNodes": True,
             "pool": {"name": "probe", "generation": 1, "resourceSliceCount": 1},
             "devices": [
-                {"name": "probe", "allowMultipleAllocations": True, "capacity": _slots_capacity(2)}
+                {
+                    "name": "probe",
+                    "allowMultipleAllocations": True,
+                    "capacity": _slots_capacity(2),
+                    "taints": [dict(OFFLINE_TAINT)],
+                }
             ],
         },
     }
@@ -128,3 +138,10 @@ def takes_consumable_capacity(answer: Mapping[str, Any]) -> bool:
     device = devices[0]
     capacity = (device.get("capacity") or {}).get(qualified(SLOTS)) or {}
     return device.get("allowMultipleAllocations") is True and "requestPolicy" in capacity
+
+
+def keeps_device_taints(answer: Mapping[str, Any]) -> bool:
+    """Whether the dry-run answer to `probe_slice()` kept the device's taint."""
+    devices = (answer.get("spec") or {}).get("devices") or [{}]
+    taints = devices[0].get("taints") or []
+    return any(t.get("key") == OFFLINE_TAINT_KEY for t in taints)

@@ -8,8 +8,12 @@ the API server the same way, so the two sides cannot drift apart.
   bounded while) until the cache shows its writes, so the reconcile its own writes cause finds
   nothing to do instead of planning from a half-updated cache and bumping the generation again.
   It answers with the `Requeue` of the next offline-grace deadline: a grace ending is a change
-  nothing else reports.
-- `probe_consumable_capacity`: whether the API server keeps consumable-capacity fields.
+  nothing else reports. It keeps what the server made of each slice it wrote (its answer), so a
+  field the server drops is no change: without that, a server that strips a field we write
+  would be written to at every round, each write bumping the generation and causing the next.
+- `probe_consumable_capacity`, `probe_device_taints`: whether the API server keeps the fields
+  of consumable capacity, of device taints (the writer asks the latter itself, once, and plans
+  no offline taint where the server would drop it).
 
 Both sides run `publish` from a reconcile keyed by pool on the shared runner (kube's
 `Controller`), which never runs two reconciles of one pool at once: the memory kept here per
@@ -22,17 +26,17 @@ import contextlib
 import logging
 from collections.abc import Callable
 from functools import partial
-from typing import Final
+from typing import Any, Final
 
 import httpx
 import trio
 
 from akri_trio.dra.attributes import Omitted
-from akri_trio.dra.devices import probe_slice, takes_consumable_capacity
+from akri_trio.dra.devices import keeps_device_taints, probe_slice, takes_consumable_capacity
 from akri_trio.dra.offline import OFFLINE_GRACE_S, configuration_of
 from akri_trio.dra.pools import PoolMemory, Wanted, plan_round, pool_key
 from akri_trio.dra.resources import RESOURCE_SLICES
-from akri_trio.dra.slices import PoolPlan, generation_of
+from akri_trio.dra.slices import PoolPlan, essence, generation_of
 from akri_trio.kube import (
     JSON,
     ApiError,
@@ -67,7 +71,8 @@ class PoolWriter:
     `configurations`: the caller's cache of Configurations, when it holds every Configuration
     the pools' devices may name; a vanished device whose Configuration is not there cannot come
     back and leaves at once. None: every vanished device gets its grace. `on_write` is told
-    "apply" or "delete" for each slice write (the controller counts them)."""
+    "apply" or "delete" for each slice write (the controller counts them). `device_taints`:
+    whether the API server keeps device taints (None: ask it, at the first publish)."""
 
     def __init__(
         self,
@@ -75,9 +80,10 @@ class PoolWriter:
         slices: Store,
         *,
         field_manager: str,
-        configurations: Store | None = None,
+        configurations: Store[Any] | None = None,
         offline_grace: float = OFFLINE_GRACE_S,
         on_write: Callable[[str], None] = lambda verb: None,
+        device_taints: bool | None = None,
     ) -> None:
         self.api = api
         self.slices = slices
@@ -85,11 +91,27 @@ class PoolWriter:
         self.configurations = configurations
         self.offline_grace = offline_grace
         self.on_write = on_write
+        self.device_taints = device_taints
+        self._probing = trio.Lock()
         # pool -> the highest generation written by this run: a pool deleted and published
         # again never repeats a generation a consumer may still hold.
         self.written: dict[str, int] = {}
         self.memory: dict[str, PoolMemory] = {}  # pool -> its last round's memory
         self._omitted: dict[str, dict[str, tuple[Omitted, ...]]] = {}  # pool -> last reported
+        # pool -> {essence of a slice as written: essence of the server's answer}, of the last
+        # write: what plan_pool compares the wanted slices as.
+        self.stored_as: dict[str, dict[str, str]] = {}
+
+    async def _taints(self) -> bool:
+        async with self._probing:  # the pools' first reconciles all wait for one probe
+            if self.device_taints is None:
+                self.device_taints = await probe_device_taints(self.api)
+                if not self.device_taints:
+                    log.warning(
+                        "the API server keeps no device taints (DRADeviceTaints off): devices "
+                        "in their offline grace stay allocatable"
+                    )
+            return self.device_taints
 
     def may_return(self, device: JSON) -> bool:
         """Whether a vanished device may come back: not once its Configuration is gone."""
@@ -101,6 +123,9 @@ class PoolWriter:
     async def publish(self, pool: str, wanted: Wanted | None) -> Requeue | None:
         """Make the API hold `pool` as `wanted` (None: nothing but the devices still in their
         offline grace); the requeue is for the next grace deadline."""
+        taints = self.device_taints
+        if taints is None:
+            taints = await self._taints()
         existing = list(self.slices.select(POOL_INDEX, ObjectKey("", pool)).values())
         now = trio.current_time()
         step = plan_round(
@@ -112,6 +137,8 @@ class PoolWriter:
             written=self.written.get(pool, 0),
             grace=self.offline_grace,
             may_return=self.may_return,
+            taints=taints,
+            stored_as=self.stored_as.get(pool),
         )
         if step.memory is None:
             self.memory.pop(pool, None)
@@ -136,9 +163,13 @@ class PoolWriter:
             self._omitted[pool] = omitted
 
     async def _write(self, pool: str, plan: PoolPlan) -> None:
-        await run_all([partial(self._apply, body) for body in plan.apply])
+        stored: dict[str, str] = {}
+        await run_all([partial(self._apply, body, stored) for body in plan.apply])
         if plan.apply:
             self.written[pool] = max(self.written.get(pool, 0), plan.generation)
+            self.stored_as[pool] = stored
+        else:
+            self.stored_as.pop(pool, None)
         await run_all([partial(self._delete, name) for name in plan.delete])
         log.info(
             "pool %s: generation %d, %d slice(s) written, %d deleted",
@@ -156,8 +187,11 @@ class PoolWriter:
             for name in plan.delete:
                 await self.slices.wait_for(ObjectKey("", name), lambda o: o is None)
 
-    async def _apply(self, body: JSON) -> None:
-        await self.api.apply(RESOURCE_SLICES, body, field_manager=self.field_manager, force=True)
+    async def _apply(self, body: JSON, stored: dict[str, str]) -> None:
+        answer = await self.api.apply(
+            RESOURCE_SLICES, body, field_manager=self.field_manager, force=True
+        )
+        stored[essence(body)] = essence(answer)
         self.on_write("apply")
 
     async def _delete(self, name: str) -> None:
@@ -167,18 +201,27 @@ class PoolWriter:
 
 
 async def probe_consumable_capacity(api: Client) -> bool:
-    """Whether the API server keeps `allowMultipleAllocations` (DRAConsumableCapacity): a
-    server-side dry-run create of `devices.probe_slice()`, retried with backoff while the API
-    server cannot answer. An API server that does not serve ResourceSlices raises ConfigError,
-    RBAC's refusal Forbidden: neither goes away by waiting."""
+    """Whether the API server keeps `allowMultipleAllocations` (DRAConsumableCapacity)."""
+    return takes_consumable_capacity(await _probe(api, "consumable-capacity"))
+
+
+async def probe_device_taints(api: Client) -> bool:
+    """Whether the API server keeps a device's `taints` (DRADeviceTaints)."""
+    return keeps_device_taints(await _probe(api, "device-taint"))
+
+
+async def _probe(api: Client, what: str) -> JSON:
+    """The answer to a server-side dry-run create of `devices.probe_slice()`, retried with
+    backoff while the API server cannot answer. An API server that does not serve
+    ResourceSlices raises ConfigError, RBAC's refusal Forbidden: neither goes away by
+    waiting."""
     backoff = Backoff()
     attempt = 0
     while True:
         try:
-            answer = await api.request(
+            return await api.request(
                 "POST", RESOURCE_SLICES.path(), params={"dryRun": "All"}, body=probe_slice()
             )
-            return takes_consumable_capacity(answer)
         except NotFound as exc:
             raise ConfigError(
                 "DRA mode needs resource.k8s.io/v1 (Kubernetes >= 1.34), which this API server "
@@ -189,5 +232,5 @@ async def probe_consumable_capacity(api: Client) -> bool:
         except (ApiError, httpx.HTTPError, OSError) as exc:
             delay = backoff.delay(attempt)
             attempt += 1
-            log.warning("consumable-capacity probe failed (%s); again in %.1f s", exc, delay)
+            log.warning("%s probe failed (%s); again in %.1f s", what, exc, delay)
             await trio.sleep(delay)

@@ -8,7 +8,9 @@ taint `akri.sh/offline` (effect NoSchedule: the scheduler allocates it to no new
 Pods already running keep it), and leaves the pool when the grace ends; one that comes back
 within the grace is published as it is wanted again, untainted, under the same name, so the
 claims allocated to it stay valid. A device that cannot come back (its Configuration was
-deleted) gets no grace: it leaves at once.
+deleted) gets no grace: it leaves at once. Where the API server keeps no device taints
+(1.34/1.35 without DRADeviceTaints, which drop the field) the device is held untainted: a
+taint the server drops would be a write that never takes, so it stays allocatable in its grace.
 
 Pure: the caller keeps the `Vanished` map between rounds and passes the clock's time in.
 """
@@ -59,6 +61,7 @@ def hold_vanished(
     now: float,
     grace: float = OFFLINE_GRACE_S,
     may_return: Callable[[JSON], bool] = lambda device: True,
+    taint: bool = True,
 ) -> GraceStep:
     """One round: `wanted` the devices the pool should hold now, `previous` those the last
     round wanted (untainted), `vanished` the last round's memory.
@@ -66,7 +69,8 @@ def hold_vanished(
     A device of `previous` missing from `wanted` vanishes now; a vanished device wanted again
     is forgotten (published as wanted); one vanished for `grace` or more is forgotten too (it
     leaves the pool), and so is one for which `may_return` says no. Every device still vanished
-    is published tainted beside `wanted`.
+    is published beside `wanted`: tainted, or as it was last wanted where `taint` is False (the
+    API server keeps no device taints).
     """
     names = {str(d["name"]) for d in wanted}
     held = {name: v for name, v in vanished.items() if name not in names}
@@ -75,7 +79,7 @@ def hold_vanished(
         if name not in names and name not in held:
             held[name] = Vanished(device, now)
     held = {name: v for name, v in held.items() if now - v.since < grace and may_return(v.device)}
-    devices = [*wanted, *(tainted(v.device) for v in held.values())]
+    devices = [*wanted, *(tainted(v.device) if taint else v.device for v in held.values())]
     devices.sort(key=lambda d: str(d["name"]))
     deadline = min((v.since + grace for v in held.values()), default=None)
     return GraceStep(tuple(devices), held, deadline)

@@ -3,7 +3,8 @@ the controller's shared pools.
 
 Each side says what a pool should hold now (`Wanted`: its devices, where, with which labels;
 None when nothing should be there) and keeps a `PoolMemory` of the pool between rounds;
-`plan_round` puts the offline grace (`offline.hold_vanished`: vanished devices stay, tainted)
+`plan_round` puts the offline grace (`offline.hold_vanished`: vanished devices stay, tainted
+where the API server keeps device taints)
 and the slices (`slices.plan_pool`: what to write so the API holds exactly that pool) together.
 With nothing wanted, the devices still in their grace stay where the pool was last wanted (the
 memory says where), and the pool goes once the last of them leaves.
@@ -69,10 +70,14 @@ def plan_round(
     written: int = 0,
     grace: float = OFFLINE_GRACE_S,
     may_return: Callable[[JSON], bool] = lambda device: True,
+    taints: bool = True,
+    stored_as: Mapping[str, str] | None = None,
 ) -> PoolRound:
     """The round of `pool` at `now`: `existing` every slice of it the API holds, `memory` the
     last round's, `written` the highest generation this publisher has written for it (see
-    `plan_pool`), `may_return` whether a vanished device may come back (no: no grace)."""
+    `plan_pool`), `may_return` whether a vanished device may come back (no: no grace), `taints`
+    whether the API server keeps device taints (no: vanished devices are held untainted),
+    `stored_as` what the server made of slices written before (see `plan_pool`)."""
     devices = () if wanted is None else wanted.devices.devices
     step = hold_vanished(
         devices,
@@ -81,11 +86,20 @@ def plan_round(
         now=now,
         grace=grace,
         may_return=may_return,
+        taint=taints,
     )
     where = wanted if wanted is not None else memory
     placement = {} if where is None else where.placement
     labels = {} if where is None else where.labels
-    plan = plan_pool(pool, step.devices, placement, existing, labels=labels, written=written)
+    plan = plan_pool(
+        pool,
+        step.devices,
+        placement,
+        existing,
+        labels=labels,
+        written=written,
+        stored_as=stored_as,
+    )
     keep = None
     if devices or step.vanished:
         keep = PoolMemory(tuple(devices), dict(step.vanished), placement, labels)

@@ -7,6 +7,12 @@ be there and answers with the slices to write (all at a bumped generation when a
 changed, none when nothing did) and the slices to delete. The writer applies first and deletes
 after, so at every moment the highest generation is a complete pool.
 
+"The same" is judged on what the server keeps: an API server drops the fields of features it
+does not serve (device taints on 1.34/1.35, consumable capacity before 1.36, and whatever a
+later one adds), and a slice compared as written would never equal the stored one, so it would
+be written again at every round. The writer tells `plan_pool` what the server made of each
+slice it wrote (`stored_as`: the `essence` of the body -> the `essence` of the server's answer).
+
 Two kinds of pool:
 - a node pool (`spec.nodeName`): the non-shared Instances one agent serves on its node;
 - a shared pool (`spec.nodeSelector` on the hostname labels of exactly `Instance.spec.nodes`):
@@ -159,7 +165,7 @@ def _pruned(value: Any) -> Any:
     return value
 
 
-def _essence(obj: Mapping[str, Any]) -> str:
+def essence(obj: Mapping[str, Any]) -> str:
     """What makes two slices of one generation the same slice: everything we write but the
     generation (the API server adds only metadata we do not write and a taint's `timeAdded`,
     and omits empty fields)."""
@@ -187,6 +193,7 @@ def plan_pool(
     labels: Mapping[str, str] | None = None,
     owner_references: Sequence[JSON] = (),
     written: int = 0,
+    stored_as: Mapping[str, str] | None = None,
 ) -> PoolPlan:
     """The writes that make the API hold `pool` with exactly `devices` at `placement`.
 
@@ -195,7 +202,9 @@ def plan_pool(
     wanted ones and no other slice exists, nothing is written; else all wanted slices are
     written at a generation above both that one and `written` (the highest generation this
     writer has used for the pool, so a pool deleted and published again never repeats one that
-    a consumer may still hold) and every other existing slice is deleted.
+    a consumer may still hold) and every other existing slice is deleted. `stored_as`: for
+    slices written before, the `essence` the server stored for the `essence` written; a wanted
+    slice found there is compared as the server stored it.
     """
     labels = labels or {}
     ordered = sorted(devices, key=lambda d: str(d["name"]))
@@ -208,7 +217,9 @@ def plan_pool(
         _slice(pool, i, len(chunks), current, placement, c, labels, owner_references)
         for i, c in enumerate(chunks)
     ]
-    if sorted(_essence(s) for s in existing) == sorted(_essence(s) for s in wanted) and all(
+    kept = stored_as or {}
+    as_stored = sorted(kept.get(e, e) for e in map(essence, wanted))
+    if sorted(essence(s) for s in existing) == as_stored and all(
         generation_of(s) == current for s in existing
     ):
         return PoolPlan(current, (), ())

@@ -13,8 +13,8 @@ once per version, so every reader of the store reads the same typed object (`Sto
 as kube-rs's reflector store is typed) instead of decoding the JSON again in a cache of its own.
 An object the decoder refuses (the CRD's schema should prevent it) is logged once per uid and
 resourceVersion and left out: for the readers it does not exist until a version that decodes
-arrives. `store.raw` is the same cache read as the JSON that was decoded (for readers not on
-the model yet).
+arrives. `store.raw` is the same cache read as the JSON that was decoded (what the indexes
+file).
 
 Named indexes (`by_label`, `by_owner`, `by_field`, or any function of an object's JSON to the
 values it is filed under) answer "the objects with this label / owner / field value" with a dict

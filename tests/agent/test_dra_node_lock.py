@@ -13,8 +13,8 @@ import trio.testing
 
 from akri_trio.agent.dra.node import LOCK_FILE, LOCK_POLL_S, DraNode, node_lock
 from akri_trio.agent.dra.plugin import Registration
-from akri_trio.agent.view import NodeView
-from akri_trio.kube import Client, Store
+from akri_trio.agent.view import NodeView, instance_store
+from akri_trio.kube import Client
 from akri_trio.rpc.gen import pluginregistration_v1_pb2 as reg
 
 
@@ -45,7 +45,7 @@ async def test_an_agent_waiting_on_the_lock_is_not_ready_until_the_kubelet_regis
         node = DraNode(
             Client(http),
             NodeView("n1"),
-            Store(),
+            instance_store(),
             namespace=None,
             kubelet_root_dir=tmp_path,
             cdi_dir=tmp_path / "cdi",

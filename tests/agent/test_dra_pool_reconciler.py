@@ -22,8 +22,9 @@ from akri_trio import dra
 from akri_trio.agent.dra.plugin import registration_socket
 from akri_trio.agent.dra.pool_reconciler import NodePoolReconciler
 from akri_trio.agent.run import Agent, AgentSettings, run_agent
-from akri_trio.dra.edge import probe_consumable_capacity
-from akri_trio.kube import Apply, Client, Delete, Init, InitApply, InitDone, ObjectKey, Store
+from akri_trio.agent.view import instance_store
+from akri_trio.dra.edge import probe_consumable_capacity, probe_device_taints
+from akri_trio.kube import Apply, Client, Delete, Init, InitApply, InitDone, ObjectKey
 from akri_trio.model.convert import unstructure
 from akri_trio.rpc.gen import pluginregistration_v1_pb2 as reg
 from akri_trio.rpc.gen import pluginregistration_v1_pb2_grpc
@@ -73,7 +74,7 @@ async def test_the_reconciler_keeps_the_node_pool_with_the_manifest_rbac(
     no_taints = lacks(cluster, "DRADeviceTaints")  # 1.34, 1.35: the offline taint is dropped
     await ensure_namespace(api, NS)
     node = f"dra-test-node-{secrets.token_hex(3)}"
-    instances = Store()
+    instances = instance_store()  # the node view's typed store
     instances.apply(Init())
     instances.apply(InitApply(_instance("echo-aaaaaa", node, "a")))
     instances.apply(InitDone())
@@ -151,8 +152,10 @@ async def test_the_reconciler_keeps_the_node_pool_with_the_manifest_rbac(
 async def test_the_agent_may_probe_and_read_the_claims_it_prepares(
     api: Client, agent_api: Client
 ) -> None:
-    """The consumable-capacity probe (a dry-run create) and the claim read of a prepare."""
+    """The consumable-capacity and device-taint probes (dry-run creates) and the claim read of
+    a prepare."""
     assert await probe_consumable_capacity(agent_api) in (True, False)
+    assert await probe_device_taints(agent_api) in (True, False)
     await ensure_namespace(api, NS)
     claim = {
         "apiVersion": "resource.k8s.io/v1",

@@ -1,7 +1,8 @@
 """The node-pool reconciler without a usable API server: it waits for its first list of the
 node's slices as long as it takes (the watch retries; under the autojump clock, the silent
-server a real TCP listener) instead of giving up; it decodes each Instance version once; and
-what it wants for a pool is that pool's Instances on this node, in its namespace."""
+server a real TCP listener) instead of giving up; what it wants for a pool is that pool's
+Instances on this node, in its namespace, read from the node view's typed store (an Instance
+the model cannot read is not there)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ import trio.testing
 
 from akri_trio import dra
 from akri_trio.agent.dra.pool_reconciler import SYNC_WARN_S, NodePoolReconciler
+from akri_trio.agent.view import instance_store
 from akri_trio.kube import Apply, Client, Init, InitApply, InitDone, Store
 from akri_trio.model.convert import unstructure
+from akri_trio.model.resources import Instance
 from tests.dra.support import instance
 from tests.support.silent_server import silent_api_server
 
@@ -23,7 +26,9 @@ async def test_a_slow_api_server_at_start_is_waited_for(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with silent_api_server() as http, trio.open_nursery() as nursery:
-        pools = NodePoolReconciler(Client(http), Store(), "n1", namespace=None, consumable=True)
+        pools = NodePoolReconciler(
+            Client(http), instance_store(), "n1", namespace=None, consumable=True
+        )
         with trio.move_on_after(10 * SYNC_WARN_S) as waited:
             await nursery.start(pools.run)  # with a deadline it would have crashed
         assert waited.cancelled_caught  # still waiting for the first list, not started
@@ -39,8 +44,8 @@ def _obj(version: str, description: str, **kw: Any) -> dict[str, Any]:
     return obj
 
 
-def _store(*objs: dict[str, Any]) -> Store:
-    store = Store()
+def _store(*objs: dict[str, Any]) -> Store[Instance]:
+    store = instance_store()
     store.apply(Init())
     for obj in objs:
         store.apply(InitApply(obj))
@@ -48,16 +53,20 @@ def _store(*objs: dict[str, Any]) -> Store:
     return store
 
 
-async def test_each_instance_version_is_decoded_once() -> None:
-    instances = _store(_obj("1", "a"), {"metadata": {"name": "bad", "namespace": "ns"}, "spec": 7})
+async def test_an_instance_the_model_cannot_read_is_left_out_and_a_new_version_is_read() -> None:
+    bad = {"metadata": {"name": "bad", "namespace": "ns", "resourceVersion": "1"}, "spec": 7}
+    instances = _store(_obj("1", "a"), bad)
+    pool = dra.node_pool("n1", "ns")
     async with httpx.AsyncClient(base_url="http://127.0.0.1:9") as http:  # never called
         pools = NodePoolReconciler(Client(http), instances, "n1", namespace=None, consumable=True)
-        (first,) = pools._instances()  # the bad one is left out
-        (again,) = pools._instances()
-        assert again is first
+        wanted = pools.wanted(pool)
+        assert wanted is not None
+        assert [d["name"] for d in wanted.devices.devices] == ["cam-abc123"]
         instances.apply(Apply(_obj("2", "b")))
-        (changed,) = pools._instances()
-        assert changed.spec.broker_properties == {"DESCRIPTION": "b"}
+        changed = pools.wanted(pool)
+        assert changed is not None
+        (device,) = changed.devices.devices
+        assert device["attributes"][dra.qualified("DESCRIPTION")] == {"string": "b"}
 
 
 async def test_a_pool_wants_its_namespaces_local_instances_on_this_node() -> None:

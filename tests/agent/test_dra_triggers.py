@@ -9,6 +9,7 @@ from akri_trio import dra
 from akri_trio.agent.triggers import instance_to_node_pool, slice_to_node_pool
 from akri_trio.kube import Change, ObjectKey
 from akri_trio.model.convert import unstructure
+from akri_trio.model.resources import Instance
 from tests.dra.support import instance
 
 JSON = dict[str, Any]
@@ -24,18 +25,24 @@ def _change(old: JSON | None, new: JSON | None) -> Change:
     return Change(ObjectKey(meta.get("namespace", ""), meta["name"]), old, new)
 
 
+def _typed(old: Instance | None, new: Instance | None) -> Change[Instance]:
+    meta = (old or new or instance()).metadata
+    return Change(ObjectKey(meta.namespace, meta.name), old, new)
+
+
 def test_an_instance_maps_to_its_namespaces_pool_on_this_node_before_and_after() -> None:
+    """The mapper reads the node view's typed store's changes."""
     mapper = instance_to_node_pool("n1")
     pool = ObjectKey("", dra.node_pool("n1", "a"))
-    here = _instance(namespace="a", nodes=("n1", "n2"))
-    elsewhere = _instance(namespace="a", nodes=("n2",))
-    shared = _instance(namespace="a", nodes=("n1",), shared=True)
-    assert list(mapper(_change(None, here))) == [pool]
-    assert list(mapper(_change(here, elsewhere))) == [pool]  # it left this node
-    assert list(mapper(_change(here, None))) == [pool]
-    assert list(mapper(_change(None, elsewhere))) == []
-    assert list(mapper(_change(None, shared))) == []  # the controller's to publish
-    assert list(mapper(_change(shared, here))) == [pool]
+    here = instance(namespace="a", nodes=("n1", "n2"))
+    elsewhere = instance(namespace="a", nodes=("n2",))
+    shared = instance(namespace="a", nodes=("n1",), shared=True)
+    assert list(mapper(_typed(None, here))) == [pool]
+    assert list(mapper(_typed(here, elsewhere))) == [pool]  # it left this node
+    assert list(mapper(_typed(here, None))) == [pool]
+    assert list(mapper(_typed(None, elsewhere))) == []
+    assert list(mapper(_typed(None, shared))) == []  # the controller's to publish
+    assert list(mapper(_typed(shared, here))) == [pool]
 
 
 def _slice(kind: str, namespace: str) -> JSON:

@@ -14,8 +14,9 @@ import pytest
 from akri_trio.address import ObjectKey
 from akri_trio.agent.dra.pool_reconciler import NodePoolReconciler
 from akri_trio.agent.plugins import slots
-from akri_trio.agent.view import NodeView
-from akri_trio.kube import Init, InitApply, InitDone, Store
+from akri_trio.agent.view import NodeView, instance_store
+from akri_trio.dra import node_pool
+from akri_trio.kube import Init, InitApply, InitDone
 from akri_trio.kube.client import Client
 from akri_trio.kube.errors import Invalid
 from akri_trio.model.limits import MAX_CAPACITY
@@ -96,13 +97,14 @@ async def test_the_instance_crd_refuses_a_capacity_over_the_maximum(api: Client)
 
 
 async def test_dra_publishes_at_most_max_capacity_slots() -> None:
-    store = Store()
+    """The pool reconciler reads the node view's store, whose decoder clamps capacity."""
+    store = instance_store(max_capacity=8)
     store.apply(Init())
     store.apply(InitApply(_instance("cam-8120fe", HUGE)))
     store.apply(InitDone())
     async with httpx.AsyncClient(base_url="http://127.0.0.1:9") as http:  # never called
-        pools = NodePoolReconciler(
-            Client(http), store, NODE, namespace=None, consumable=False, max_capacity=8
-        )
-        (inst,) = pools._instances()
-    assert inst.spec.capacity == 8
+        pools = NodePoolReconciler(Client(http), store, NODE, namespace=None, consumable=False)
+        (inst,) = store.values()
+        wanted = pools.wanted(node_pool(NODE, inst.metadata.namespace))
+    assert wanted is not None
+    assert len(wanted.devices.devices) == 8

@@ -29,9 +29,14 @@ from akri_trio.controller.dra.plan import (
     slice_selector,
 )
 from akri_trio.controller.names import claim_template_name
-from akri_trio.controller.triggers import instance_class_keys, keys
+from akri_trio.controller.triggers import (
+    configuration_to_class,
+    instance_class_keys,
+    instance_to_shared_pool,
+)
 from akri_trio.kube import Change
 from akri_trio.model import naming
+from akri_trio.model.convert import unstructure
 from akri_trio.model.resources import Instance
 from tests.controller.objects import CONFIG, INSTANCE, configuration, instance
 
@@ -92,17 +97,30 @@ def test_an_instance_wants_its_class_for_its_extended_resource() -> None:
 
 
 def test_an_instance_maps_to_its_class_only_when_it_comes_or_goes() -> None:
-    obj: JSON = {"metadata": {"name": INSTANCE, "namespace": "ns"}, "spec": {"nodes": ["n1"]}}
+    """The mappers read the typed stores' changes (`Store[Instance]`, `Store[Configuration]`);
+    the indexes file the same objects by their JSON."""
+    inst = instance()
     key = ObjectKey("", dra.instance_class_name(INSTANCE, "ns"))
-    assert instance_class_key(obj) == key
-    assert instance_class_keys(Change(ObjectKey("ns", INSTANCE), None, obj)) == [key]
-    assert instance_class_keys(Change(ObjectKey("ns", INSTANCE), obj, None)) == [key]
-    assert instance_class_keys(Change(ObjectKey("ns", INSTANCE), obj, obj)) == []
-    # The mapper of the Configurations (and of our own objects): the one key found, if any.
-    config = {"metadata": {"name": CONFIG, "namespace": "ns"}}
+    assert instance_class_key(unstructure(inst)) == key
+    assert instance_class_keys(Change(ObjectKey("ns", INSTANCE), None, inst)) == [key]
+    assert instance_class_keys(Change(ObjectKey("ns", INSTANCE), inst, None)) == [key]
+    assert instance_class_keys(Change(ObjectKey("ns", INSTANCE), inst, inst)) == []
+    # The Configurations' mapper: its class, as the index files it.
+    config = configuration()
     change = Change(ObjectKey("ns", CONFIG), None, config)
-    assert list(keys(class_key)(change)) == [ObjectKey("", dra.device_class_name(CONFIG, "ns"))]
-    assert list(keys(shared_pool_key)(change)) == []
+    assert set(configuration_to_class(change)) == {class_key(unstructure(config))}
+
+
+def test_a_shared_instance_maps_to_its_pool_when_it_changes() -> None:
+    shared = instance()
+    moved = instance(nodes=("node-a", "node-b"))
+    key = ObjectKey("", POOL)
+    assert set(instance_to_shared_pool(Change(key, None, shared))) == {key}
+    assert set(instance_to_shared_pool(Change(key, shared, moved))) == {key}
+    assert set(instance_to_shared_pool(Change(key, shared, None))) == {key}
+    assert set(instance_to_shared_pool(Change(key, shared, shared))) == set()  # nothing new
+    assert set(instance_to_shared_pool(Change(key, None, instance(shared=False)))) == set()
+    assert shared_pool_key(unstructure(shared)) == key  # as the index files it
 
 
 def test_a_class_with_our_spec_and_labels_is_up_to_date_whatever_else_it_holds() -> None:

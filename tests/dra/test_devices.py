@@ -1,5 +1,5 @@
 """An Instance as one consumable-capacity device or as `capacity` slot devices; the probe that
-tells which one a cluster takes."""
+tells which one a cluster takes, and whether it keeps device taints."""
 
 from __future__ import annotations
 
@@ -8,7 +8,13 @@ import copy
 import attrs
 import pytest
 
-from akri_trio.dra import DeviceRef, instance_devices, probe_slice, takes_consumable_capacity
+from akri_trio.dra import (
+    DeviceRef,
+    instance_devices,
+    keeps_device_taints,
+    probe_slice,
+    takes_consumable_capacity,
+)
 from akri_trio.dra.attributes import qualified
 from akri_trio.dra.devices import SLOTS, held_slots
 from tests.dra.support import instance
@@ -66,3 +72,14 @@ def test_slots_device_plugin_mode_holds_are_not_offered(consumable: bool) -> Non
     full = {f"cam-abc123-{i}": "n1" for i in range(3)}
     every = attrs.evolve(inst, spec=attrs.evolve(inst.spec, device_usage=full))
     assert instance_devices(every, consumable=consumable).devices == ()
+
+
+def test_the_probe_answer_tells_whether_device_taints_are_kept() -> None:
+    kept = copy.deepcopy(probe_slice())
+    assert keeps_device_taints(kept)
+    kept["spec"]["devices"][0]["taints"][0]["timeAdded"] = "2026-11-26T09:00:00Z"
+    assert keeps_device_taints(kept)
+    dropped = copy.deepcopy(kept)
+    del dropped["spec"]["devices"][0]["taints"]
+    assert not keeps_device_taints(dropped)
+    assert not keeps_device_taints({})

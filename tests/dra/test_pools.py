@@ -1,7 +1,9 @@
 """One round of a pool's publisher (`plan_round`), the same on the agent's node pools and the
 controller's shared pools: what is wanted is published untainted; a device that vanishes stays
 tainted, where the pool was, until its grace ends; then the pool goes; a pool wiped meanwhile
-is published again with what it still holds; a device that cannot come back gets no grace."""
+is published again with what it still holds; a device that cannot come back gets no grace.
+Where the API server keeps no device taints the grace holds the device untainted, and a field
+the server drops is no change once the writer knows what it stored."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from akri_trio.dra import (
     shared_placement,
     shared_pool,
 )
+from akri_trio.dra.slices import essence
 from tests.dra.support import instance
 
 JSON = dict[str, Any]
@@ -42,13 +45,26 @@ def _wanted(*nodes: str, consumable: bool = True) -> Wanted:
     )
 
 
-class Publisher:
-    """A publisher's state between rounds and the API's slices, as both edges keep them."""
+def _without_taints(body: JSON) -> JSON:
+    """`body` as an API server without DRADeviceTaints stores it."""
+    out = copy.deepcopy(body)
+    for device in out["spec"]["devices"]:
+        device.pop("taints", None)
+    return out
 
-    def __init__(self) -> None:
+
+class Publisher:
+    """A publisher's state between rounds and the API's slices, as both edges keep them;
+    `server` is what the API server makes of a slice written (it may drop fields), and
+    `stored_as` what the writer learns from its answers."""
+
+    def __init__(self, server: Any = copy.deepcopy) -> None:
         self.slices: dict[str, JSON] = {}
         self.memory: PoolMemory | None = None
         self.written = 0
+        self.server = server
+        self.stored_as: dict[str, str] = {}
+        self.writes = 0
 
     def round(self, wanted: Wanted | None, now: float, **kw: Any) -> PoolRound:
         out = plan_round(
@@ -58,6 +74,7 @@ class Publisher:
             self.memory,
             now=now,
             written=self.written,
+            stored_as=self.stored_as,
             **kw,
         )
         self.memory = out.memory
@@ -65,12 +82,16 @@ class Publisher:
         return out
 
     def _carry_out(self, plan: PoolPlan) -> None:
+        stored_as = {}
         for body in plan.apply:
-            stored = copy.deepcopy(body)
+            stored = self.server(body)
             stored["metadata"]["uid"] = "u"
             self.slices[body["metadata"]["name"]] = stored
+            stored_as[essence(body)] = essence(stored)
+            self.writes += 1
         if plan.apply:
             self.written = max(self.written, plan.generation)
+            self.stored_as = stored_as
         for name in plan.delete:
             self.slices.pop(name, None)
 
@@ -115,6 +136,32 @@ def test_a_pool_wiped_in_the_grace_is_published_again_with_what_it_holds() -> No
     again = pub.round(None, 2.0)
     assert pub.devices() == {"cam-abc123": [OFFLINE_TAINT]}
     assert again.plan.generation == 3
+
+
+def test_without_device_taints_a_vanished_device_is_held_untainted_for_its_grace() -> None:
+    pub = Publisher()
+    first = pub.round(_wanted("n1"), 0.0, taints=False)
+    held = pub.round(None, 10.0, taints=False)
+    assert held.plan.unchanged  # the same device, untainted: nothing to write
+    assert pub.devices() == {"cam-abc123": []}
+    assert held.next_deadline == 10.0 + OFFLINE_GRACE_S
+    assert pub.round(_wanted("n1"), 20.0, taints=False).plan.unchanged  # back: still the same
+    pub.round(None, 30.0, taints=False)
+    gone = pub.round(None, 30.0 + OFFLINE_GRACE_S, taints=False)
+    assert gone.memory is None and pub.slices == {}
+    assert first.plan.generation == 1 and pub.writes == 1
+
+
+def test_a_taint_the_server_drops_is_written_once_not_at_every_round() -> None:
+    """A publisher that plans the taint (it did not know) on a server that drops it: the first
+    tainted round writes, and the rounds after compare with what the server stored."""
+    pub = Publisher(server=_without_taints)
+    pub.round(_wanted("n1"), 0.0)
+    pub.round(None, 1.0)
+    assert pub.devices() == {"cam-abc123": []} and pub.writes == 2
+    for now in range(2, 50):
+        assert pub.round(None, float(now)).plan.unchanged
+    assert pub.writes == 2
 
 
 def test_a_restarted_publisher_deletes_a_pool_nothing_wants_at_once() -> None:

@@ -20,6 +20,7 @@ import logging
 import os
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -34,6 +35,7 @@ from akri_trio.agent.view import NodeView
 from akri_trio.dra import DRIVER
 from akri_trio.dra.edge import probe_consumable_capacity
 from akri_trio.kube import Client, Store
+from akri_trio.model.resources import Instance
 
 log = logging.getLogger(__name__)
 
@@ -77,9 +79,9 @@ class DraNode:
         self,
         api: Client,
         view: NodeView,
-        instances: Store,
+        instances: Store[Instance],
         *,
-        configurations: Store | None = None,
+        configurations: Store[Any] | None = None,
         namespace: str | None,
         kubelet_root_dir: Path,
         cdi_dir: Path,
@@ -146,7 +148,6 @@ class DraNode:
             self.view.node,
             namespace=self.namespace,
             consumable=consumable,
-            max_capacity=self.view.max_capacity,
             configurations=self.configurations,
         )
         self.preparer = Preparer(

@@ -31,13 +31,12 @@ def serves(inst: Instance, node: str) -> bool:
     return node in inst.spec.nodes and inst.metadata.deletion_timestamp is None
 
 
-def node_pool_of(obj: Mapping[str, Any], node: str) -> str | None:
+def node_pool_of(inst: Instance, node: str) -> str | None:
     """The node pool an Instance (as the API holds it) is in on `node`: its namespace's, when it
     is not shared and lists the node (being deleted or not: it is leaving that pool)."""
-    spec = obj.get("spec") or {}
-    if spec.get("shared") or node not in (spec.get("nodes") or ()):
+    if inst.spec.shared or node not in inst.spec.nodes:
         return None
-    return node_pool(node, str((obj.get("metadata") or {}).get("namespace") or ""))
+    return node_pool(node, inst.metadata.namespace)
 
 
 def owns_slice(obj: Mapping[str, Any], namespace: str | None) -> bool:

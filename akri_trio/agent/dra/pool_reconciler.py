@@ -3,12 +3,14 @@ reconciler, on the shared runner (kube's `Controller`), keyed by pool as the con
 shared pools are (`controller/dra/reconcilers.py`).
 
 Its primary store is this node's slices (watched by field: `spec.nodeName`, driver akri.sh);
+the Instances are the node view's typed store (each version decoded once, capacity clamped), and
 an Instance change maps to the node pool it is in (`triggers.instance_to_node_pool`), a slice
 change to its pool when the pool is ours (`triggers.slice_to_node_pool`). The reconcile says
 what the pool should hold (`plan.node_pools`) and `akri_trio.dra.edge.PoolWriter`, the
 controller's writer too, does the rest: the offline grace (a device that leaves stays in its
-pool tainted `akri.sh/offline` NoSchedule for the grace, then leaves it; one back within the
-grace is published untainted again; one whose Configuration was deleted leaves at once), the
+pool tainted `akri.sh/offline` NoSchedule for the grace, untainted where the API server keeps
+no device taints, then leaves it; one back within the grace is published untainted again; one
+whose Configuration was deleted leaves at once), the
 slices at a bumped generation, applied then deleted. Its own slices are watched, so a slice
 someone else deletes (the kubelet wipes a node's slices when it starts, and 30 s after the
 node's plugin went away) is published again at once, at a generation above every one this run
@@ -26,14 +28,13 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Final
+from typing import Any, Final
 
 import trio
 
 from akri_trio.address import ObjectKey
 from akri_trio.agent.dra.plan import node_pools
 from akri_trio.agent.triggers import instance_to_node_pool, slice_to_node_pool
-from akri_trio.agent.view import with_capacity_at_most
 from akri_trio.dra import (
     DRIVER,
     OFFLINE_GRACE_S,
@@ -45,8 +46,6 @@ from akri_trio.dra import (
 )
 from akri_trio.dra.edge import PoolWriter, slice_store
 from akri_trio.kube import Client, Controller, Requeue, Store, reflect
-from akri_trio.model.convert import structure
-from akri_trio.model.limits import MAX_CAPACITY
 from akri_trio.model.resources import Instance
 
 log = logging.getLogger(__name__)
@@ -59,23 +58,23 @@ class NodePoolReconciler:
     def __init__(
         self,
         api: Client,
-        instances: Store,
+        instances: Store[Instance],
         node: str,
         *,
         namespace: str | None,
         consumable: bool,
-        max_capacity: int = MAX_CAPACITY,
-        configurations: Store | None = None,
+        configurations: Store[Any] | None = None,
         offline_grace: float = OFFLINE_GRACE_S,
     ) -> None:
-        """`configurations`: the agent's Configurations, when it watches them all (see
-        `PoolWriter`); `max_capacity`: an Instance over it is published with this many."""
+        """`instances`: the node view's typed store (`agent.view.instance_store`: its decoder clamps
+        capacity to `--max-capacity`, so slot devices beyond it are never built);
+        `configurations`: the agent's Configurations, when it watches them all (see
+        `PoolWriter`)."""
         self.api = api
         self.instances = instances
         self.node = node
         self.namespace = namespace
         self.consumable = consumable
-        self.max_capacity = max_capacity
         self.slices = slice_store()
         self.writer = PoolWriter(
             api,
@@ -88,32 +87,12 @@ class NodePoolReconciler:
         self.controller = Controller(
             self.reconcile, self.slices, drain=0, mapper=slice_to_node_pool(namespace)
         ).watches(instances, instance_to_node_pool(node))
-        # key -> (resourceVersion, the Instance decoded from it): each version decoded once
-        self._decoded: dict[ObjectKey, tuple[str, Instance | None]] = {}
-
-    def _instances(self) -> list[Instance]:
-        decoded = {}
-        for key, obj in self.instances.snapshot().items():
-            version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
-            held = self._decoded.get(key)
-            if held is not None and version and held[0] == version:
-                decoded[key] = held
-                continue
-            try:
-                inst = structure(obj, Instance)
-                # The node view logs the clamp; slot devices beyond it would be as many objects.
-                decoded[key] = (version, with_capacity_at_most(inst, self.max_capacity))
-            except Exception as exc:  # one bad object must not stop the node's publishing
-                log.warning("skipping an Instance the model cannot read: %s", exc)
-                decoded[key] = (version, None)
-        self._decoded = decoded
-        return [inst for _, inst in decoded.values() if inst is not None]
 
     def wanted(self, pool: str) -> Wanted | None:
         """What `pool` should hold now (None: nothing of this node's Instances)."""
         mine = [
             inst
-            for inst in self._instances()
+            for inst in self.instances.values()
             if node_pool(self.node, inst.metadata.namespace) == pool
             and (self.namespace is None or inst.metadata.namespace == self.namespace)
         ]

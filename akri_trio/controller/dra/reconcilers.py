@@ -16,7 +16,6 @@ included), the same apply-then-delete.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Final
 
 import attrs
@@ -49,7 +48,7 @@ from akri_trio.kube import (
     by_field,
     drop_managed_fields,
 )
-from akri_trio.model.resources import Instance
+from akri_trio.model.resources import Configuration, Instance
 
 log = logging.getLogger(__name__)
 
@@ -78,13 +77,13 @@ class DraCaches:
 @attrs.define
 class DraReconcilers:
     api: Client
-    configurations: Store  # the controller's caches, indexed (CONFIGURATION_INDEXES, ...)
-    instances: Store
+    # the controller's typed caches (triggers.make_caches), indexed (CONFIGURATION_INDEXES, ...)
+    configurations: Store[Configuration]
+    instances: Store[Instance]
     nodes: Store
     c: DraCaches
     metrics: ControllerMetrics
     consumable: bool
-    read_instance: Callable[[ObjectKey], Instance | None]  # through the controller's models
     pools: PoolWriter = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -102,7 +101,7 @@ class DraReconcilers:
     async def device_class(self, key: ObjectKey) -> Requeue | None:
         instances = []
         for k in self.instances.keys_for(CLASS_INDEX, key):
-            instance = self.read_instance(k)
+            instance = self.instances.get(k)
             if instance is not None:
                 instances.append((k.namespace, k.name, instance.spec.configuration_name))
         wanted = class_wanted(
@@ -141,7 +140,7 @@ class DraReconcilers:
         pool = key.name
         instance: Instance | None = None
         for k in sorted(self.instances.keys_for(POOL_INDEX, key)):
-            candidate = self.read_instance(k)
+            candidate = self.instances.get(k)
             if candidate is not None and shared_pool_of(candidate) == pool:
                 instance = candidate
                 break
