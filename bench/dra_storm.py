@@ -34,6 +34,7 @@ allocations in either mode.
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
 import time
 from collections import Counter
@@ -72,6 +73,7 @@ STORM_NS = "akri-bench-dra-storm"
 CONFIG = "dra-storm"
 DEVICE = "shared-camera"
 # A fake node must offer what the scheduler checks for any Pod: room for Pods, CPU, memory.
+FAKE_NODE_PREFIX = "ctl-test-node"  # tests.controller.support.fake_nodes names them so
 ALLOCATABLE = {"pods": "110", "cpu": "8", "memory": "32Gi"}
 
 
@@ -232,6 +234,16 @@ async def launch(
     return [bindings.bound_at[name] - t0 for name in names]
 
 
+async def pool_slices(api: Client, instance: str) -> list[JSON]:
+    pool = dra.shared_pool(STORM_NS, instance)
+    slices = (await api.list(dra.RESOURCE_SLICES)).items
+    return [s for s in slices if s["spec"]["pool"]["name"] == pool]
+
+
+async def no_pool(api: Client, instance: str) -> bool:
+    return not await pool_slices(api, instance)
+
+
 def allocations(claims: Sequence[JSON]) -> Counter[str]:
     """How many claims each device (`<pool>/<device>`) is allocated to."""
     held: Counter[str] = Counter()
@@ -260,18 +272,24 @@ async def dra_mode(api: Client, kubeconfig: str, n: int, args: argparse.Namespac
             await api.create(INSTANCES, shared_instance(instance, nodes))
 
             async def published() -> bool:
-                pool = dra.shared_pool(STORM_NS, instance)
-                slices = (await api.list(dra.RESOURCE_SLICES)).items
+                """The pool selects exactly these nodes (not a pool an earlier run left for its
+                own nodes) and the Instance's class exists."""
                 selectors = [
-                    s["spec"].get("nodeSelector") for s in slices
-                    if s["spec"]["pool"]["name"] == pool and s["spec"].get("devices")
-                ]  # fmt: skip
+                    json.dumps(s["spec"].get("nodeSelector"))
+                    for s in await pool_slices(api, instance)
+                    if s["spec"].get("devices")
+                ]
                 classes = {
                     c["metadata"]["name"] for c in (await api.list(dra.DEVICE_CLASSES)).items
                 }
-                return bool(selectors) and dra.instance_class_name(instance, STORM_NS) in classes
+                return (
+                    len(selectors) == 1
+                    and all(f'"{node}"' in selectors[0] for node in nodes)
+                    and selectors[0].count(f'"{FAKE_NODE_PREFIX}') == n
+                    and dra.instance_class_name(instance, STORM_NS) in classes
+                )
 
-            await until(published, 60, "the controller's pool and classes")
+            await until(published, 60, "the controller's pool of these nodes and its classes")
             alone: list[float] = []
             for i in range(args.solo):
                 pod = device_pod(f"alone-{i}", nodes[i % n], instance)
@@ -292,8 +310,12 @@ async def dra_mode(api: Client, kubeconfig: str, n: int, args: argparse.Namespac
             granted = sum(held.values())
             doubles = sum(max(0, k - (n if d == whole else 1)) for d, k in held.items())
             await delete_pods(api, [p["metadata"]["name"] for p in pods])
+            # while the controller runs, so that it deletes the pool (the next run's is new)
+            await purge_namespace(api, STORM_NS)
+            await until(
+                lambda: no_pool(api, instance), 60, "the controller's pool gone with its Instance"
+            )
             nursery.cancel_scope.cancel()
-    await purge_namespace(api, STORM_NS)
     return Row("dra", n, alone, storm, writes / n, granted, doubles, floor)
 
 
