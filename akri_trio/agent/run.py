@@ -210,6 +210,7 @@ async def run_agent(
             cdi_dir=settings.cdi_dir,
             consumable=settings.dra_consumable_capacity,
             workloads=broker_info,
+            grpc=settings.grpc,
         )
         ready.append(("dra-plugin-registered", dra.ready))
     settings.discovery_handlers_directory.mkdir(parents=True, exist_ok=True)

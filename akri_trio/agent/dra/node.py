@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import logging
 import os
 from collections.abc import AsyncIterator, Sequence
@@ -36,6 +37,7 @@ from akri_trio.dra import DRIVER
 from akri_trio.dra.edge import probe_consumable_capacity
 from akri_trio.kube import Client, Store
 from akri_trio.model.resources import Instance
+from akri_trio.rpc.uds import DEFAULT_LIMITS, ServerLimits
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +89,10 @@ class DraNode:
         cdi_dir: Path,
         consumable: bool | None = None,
         workloads: WorkloadMounts | None = None,
+        grpc: ServerLimits = DEFAULT_LIMITS,
     ) -> None:
         self.api = api
+        self.grpc = grpc  # the kubelet plugin's sockets' limits
         self.view = view
         self.instances = instances
         # The agent's Configurations when it watches all of its namespace(s): a device whose
@@ -163,6 +167,9 @@ class DraNode:
         async with trio.open_nursery() as nursery:
             await nursery.start(self.pools.run)
             await nursery.start(
-                serve_kubelet_plugin, self.kubelet_root_dir, self.preparer, self._on_status
+                functools.partial(serve_kubelet_plugin, limits=self.grpc),
+                self.kubelet_root_dir,
+                self.preparer,
+                self._on_status,
             )
             task_status.started()

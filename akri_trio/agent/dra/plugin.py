@@ -43,7 +43,7 @@ from akri_trio.rpc.gen import dra_health_v1alpha1_pb2 as health_v1alpha1
 from akri_trio.rpc.gen import dra_v1_pb2 as v1
 from akri_trio.rpc.gen import dra_v1beta1_pb2 as v1beta1
 from akri_trio.rpc.gen import pluginregistration_v1_pb2 as reg
-from akri_trio.rpc.uds import serve_unix
+from akri_trio.rpc.uds import DEFAULT_LIMITS, ServerLimits, serve_unix
 
 log = logging.getLogger(__name__)
 
@@ -204,10 +204,12 @@ async def serve_kubelet_plugin(
     preparer: Preparer,
     on_status: Callable[[bool, str], None],
     *,
+    limits: ServerLimits = DEFAULT_LIMITS,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the DRA socket, then the registration socket (the kubelet connects to the DRA
-    socket as soon as it has read GetInfo), until cancelled; both files go on the way out."""
+    socket as soon as it has read GetInfo), until cancelled; both files go on the way out.
+    `limits`: what each connection to either may do (the agent's --grpc-* flags)."""
     dra_sock = plugin_socket(kubelet_root_dir)
     reg_sock = registration_socket(kubelet_root_dir)
     dra_sock.parent.mkdir(parents=True, exist_ok=True)
@@ -216,8 +218,7 @@ async def serve_kubelet_plugin(
     health = DraHealthV1(preparer)
     services = (service, DraPluginV1beta1(service), health, DraHealthV1alpha1(health))
     async with trio.open_nursery() as nursery:
-        await nursery.start(functools.partial(serve_unix, dra_sock, *services, mode=0o600))
-        await nursery.start(
-            functools.partial(serve_unix, reg_sock, Registration(dra_sock, on_status), mode=0o600)
-        )
+        serve = functools.partial(serve_unix, mode=0o600, limits=limits)
+        await nursery.start(functools.partial(serve, dra_sock, *services))
+        await nursery.start(functools.partial(serve, reg_sock, Registration(dra_sock, on_status)))
         task_status.started()
