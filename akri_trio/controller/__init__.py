@@ -41,6 +41,7 @@ from akri_trio.controller.nodeloss import (
     NodeState,
     StatusRelease,
     Transition,
+    freed_resources,
     left_without_nodes,
     node_ready,
     node_transition,
@@ -50,6 +51,7 @@ from akri_trio.controller.nodeloss import (
     release_status,
     served_nodes,
     shared_claim_holders,
+    slot_holders,
 )
 from akri_trio.controller.observed import Delete, ObservedPod, timestamp
 from akri_trio.controller.services import (
@@ -89,6 +91,7 @@ __all__ = [
     "configuration_service",
     "configuration_service_name",
     "fingerprinted",
+    "freed_resources",
     "instance_selector",
     "instance_service",
     "instance_service_name",
@@ -108,6 +111,7 @@ __all__ = [
     "rename_placeholder",
     "served_nodes",
     "shared_claim_holders",
+    "slot_holders",
     "timestamp",
     "up_to_date",
 ]

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -303,3 +303,49 @@ def shared_claim_holders(
                     Delete.of(holder, reason), grace_period_seconds=0
                 )
     return sorted(holders.values(), key=lambda d: (d.namespace, d.name))
+
+
+def freed_resources(releases: Iterable[InstanceRelease]) -> set[str]:
+    """The kubelet resource names whose slots on the lost node the releases free: the
+    Instance's own (`akri.sh/<instance>`) for a node claim, its Configuration's for a claim of
+    a virtual device (`C:<vdev>:<node>`)."""
+    names: set[str] = set()
+    for release in releases:
+        for value in release.slots.values():
+            match naming.parse_usage(value):
+                case naming.NodeClaim(_):
+                    names.add(naming.resource_name(release.name))
+                case naming.ConfigClaim(vdev, _):
+                    try:
+                        names.add(naming.resource_name(naming.split_indexed(vdev)[0]))
+                    except naming.BadId:  # anyone who may write an Instance may write this
+                        continue
+    return names
+
+
+def slot_holders(
+    node: str, pods: Iterable[Mapping[str, Any]], resources: Collection[str]
+) -> list[Delete]:
+    """Device-plugin mode: the Pods on the lost `node`, not ended, whose containers ask for one
+    of `resources` (the names whose slots on that node are being freed), as deletions with no
+    grace period. A Pod on a partitioned node keeps running; once its slot is given to another
+    node's Pod the device would have two users, so it is deleted (the kubelet stops it when the
+    node is back), as DRA mode deletes the holders of a shared claim."""
+    holders: list[Delete] = []
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        spec = pod.get("spec") or {}
+        if spec.get("nodeName") != node or not meta.get("uid"):
+            continue
+        if (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
+            continue
+        asked = {
+            name
+            for container in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]
+            for section in ("limits", "requests")
+            for name in ((container.get("resources") or {}).get(section) or {})
+        }
+        if asked & set(resources):
+            reason = f"node {node} lost, holding a slot it freed"
+            holders.append(attrs.evolve(Delete.of(pod, reason), grace_period_seconds=0))
+    return sorted(holders, key=lambda d: (d.namespace, d.name))

@@ -51,6 +51,7 @@ from akri_trio.controller import (
     broker_job,
     broker_pods,
     fingerprinted,
+    freed_resources,
     label_value,
     left_without_nodes,
     node_ready,
@@ -64,6 +65,7 @@ from akri_trio.controller import (
     release_status,
     served_nodes,
     shared_claim_holders,
+    slot_holders,
     up_to_date,
 )
 from akri_trio.controller import events as ev
@@ -469,6 +471,19 @@ class Reconcilers:
         await run_all((partial(status, r) for r in plan.statuses), limit=WRITE_CONCURRENCY)
         if self.dra is not None:
             await self._release_shared_claims(node)
+        else:
+            await self._release_slot_holders(node, freed_resources(plan.instances))
+
+    async def _release_slot_holders(self, node: str, resources: set[str]) -> None:
+        """Device-plugin mode: end the lost node's Pods that hold the slots just freed, so no
+        device has two users once another node's Pod takes the slot (nodeloss.py says why)."""
+        if not resources:
+            return
+        pods = await self.api.list(
+            PODS, namespace=self.namespace, field_selector=f"spec.nodeName={node}"
+        )
+        deletes = slot_holders(node, pods.items, resources)
+        await run_all((partial(self._delete, PODS, d) for d in deletes), limit=WRITE_CONCURRENCY)
 
     async def _release_shared_claims(self, node: str) -> None:
         """DRA mode: end the lost node's Pods that hold a shared device, so the scheduler can

@@ -15,12 +15,14 @@ from akri_trio.controller import (
     Delete,
     NodeState,
     Transition,
+    freed_resources,
     node_ready,
     node_transition,
     plan_node_loss,
     ready_changed_at,
     served_nodes,
     shared_claim_holders,
+    slot_holders,
 )
 from akri_trio.model.convert import unstructure
 from akri_trio.model.jsonpatch import pointer
@@ -365,3 +367,31 @@ def test_a_shortened_shared_pool_name_is_still_shared() -> None:
     long_pool = dra.shared_pool("ns", "x" * 300)
     assert long_pool != f"shared/ns/{'x' * 300}" and dra.is_shared_pool(long_pool)
     assert not dra.is_shared_pool(dra.node_pool("shared", "ns"))
+
+
+# --- device-plugin mode: the lost node's Pods holding the slots it frees -----------------------
+
+
+def _dp_pod(name: str, node: str, limits: dict[str, str], phase: str = "Running") -> dict[str, Any]:
+    pod = _pod(name, node, phase)
+    pod["spec"]["containers"] = [{"name": "c", "resources": {"limits": limits}}]
+    return pod
+
+
+def test_the_freed_names_are_the_instances_and_the_configurations_of_the_freed_slots() -> None:
+    usage = {f"{INSTANCE}-0": "n2", f"{INSTANCE}-1": "C:cfg-3:n2", f"{INSTANCE}-2": "C:bad:n2"}
+    plan = plan_node_loss("n2", [instance(nodes=("n1", "n2"), usage=usage)], [])
+    assert freed_resources(plan.instances) == {f"akri.sh/{INSTANCE}", "akri.sh/cfg"}
+
+
+def test_a_lost_nodes_pods_asking_for_a_freed_resource_are_deleted_at_once() -> None:
+    freed = {f"akri.sh/{INSTANCE}"}
+    pods = [
+        _dp_pod("holder", "n2", {f"akri.sh/{INSTANCE}": "1"}),
+        _dp_pod("elsewhere", "n1", {f"akri.sh/{INSTANCE}": "1"}),
+        _dp_pod("other-device", "n2", {"akri.sh/other": "1"}),
+        _dp_pod("ended", "n2", {f"akri.sh/{INSTANCE}": "1"}, phase="Succeeded"),
+    ]
+    (d,) = slot_holders("n2", pods, freed)
+    assert (d.name, d.uid, d.grace_period_seconds) == ("holder", "holder-uid", 0)
+    assert d.options()["preconditions"] == {"uid": "holder-uid"}

@@ -209,13 +209,6 @@ def chaos(multi_node_cluster: list[dict[str, str]], tmp_path: Path) -> Iterator[
         yield Chaos(fleet)
 
 
-@pytest.mark.xfail(
-    reason="known bug (issue 22): a Pod on a partitioned node keeps running with its device after "
-    "the controller frees the lost node's slots, so another node's Pod gets the same slot; seen "
-    "in CI on v1.37.2 and v1.34.4 (slot -1, claim-2-14 on node 3). Device-plugin mode must "
-    "delete such Pods when it frees their slots, as DRA mode does",
-    strict=False,
-)
 def test_chaos_across_three_nodes_leaves_no_slot_doubled_or_leaked(chaos: Chaos) -> None:
     fleet = chaos.fleet
     stop = threading.Event()
