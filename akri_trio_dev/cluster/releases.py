@@ -31,6 +31,7 @@ DEFAULT_ON_FROM: Final[Mapping[str, int]] = {
     "DRADeviceTaints": 36,  # device taints: the offline grace's akri.sh/offline
     "DRAPartitionableDevices": 36,
     "DRADeviceBindingConditions": 36,
+    "ResourceHealthStatus": 36,  # device health in Pod status (KEP-4680)
 }
 
 

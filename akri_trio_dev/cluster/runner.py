@@ -843,9 +843,13 @@ def _unmount_all(roots: Sequence[Path]) -> list[str]:
 
 def down(lay: Layout) -> None:
     if os.geteuid() == 0:
-        for extra in reversed(extra_nodes(lay)):
+        extras = extra_nodes(lay)
+        for extra in reversed(extras):
             _remove_extra_node(lay, extra)
-        iptables.remove_all()
+        # The rules are the host's, not the home's: only the home whose nodes they serve
+        # removes them (another home's `down` would cut a running cluster's nodes).
+        if extras:
+            iptables.remove_all()
     running = [n for n in cleanup.STOP_ORDER if procs.running(lay.pid_file(n)) is not None]
     # Host paths (/var/lib/kubelet, cni0, ...) are shared by every cluster home on the machine:
     # touch them only when this home ran a node (its PID files or node name remain).

@@ -29,7 +29,7 @@ from akri_trio.model.convert import unstructure
 from akri_trio.rpc.gen import pluginregistration_v1_pb2 as reg
 from akri_trio.rpc.gen import pluginregistration_v1_pb2_grpc
 from tests.dra.support import instance
-from tests.support.akri_cluster import ensure_namespace
+from tests.support.akri_cluster import ensure_namespace, install_crds
 from tests.support.polling import until_api
 from tests.support.rbac import apply_rbac, manifest_client
 from tests.support.releases import lacks, skip, skip_without
@@ -41,7 +41,9 @@ NS = "dra-publisher-tests"
 
 @pytest.fixture
 async def agent_api(api: Client, cluster: dict[str, str]) -> AsyncIterator[Client]:
-    """A client that authenticates as the agent's ServiceAccount, in DRA mode."""
+    """A client that authenticates as the agent's ServiceAccount, in DRA mode (with Akri's
+    CRDs installed: the whole agent watches them, also when this module runs first)."""
+    await install_crds(api)
     async with manifest_client(api, cluster, MANIFEST, "akri", "akri-agent-sa") as client:
         await apply_rbac(api, DRA_MANIFEST)
         yield client

@@ -168,6 +168,7 @@ def test_the_upgrade_to_dra_brings_the_broker_back_with_a_claim(
     assert list(holders.slots().values()) == [rel.node]  # user-dp's, still held
 
 
+@pytest.mark.k8s_feature("DRAExtendedResource")  # the Pod asks for akri.sh/<instance>
 def test_a_new_pod_waits_for_the_slot_the_old_pod_holds(rel: Release, holders: Holders) -> None:
     pod = busybox_pod("user-dra", rel.namespace, SLEEP, {f"akri.sh/{holders.instance}": 1})
     rel.kubectl.apply(pod)

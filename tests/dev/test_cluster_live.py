@@ -20,6 +20,7 @@ import yaml
 
 from akri_trio_dev import run_cluster_command
 from akri_trio_dev.cluster import cli as cluster_cli
+from akri_trio_dev.cluster import netrules
 from akri_trio_dev.cluster.layout import CONTROL_PLANE, K8S_RELEASES, Layout
 
 pytestmark = pytest.mark.k8s
@@ -27,6 +28,12 @@ pytestmark = pytest.mark.k8s
 
 def _run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return run_cluster_command(*args, capture_output=True, env=env, timeout=300)
+
+
+def _our_nat_rules() -> str:
+    """The extra nodes' API links as iptables lists them (empty without extra nodes)."""
+    argv = ["iptables", "-w", "-t", "nat", "-S", netrules.NAT_CHAIN]
+    return subprocess.run(argv, capture_output=True, text=True).stdout
 
 
 def _client_from(kubeconfig: str) -> httpx.Client:
@@ -167,6 +174,7 @@ def test_down_stops_only_its_own_home_and_keeps_the_pki(
         for n in ("etcd", "kube-scheduler")
     ]
     env = {**os.environ, "AKRI_TRIO_HOME": str(tmp_path)}
+    rules = _our_nat_rules()
     for _ in range(2):  # idempotent
         proc = _run_cli("down", env=env)
         assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -174,6 +182,7 @@ def test_down_stops_only_its_own_home_and_keeps_the_pki(
     assert not lay.pid_file("etcd").exists() and not lay.etcd_data.exists()
     assert (lay.pki / "ca.crt").read_text() == "kept"
     assert _run_cli("status").returncode == 0
+    assert _our_nat_rules() == rules  # the shared cluster's extra nodes keep their API link
     if cluster.get("AKRI_TRIO_NODE_NAME"):
         assert Path("/var/lib/kubelet/device-plugins/kubelet.sock").exists()
 

@@ -96,11 +96,6 @@ def test_extra_nodes_see_their_own_dirs_at_the_standard_kubelet_paths(
         assert socket.parent == Path(dict(flags.node_binds(extra))[flags.POD_RESOURCES_PATH])
 
 
-@pytest.mark.xfail(
-    reason="known (issue 22): after `cluster down` and `up --nodes 3` a Pod on node 127.0.0.2 "
-    "found 127.0.0.2:16443 refused (CI of 2026-11-26, on v1.37.2 and v1.34.4); not yet explained",
-    strict=False,
-)
 def test_a_pod_on_each_node_reaches_the_api_server_through_its_node(
     multi_node_cluster: list[dict[str, str]], kubectl: Kubectl
 ) -> None:

@@ -233,6 +233,7 @@ def test_after_the_switch_the_broker_comes_back_with_a_claim(env: Env) -> None:
     assert list(env.usage().values()) == [env.node]  # user-dp's slot, still held
 
 
+@pytest.mark.k8s_feature("DRAExtendedResource")  # the Pod asks for akri.sh/<instance>
 def test_a_new_pod_waits_for_the_slot_the_old_pod_holds(env: Env) -> None:
     pod = busybox_pod("user-dra", NS, SLEEP, {f"akri.sh/{env.instance}": 1})
     until(lambda: env.kubectl("apply", "-f", "-", stdin=json.dumps(pod), check=False))

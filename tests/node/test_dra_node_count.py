@@ -34,6 +34,7 @@ CONFIG = "dra-count"
 PODS = Resource.core("pods", "Pod")
 
 
+@pytest.mark.k8s_feature("DRAExtendedResource")
 @pytest.mark.parametrize("consumable", [True, False], ids=["consumable", "slots"])
 async def test_two_of_a_configuration(node_cluster: dict[str, str], consumable: bool) -> None:
     with tempfile.TemporaryDirectory(prefix="ak", dir="/tmp") as d:  # short: socket paths

@@ -35,6 +35,7 @@ TEMPLATE = "dra-health-d0"
 PODS = Resource.core("pods", "Pod")
 
 
+@pytest.mark.k8s_feature("ResourceHealthStatus")
 async def test_a_running_pod_shows_its_device_s_health(node_cluster: dict[str, str]) -> None:
     with tempfile.TemporaryDirectory(prefix="ak", dir="/tmp") as d:  # short: socket paths
         kubectl = Kubectl(node_cluster)
