@@ -2,9 +2,10 @@
 
 `WorkloadDirs` is what the device plugins' Allocate and the DRA kubelet plugin's Prepare need of
 brokerInfo, and nothing more: the root directory and the Configuration generations. It is its
-own object so that the agent builds it first and hands it to the plugin manager or the DRA node
-and to the copy loop (`_sync.BrokerInfo`), which in DRA mode reads the claims the DRA node
-prepared: each of those two then takes the other through its constructor, with no cycle.
+own object because the copy loop (`_sync.BrokerInfo`) reads, in DRA mode, the claims the DRA
+node prepared, while the DRA node mounts the copy loop's directories: the agent builds this
+first, gives it to the plugin manager or the DRA node, and then builds the copy loop with it
+and the DRA node's `held` and `report`, each part wired through its constructor.
 """
 
 from __future__ import annotations
