@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from akri_trio.agent.brokerinfo import BrokerInfo
+from akri_trio.agent.brokerinfo import BrokerInfo, WorkloadDirs
 from akri_trio.agent.configurations import CONFIG_INDEXES, ConfigurationReconciler
 from akri_trio.agent.events import AgentEvents, instance_ref
 from akri_trio.agent.metrics import AgentMetrics
@@ -145,30 +145,14 @@ async def run_agent(
     )
     # What the reconcile's own parts (discovery, brokerInfo) ask the queue to reconcile.
     wake, woken = trio.open_memory_channel[ObjectKey](math.inf)
-    # DRA mode: the DraNode prepares claims with brokerInfo's mounts, and brokerInfo reads the
-    # claims it prepared; the DraNode is built below and started before brokerInfo's task.
-    dra: DraNode | None = None
-
-    def dra_node() -> DraNode:
-        assert dra is not None
-        return dra
-
-    broker_info = None
+    # brokerInfo's workload directories, built first: the plugins' Allocate (in DRA mode the
+    # DraNode's Prepare) makes and mounts them, and the copier, built after the DraNode whose
+    # prepared claims it reads, copies what brokers write there.
+    dirs = None
     if settings.broker_info_dir is not None:
-        broker_info = BrokerInfo(
-            api,
-            view,
+        dirs = WorkloadDirs(
             settings.broker_info_dir,
-            limits=settings.broker_info_limits,
             generation=lambda k: _field(configs.get(k), "metadata", "generation"),
-            current=lambda k: _broker_info(instances.get(k)),
-            known=lambda: instances.snapshot().keys(),
-            namespace=settings.namespace,
-            period=settings.broker_info_period,
-            on_problems=wake.send_nowait,
-            # DRA mode: its workloads are the claims the kubelet plugin prepared.
-            held=(lambda: dra_node().held()) if settings.allocation == "dra" else None,
-            reports=(lambda w: dra_node().report(w)) if settings.allocation == "dra" else None,
         )
     watch = KubeletWatch(settings.device_plugin_dir, settings.kubelet_poll_period)
     plugins = PluginManager(
@@ -178,7 +162,7 @@ async def run_agent(
         metrics.observe_allocate,
         metrics.plugin_registrations.inc,
         events.allocate_refused,
-        workloads=broker_info,
+        workloads=dirs,
         grpc=settings.grpc,
     )
     metrics.plugins_registered.set_function(lambda: float(len(plugins.registered)))
@@ -195,6 +179,7 @@ async def run_agent(
         ("configurations-synced", lambda: configs.synced),
         ("instances-synced", lambda: instances.synced),
     ]
+    dra: DraNode | None = None
     if settings.allocation == "dra":  # no device plugins
         # Imported here: DRA's gRPC services and protobufs cost a device-plugin agent memory.
         from akri_trio.agent.dra.node import DraNode
@@ -209,10 +194,26 @@ async def run_agent(
             kubelet_root_dir=settings.kubelet_root_dir,
             cdi_dir=settings.cdi_dir,
             consumable=settings.dra_consumable_capacity,
-            workloads=broker_info,
+            workloads=dirs,
             grpc=settings.grpc,
         )
         ready.append(("dra-plugin-registered", dra.ready))
+    broker_info = None
+    if dirs is not None:
+        broker_info = BrokerInfo(
+            api,
+            view,
+            dirs,
+            limits=settings.broker_info_limits,
+            current=lambda k: _broker_info(instances.get(k)),
+            known=lambda: instances.snapshot().keys(),
+            namespace=settings.namespace,
+            period=settings.broker_info_period,
+            on_problems=wake.send_nowait,
+            # DRA mode: its workloads are the claims the kubelet plugin prepared.
+            held=None if dra is None else dra.held,
+            reports=None if dra is None else dra.report,
+        )
     settings.discovery_handlers_directory.mkdir(parents=True, exist_ok=True)
     if settings.handler_group is not None:
         share_with_group(settings.discovery_handlers_directory, settings.handler_group)

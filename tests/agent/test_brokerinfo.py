@@ -1,6 +1,7 @@
 """brokerInfo without a cluster: which files count (limits, names, UTF-8), the key scheme, the
 merge of several directories, what happens to a workload's directory once its slot is freed,
-the file-system edge against hostile entries, and the mount Allocate hands out."""
+the file-system edge against hostile entries, and the mount Allocate (or Prepare) hands out
+(`WorkloadDirs`)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from akri_trio.agent.brokerinfo import (
     Limits,
     Selection,
     WorkloadDir,
+    WorkloadDirs,
     _disk,
     entry_key,
     field_manager,
@@ -52,7 +54,7 @@ from akri_trio.agent.plugins.service import container_response
 from akri_trio.agent.status import node_entry
 from akri_trio.agent.view import NodeView
 from akri_trio.kube.client import Client
-from akri_trio.model.resources import JSON
+from akri_trio.model.resources import JSON, Instance
 
 LIMITS = Limits(max_files=3, max_file_bytes=8, max_total_bytes=12)
 
@@ -364,15 +366,10 @@ def test_allocate_mounts_a_directory_per_instance_and_says_where(tmp_path: Path)
         view.instance(ObjectKey("ns", "cam-bbbbbb")),
     )
     assert a is not None and b is not None
-    info = BrokerInfo(
-        cast(Client, None),  # Allocate's hook makes directories only; nothing is written
-        view,
-        tmp_path,
-        generation=lambda key: 7 if key == ObjectKey("ns", "cam") else None,
-        current=lambda _: None,
-    )
+    generations = {ObjectKey("ns", "cam"): 7}
+    dirs = WorkloadDirs(tmp_path, generation=generations.get)
     given = {"cam-aaaaaa": ["cam-aaaaaa-1", "cam-aaaaaa-0"], "cam-bbbbbb": ["cam-bbbbbb-1"]}
-    response = container_response([a, b], view, info, given)
+    response = container_response([a, b], view, dirs, given)
     assert {(m.container_path, m.host_path, m.read_only) for m in response.mounts} == {
         ("/akri/broker-info/cam-aaaaaa", str(_one(tmp_path / "ns/cam-aaaaaa")), False),
         ("/akri/broker-info/cam-bbbbbb", str(_one(tmp_path / "ns/cam-bbbbbb")), False),
@@ -389,6 +386,63 @@ def test_allocate_mounts_a_directory_per_instance_and_says_where(tmp_path: Path)
 def _one(path: Path) -> Path:
     (only,) = path.iterdir()
     return only
+
+
+def _instance(view: NodeView, name: str = "cam-aaaaaa") -> Instance:
+    return view.put_instance(
+        {
+            "metadata": {"name": name, "namespace": "ns", "resourceVersion": "1"},
+            "spec": {"configurationName": "cam", "cdiName": "akri.sh/cam=aaaaaa", "capacity": 2},
+        }
+    )
+
+
+def test_workload_dirs_name_a_directory_for_the_lowest_slot_and_the_generation_at_mount(
+    tmp_path: Path,
+) -> None:
+    generations = {ObjectKey("ns", "cam"): 3}
+    dirs = WorkloadDirs(tmp_path / "bi", generation=generations.get)
+    inst = _instance(NodeView("n"))
+    first = dirs.mount(inst, ["cam-aaaaaa-1", "cam-aaaaaa-0"])
+    generations[ObjectKey("ns", "cam")] = 4  # read at each mount, not when built
+    second = dirs.mount(inst, ["cam-aaaaaa-1"])
+    assert first is not None and second is not None
+    made = [parse_dir(Path(m.host_path).name) for m in (first, second)]
+    assert [(d.slot, d.generation) for d in made if d is not None] == [
+        ("cam-aaaaaa-0", 3),
+        ("cam-aaaaaa-1", 4),
+    ]
+    assert Path(first.host_path).parent == tmp_path / "bi" / "ns" / "cam-aaaaaa"
+    assert first.container_path == "/akri/broker-info/cam-aaaaaa"
+    assert dict(first.envs) == {
+        "AKRI_BROKER_INFO": "/akri/broker-info/cam-aaaaaa",
+        "AKRI_BROKER_INFO_AAAAAA": "/akri/broker-info/cam-aaaaaa",
+    }
+
+
+def test_workload_dirs_of_a_configuration_gone_are_generation_0(tmp_path: Path) -> None:
+    dirs = WorkloadDirs(tmp_path, generation=lambda _: None)
+    mount = dirs.mount(_instance(NodeView("n")), ["cam-aaaaaa-0"])
+    assert mount is not None
+    made = parse_dir(Path(mount.host_path).name)
+    assert made is not None and made.generation == 0
+
+
+def test_workload_dirs_mount_nothing_without_a_slot(tmp_path: Path) -> None:
+    dirs = WorkloadDirs(tmp_path / "bi", generation=lambda _: 1)
+    assert dirs.mount(_instance(NodeView("n")), []) is None
+    assert not (tmp_path / "bi").exists()
+
+
+def test_a_directory_workload_dirs_cannot_make_leaves_the_broker_without_one(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / "bi"
+    root.write_text("not a directory")  # a real OSError at mkdir
+    dirs = WorkloadDirs(root, generation=lambda _: 1)
+    assert dirs.mount(_instance(NodeView("n")), ["cam-aaaaaa-0"]) is None
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert said.startswith("no brokerInfo directory for ns/cam-aaaaaa (cam-aaaaaa-0.g1.")
 
 
 def test_without_brokerinfo_allocate_mounts_nothing() -> None:
@@ -538,15 +592,13 @@ def _serving_view(node: str = "n") -> tuple[NodeView, ObjectKey]:
     return view, ObjectKey("ns", "cam-aaaaaa")
 
 
+def _dirs(root: Path) -> WorkloadDirs:
+    return WorkloadDirs(root, generation=lambda key: 1 if key == ObjectKey("ns", "cam") else None)
+
+
 def _offline(view: NodeView, root: Path, current: dict[str, str] | None = None) -> BrokerInfo:
     """A copy loop with no API: a write it tried would raise."""
-    return BrokerInfo(
-        cast(Client, None),
-        view,
-        root,
-        generation=lambda key: 1 if key == ObjectKey("ns", "cam") else None,
-        current=lambda _: current,
-    )
+    return BrokerInfo(cast(Client, None), view, _dirs(root), current=lambda _: current)
 
 
 async def test_a_directory_that_cannot_be_read_is_a_problem_not_a_crash(tmp_path: Path) -> None:
@@ -554,7 +606,7 @@ async def test_a_directory_that_cannot_be_read_is_a_problem_not_a_crash(tmp_path
     info = _offline(view, tmp_path)
     inst = view.instance(key)
     assert inst is not None
-    mount = info.mount(inst, ["cam-aaaaaa-0"])
+    mount = info.dirs.mount(inst, ["cam-aaaaaa-0"])
     assert mount is not None
     # A root broker's chmod 000 of its directory leaves an agent without CAP_DAC_OVERRIDE
     # unable to list it; the same kind of real OSError here: the "directory" is a file.
@@ -573,7 +625,7 @@ async def test_file_system_errors_never_end_the_copy_loop(
     info = _offline(view, tmp_path, current={"n/status": "ok"})  # written before
     inst = view.instance(key)
     assert inst is not None
-    info.mount(inst, ["cam-aaaaaa-0"])
+    info.dirs.mount(inst, ["cam-aaaaaa-0"])
 
     def read_only(*_: object) -> None:
         raise OSError(errno.EROFS, "Read-only file system")

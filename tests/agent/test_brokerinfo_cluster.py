@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from akri_trio.address import ObjectKey
-from akri_trio.agent.brokerinfo import BrokerInfo, Limits, node_entries
+from akri_trio.agent.brokerinfo import BrokerInfo, Limits, WorkloadDirs, node_entries
 from akri_trio.agent.view import NodeView
 from akri_trio.kube.client import PATCH_APPLY, Client
 from akri_trio.kube.errors import ApiError
@@ -84,9 +84,8 @@ class Node:
         self.info = BrokerInfo(
             api,
             self.view,
-            root,
+            WorkloadDirs(root, generation=lambda key: 1 if key == CONFIG else None),
             limits=LIMITS,
-            generation=lambda key: 1 if key == CONFIG else None,
             current=lambda _: self.seen.get("spec", {}).get("brokerInfo"),
             namespace=NS,
         )
@@ -102,7 +101,7 @@ class Node:
     def workload(self, slot: int) -> Path:
         inst = self.view.instance(INST)
         assert inst is not None
-        mount = self.info.mount(inst, [f"{INST.name}-{slot}"])
+        mount = self.info.dirs.mount(inst, [f"{INST.name}-{slot}"])
         assert mount is not None
         return Path(mount.host_path)
 

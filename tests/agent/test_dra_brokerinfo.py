@@ -20,7 +20,7 @@ import trio
 
 from akri_trio import dra
 from akri_trio.address import ObjectKey
-from akri_trio.agent.brokerinfo import BrokerInfo, Limits
+from akri_trio.agent.brokerinfo import BrokerInfo, Limits, WorkloadDirs
 from akri_trio.agent.dra.claim_status import ClaimStatus
 from akri_trio.agent.dra.preparer import ClaimRef, Preparer
 from akri_trio.agent.view import NodeView
@@ -85,27 +85,27 @@ async def node(api: Client, cluster: dict[str, str], short_tmp: Path) -> AsyncIt
         view.put_instance({**unstructure(inst), "metadata": {"name": INSTANCE, "namespace": NS}})
         view.set_devices(ObjectKey(NS, "echo"), {KEY: Device("b")})  # discovered here
         root = short_tmp / "bi"
-        copier = BrokerInfo(
-            sa,
-            view,
-            root,
-            limits=Limits(max_file_bytes=4096, max_total_bytes=16384),
-            generation=lambda _: 1,
-            current=lambda _: None,
-            namespace=NS,
-            held=lambda: preparer.held(),
-            reports=lambda w: status.report(w),
-        )
+        dirs = WorkloadDirs(root, generation=lambda _: 1)
         preparer = Preparer(
             sa,
             view,
             cdi_dir=short_tmp / "cdi",
             state_dir=short_tmp / "state",
             consumable=True,
-            workloads=copier,
+            workloads=dirs,
         )
         preparer.load()
         status = ClaimStatus(sa, NODE, preparer)
+        copier = BrokerInfo(
+            sa,
+            view,
+            dirs,
+            limits=Limits(max_file_bytes=4096, max_total_bytes=16384),
+            current=lambda _: None,
+            namespace=NS,
+            held=preparer.held,
+            reports=status.report,
+        )
         try:
             yield Node(api, preparer, copier, root)
         finally:

@@ -3,9 +3,10 @@
 The agent gives each workload a directory (`--broker-info-dir`), mounts it into the broker's
 container at Allocate, and copies every file in it into the Instance's `spec.brokerInfo` under
 the key `<node>/<file name>`. The rules are in `_rules` (pure), the file system in `_disk`, the
-Allocate hook and the copy loop in `_sync`.
+Allocate (and Prepare) hook in `_mount`, the copy loop in `_sync`.
 """
 
+from akri_trio.agent.brokerinfo._mount import CONTAINER_ROOT, ENV_VAR, WorkloadDirs, WorkloadMount
 from akri_trio.agent.brokerinfo._rules import (
     FileRead,
     Limits,
@@ -18,15 +19,7 @@ from akri_trio.agent.brokerinfo._rules import (
     plan_dirs,
     select,
 )
-from akri_trio.agent.brokerinfo._sync import (
-    CONTAINER_ROOT,
-    DEFAULT_PERIOD_S,
-    ENV_VAR,
-    BrokerInfo,
-    WorkloadMount,
-    WorkloadMounts,
-    WorkloadReports,
-)
+from akri_trio.agent.brokerinfo._sync import DEFAULT_PERIOD_S, BrokerInfo, WorkloadReports
 
 __all__ = [
     "CONTAINER_ROOT",
@@ -37,8 +30,8 @@ __all__ = [
     "Limits",
     "Selection",
     "WorkloadDir",
+    "WorkloadDirs",
     "WorkloadMount",
-    "WorkloadMounts",
     "WorkloadReports",
     "entry_key",
     "field_manager",

@@ -1,24 +1,23 @@
 """brokerInfo's agent side: a directory per workload at Allocate, and one task that copies what
 brokers write there into their Instances.
 
-`mount` runs inside Allocate, after the claim holds: it makes the workload's directory (named
-for the slot it holds and the Configuration's generation) and hands back the mount and env vars
-for the container. `run` is one nursery child: every `period` seconds it lists the directories
-(in a worker thread), ends the workloads whose slots this node no longer holds (the reclaimer
-freed them, the Instance went, the node left it; see `_rules.plan_dirs`), reads what counts,
-and server-side applies this node's part of each Instance's `spec.brokerInfo` where it differs
-from what the watch cache shows (level-triggered: an entry lost in any way is written again,
-and one another writer put under this node's name is removed). Work per pass is bounded by the
-directories that exist and the per-directory limits; what one node writes into one Instance, by
-its per-node budget (`_rules.Limits`). A file-system error is a problem like a skipped file
-(the root directory's: one log line when it changes) and leaves what was written; it never ends
-the loop.
+Allocate (or Prepare) makes each workload's directory through `_mount.WorkloadDirs`, which the
+copy loop is given too. `run` is one nursery child: every `period` seconds it lists the
+directories (in a worker thread), ends the workloads whose slots this node no longer holds (the
+reclaimer freed them, the Instance went, the node left it; see `_rules.plan_dirs`), reads what
+counts, and server-side applies this node's part of each Instance's `spec.brokerInfo` where it
+differs from what the watch cache shows (level-triggered: an entry lost in any way is written
+again, and one another writer put under this node's name is removed). Work per pass is bounded
+by the directories that exist and the per-directory limits; what one node writes into one
+Instance, by its per-node budget (`_rules.Limits`). A file-system error is a problem like a
+skipped file (the root directory's: one log line when it changes) and leaves what was written;
+it never ends the loop.
 
 In DRA mode a workload is a prepared claim (its directory is named for the claim's uid and made
-by the kubelet plugin's Prepare through `mount`): `held` says which claims of each Instance are
-prepared on this node, and `reports` takes every running workload's own files each pass, for
-its claim's `status.devices` (`agent/dra/claim_status.py`), with problems of its own (the
-claim's size limit) reported like the others.
+by the kubelet plugin's Prepare): `held` says which claims of each Instance are prepared on
+this node, and `reports` takes every running workload's own files each pass, for its claim's
+`status.devices` (`agent/dra/claim_status.py`), with problems of its own (the claim's size
+limit) reported like the others.
 
 Files that break a rule are skipped and reported: one log line when the set of problems of an
 Instance changes, and through `problems(configuration)`, which the agent puts in its entry of the
@@ -28,45 +27,26 @@ Configuration's status (a `BrokerInfoValid` condition; turning False records an 
 from __future__ import annotations
 
 import logging
-import secrets
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
-from pathlib import Path
-from typing import Protocol
 
-import attrs
 import httpx
 import trio
 
 from akri_trio.address import ObjectKey
 from akri_trio.agent.brokerinfo import _disk, _rules
+from akri_trio.agent.brokerinfo._mount import WorkloadDirs
 from akri_trio.agent.plugins.claims import held_by
 from akri_trio.agent.view import NodeView, config_key
 from akri_trio.kube.client import Client
 from akri_trio.kube.errors import ApiError, NotFound
-from akri_trio.model.resources import INSTANCES, Instance
+from akri_trio.model.resources import INSTANCES
 from akri_trio.runtime import sleep_to_tick
 
 log = logging.getLogger(__name__)
 
-CONTAINER_ROOT = "/akri/broker-info"
-ENV_VAR = "AKRI_BROKER_INFO"
 DEFAULT_PERIOD_S = 2.0
 # How many problems of one Configuration its status shows (the rest are counted).
 MAX_REPORTED = 10
-
-
-@attrs.frozen
-class WorkloadMount:
-    container_path: str
-    host_path: str
-    envs: Mapping[str, str]
-
-
-class WorkloadMounts(Protocol):
-    """brokerInfo's Allocate (or Prepare) hook: a directory for the workload given `slots` of
-    `inst`."""
-
-    def mount(self, inst: Instance, slots: Sequence[str]) -> WorkloadMount | None: ...
 
 
 # Instance -> slot (a claim uid in DRA mode) -> that running workload's own files.
@@ -81,10 +61,9 @@ class BrokerInfo:
         self,
         api: Client,
         view: NodeView,
-        root: Path,
+        dirs: WorkloadDirs,
         *,
         limits: _rules.Limits = _rules.Limits(),  # noqa: B008  (frozen)
-        generation: Callable[[ObjectKey], int | None],
         current: Callable[[ObjectKey], Mapping[str, str] | None],
         known: Callable[[], Iterable[ObjectKey]] = tuple,
         namespace: str | None = None,
@@ -93,17 +72,17 @@ class BrokerInfo:
         held: Callable[[], Mapping[ObjectKey, Collection[str]]] | None = None,
         reports: WorkloadReports | None = None,
     ) -> None:
-        """`generation(config key)`: its metadata.generation (None: gone). `current(instance
-        key)`: its spec.brokerInfo as the watch cache has it (None: unknown). `known()`: the
-        Instances in that cache. `on_problems`: the problems of that Configuration changed.
-        `held()`: the slots each Instance's running workloads hold on this node (None: this
-        node's deviceUsage claims). `reports`: where running workloads' files go besides."""
+        """`dirs`: the workload directories Allocate (or Prepare) makes, and the Configurations'
+        generations. `current(instance key)`: its spec.brokerInfo as the watch cache has it
+        (None: unknown). `known()`: the Instances in that cache. `on_problems`: the problems of
+        that Configuration changed. `held()`: the slots each Instance's running workloads hold
+        on this node (None: this node's deviceUsage claims). `reports`: where running
+        workloads' files go besides."""
         self.api = api
         self.view = view
         self.node = view.node
-        self.root = root
+        self.dirs = dirs
         self.limits = limits
-        self.generation = generation
         self.current = current
         self.known = known
         self.namespace = namespace
@@ -118,26 +97,6 @@ class BrokerInfo:
         self._problems: dict[ObjectKey, tuple[str, ...]] = {}  # per Instance
         self._root_problem = ""
         self._started = False
-
-    # --- Allocate ------------------------------------------------------------------------------
-
-    def mount(self, inst: Instance, slots: Sequence[str]) -> WorkloadMount | None:
-        """The directory of a workload that was just given `slots` of `inst` (the claim holds).
-        None when it cannot be made: the broker then runs without one (logged)."""
-        if not slots:
-            return None
-        key = inst.metadata.key
-        generation = self.generation(config_key(inst)) or 0
-        workload = _rules.WorkloadDir(min(slots), generation, secrets.token_hex(4))
-        try:
-            path = _disk.make_workload_dir(self.root, key, workload)
-        except OSError as exc:
-            log.warning("no brokerInfo directory for %s (%s): %s", key, workload.name, exc)
-            return None
-        container_path = f"{CONTAINER_ROOT}/{inst.metadata.name}"
-        digest = inst.spec.cdi_name.rpartition("=")[2]
-        envs = {ENV_VAR: container_path, f"{ENV_VAR}_{digest.upper()}": container_path}
-        return WorkloadMount(container_path, str(path), envs)
 
     # --- the copy loop -------------------------------------------------------------------------
 
@@ -170,10 +129,10 @@ class BrokerInfo:
         # removal of what a broker left): a pass is redone whole, never resumed.
         try:
             found = await trio.to_thread.run_sync(
-                _disk.instance_dirs, self.root, self.namespace, abandon_on_cancel=True
+                _disk.instance_dirs, self.dirs.root, self.namespace, abandon_on_cancel=True
             )
         except OSError as exc:
-            self._root_failed(f"cannot list {self.root}: {exc}")
+            self._root_failed(f"cannot list {self.dirs.root}: {exc}")
             return
         self._root_failed("")
         held = None if self.held is None else self.held()
@@ -220,7 +179,7 @@ class BrokerInfo:
             names,
             held=slots,
             serving=inst is not None and self.node in inst.spec.nodes,
-            generation=None if inst is None else self.generation(config_key(inst)),
+            generation=None if inst is None else self.dirs.generation(config_key(inst)),
         )
 
     def _carry_out_and_read(
@@ -233,7 +192,7 @@ class BrokerInfo:
         out: dict[ObjectKey, list[tuple[str, _rules.Selection]]] = {}
         untidy: set[ObjectKey] = set()
         for key, plan in plans.items():
-            path = _disk.instance_dir(self.root, key)
+            path = _disk.instance_dir(self.dirs.root, key)
             try:
                 _disk.carry_out(path, plan)
             except OSError as exc:

@@ -26,7 +26,7 @@ from typing import Any
 import trio
 
 from akri_trio.address import ObjectKey
-from akri_trio.agent.brokerinfo import WorkloadMounts
+from akri_trio.agent.brokerinfo import WorkloadDirs
 from akri_trio.agent.brokerinfo._sync import Workloads
 from akri_trio.agent.dra.claim_status import ClaimStatus
 from akri_trio.agent.dra.plugin import serve_kubelet_plugin
@@ -88,7 +88,7 @@ class DraNode:
         kubelet_root_dir: Path,
         cdi_dir: Path,
         consumable: bool | None = None,
-        workloads: WorkloadMounts | None = None,
+        workloads: WorkloadDirs | None = None,
         grpc: ServerLimits = DEFAULT_LIMITS,
     ) -> None:
         self.api = api

@@ -36,7 +36,7 @@ import httpx
 import trio
 
 from akri_trio.address import ObjectKey
-from akri_trio.agent.brokerinfo import WorkloadMounts
+from akri_trio.agent.brokerinfo import WorkloadDirs
 from akri_trio.agent.dra.plan import usable_devices
 from akri_trio.agent.view import NodeView
 from akri_trio.dra import (
@@ -100,7 +100,7 @@ def write_atomically(path: Path, text: str) -> None:
 
 
 def with_workload(
-    edits: ContainerEdits, workloads: WorkloadMounts, inst: Instance, uid: str
+    edits: ContainerEdits, workloads: WorkloadDirs, inst: Instance, uid: str
 ) -> ContainerEdits:
     """`edits` plus the brokerInfo directory of the workload `uid` (a claim) of `inst`."""
     mount = workloads.mount(inst, (uid,))
@@ -122,7 +122,7 @@ class Preparer:
         cdi_dir: Path,
         state_dir: Path,
         consumable: bool,
-        workloads: WorkloadMounts | None = None,
+        workloads: WorkloadDirs | None = None,
     ) -> None:
         self.api = api
         self.workloads = workloads

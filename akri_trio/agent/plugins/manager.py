@@ -19,7 +19,7 @@ import attrs
 import trio
 
 from akri_trio.address import ObjectKey
-from akri_trio.agent.brokerinfo import WorkloadMounts
+from akri_trio.agent.brokerinfo import WorkloadDirs
 from akri_trio.agent.plugins.claims import Claims
 from akri_trio.agent.plugins.kubelet import KubeletWatch, serve_registered
 from akri_trio.agent.plugins.service import (
@@ -104,7 +104,7 @@ class PluginManager:
         observe: AllocateObserver | None = None,
         on_registered: Callable[[], None] | None = None,
         on_refused: RefusalObserver | None = None,
-        workloads: WorkloadMounts | None = None,
+        workloads: WorkloadDirs | None = None,
         grpc: ServerLimits = DEFAULT_LIMITS,
     ) -> None:
         self.workloads = workloads  # brokerInfo directories, when the agent has them

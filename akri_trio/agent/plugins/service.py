@@ -22,7 +22,7 @@ import purerpc
 import trio
 
 from akri_trio.address import ObjectKey
-from akri_trio.agent.brokerinfo import WorkloadMounts
+from akri_trio.agent.brokerinfo import WorkloadDirs
 from akri_trio.agent.plugins import slots, vdevs
 from akri_trio.agent.plugins.claims import ClaimFailed, Claims, InstanceGone
 from akri_trio.agent.plugins.slots import DeviceView, InstanceSlots
@@ -97,7 +97,7 @@ def within_message_limit(
 def container_response(
     placements: Sequence[Instance],
     view: NodeView,
-    workloads: WorkloadMounts | None = None,
+    workloads: WorkloadDirs | None = None,
     slots: Mapping[str, Sequence[str]] | None = None,
 ) -> dp.ContainerAllocateResponse:
     """Env vars (each broker property as KEY and KEY_<HASH>), mounts and device nodes of the
@@ -143,7 +143,7 @@ class InstanceBehaviour:
         key: ObjectKey,
         view: NodeView,
         claims: Claims,
-        workloads: WorkloadMounts | None = None,
+        workloads: WorkloadDirs | None = None,
     ) -> None:
         self.workloads = workloads
         self.key = key
@@ -192,7 +192,7 @@ class ConfigurationBehaviour:
         view: NodeView,
         claims: Claims,
         members: Callable[[], Sequence[ObjectKey]],
-        workloads: WorkloadMounts | None = None,
+        workloads: WorkloadDirs | None = None,
     ) -> None:
         self.workloads = workloads
         self.namespace = namespace
