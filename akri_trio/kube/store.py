@@ -561,6 +561,9 @@ class Overlay(Generic[V]):
     versions). Versions are compared only for equality: a watch event with another version is
     an older one (so the entry stays), since a version the watch delivered before the answer
     came back is caught by `put` (`since`: the `position` taken before the request was sent).
+    A version the store's decoder refused is delivered too (the watch did bring it), so behind
+    a `keep_last_good` store an entry can end while the store still holds an older version:
+    its reader then sees that one (the agent writes its status entry again, no harm done).
     """
 
     def __init__(self, store: Store[Any], *, memory: int = OVERLAY_MEMORY) -> None:
