@@ -11,6 +11,14 @@ collector is deleting) so our finalizer never holds them up.
 
 Everything is level-triggered and idempotent, so a reconcile cancelled half-way (shutdown, a
 newer event) is simply done again: the queue guarantees one reconcile per key at a time.
+
+Every part of the agent reads Configurations from one typed cache (`configuration_store`),
+decoded once per version. Without the webhook a Configuration can be one the CRD accepts and the
+model cannot read (its `spec` removed): an update like that must not look like a deletion (which
+would stop discovery and delete the Instances of a Configuration someone only broke), so the
+cache keeps the last version that decoded and the agent goes on serving it; one first seen that
+way (no version to keep, e.g. after a restart) is not acted on at all, neither served nor
+cleaned up after; both are logged once per version. Only a deletion stops its discovery.
 """
 
 from __future__ import annotations
@@ -48,8 +56,8 @@ from akri_trio.discovery.registry import OFFLINE_GRACE_S, Registry
 from akri_trio.kube.client import Client
 from akri_trio.kube.errors import ApiError, Conflict, Forbidden, Invalid, NotFound
 from akri_trio.kube.queue import Requeue
-from akri_trio.kube.store import Overlay, Store, Written, by_field
-from akri_trio.model.convert import error_messages, structure
+from akri_trio.kube.store import Overlay, Store, Written, by_field, drop_managed_fields
+from akri_trio.model.convert import structure
 from akri_trio.model.limits import MAX_CAPACITY
 from akri_trio.model.resources import (
     CONFIG_MAPS,
@@ -74,6 +82,18 @@ def _about(namespace: str, instance: str) -> dict[str, str]:
 # The Configuration store's index by name: which Configurations share a kubelet resource name.
 BY_NAME = "name"
 CONFIG_INDEXES = {BY_NAME: by_field(lambda obj: (obj.get("metadata") or {}).get("name"))}
+
+
+def configuration_store() -> Store[Configuration]:
+    """The agent's one cache of Configurations: decoded to the model, indexed by name, and
+    keeping the last version that decoded through an update that does not (module docstring)."""
+    return Store(
+        decode=functools.partial(structure, cls=Configuration),
+        transform=drop_managed_fields,
+        indexes=CONFIG_INDEXES,
+        keep_last_good=True,
+    )
+
 
 RETRY_UNSOLVABLE_S = 30.0
 MAX_DEPART_ATTEMPTS = 5
@@ -129,7 +149,7 @@ class ConfigurationReconciler:
         api: Client,
         view: NodeView,
         registry: Registry,
-        configs: Store,
+        configs: Store[Configuration],
         discovery_nursery: trio.Nursery,
         enqueue: Callable[[ObjectKey], None],
         metrics: AgentMetrics | None = None,
@@ -247,8 +267,10 @@ class ConfigurationReconciler:
 
     async def reconcile(self, key: ObjectKey) -> Requeue | None:
         namespace, name = key.namespace, key.name
-        obj = self.configs.get(key)
-        if obj is None or (obj.get("metadata") or {}).get("deletionTimestamp"):
+        config = self.configs.get(key)
+        if config is None and self.configs.holds(key):
+            return None  # first seen undecodable (logged by the store): not acted on
+        if config is None or config.metadata.deletion_timestamp is not None:
             await self._stop(key)
             await self._leave_all(namespace, name)
             if self.metrics is not None:
@@ -256,21 +278,11 @@ class ConfigurationReconciler:
             self.events.forget(key)
             self.collisions.pop(key, None)
             self.status_written.pop(key)
-            if obj is None:
+            if config is None:
                 # Its name may now belong to a Configuration of another namespace.
                 self.name_refused.pop(key, None)
                 for sibling in tenants.siblings(self._same_name(name), key):
                     self.enqueue(sibling)
-            return None
-        try:
-            config = structure(obj, Configuration)
-        except Exception as exc:  # the CRD schema should prevent this; never crash on it
-            log.error(
-                "Configuration %s is malformed: %s",
-                key,
-                "; ".join(error_messages(exc)),
-                extra=fields(configuration=key),
-            )
             return None
         refused = self._refusal(key, config)
         if refused is not None:
@@ -333,11 +345,18 @@ class ConfigurationReconciler:
             self._count_instances(key, namespace, name)
         return requeue
 
-    def _same_name(self, name: str) -> dict[ObjectKey, JSON]:
+    def _same_name(self, name: str) -> dict[ObjectKey, str | None]:
+        """The Configurations of `name` this node sees, by key, with their creationTimestamps:
+        those that do not decode too (they own their name as if they did)."""
         try:
-            return self.configs.select(BY_NAME, name)
+            same = self.configs.select(BY_NAME, name)
         except KeyError:  # a store built without the index
-            return {k: o for k, o in self.configs.snapshot().items() if k.name == name}
+            same = {k: c for k, c in self.configs.snapshot().items() if k.name == name}
+        created = {k: c.metadata.creation_timestamp for k, c in same.items()}
+        for k, raw in self.configs.refused().items():
+            if k.name == name and k not in created:
+                created[k] = (raw.get("metadata") or {}).get("creationTimestamp")
+        return created
 
     def _refusal(self, key: ObjectKey, config: Configuration) -> tuple[str, str] | None:
         """(reason, message) when this node must serve nothing of `config`."""
@@ -387,9 +406,12 @@ class ConfigurationReconciler:
         shared_limit = trio.Semaphore(SHARED_WRITE_CONCURRENCY)
 
         def current() -> bool:
-            obj = self.configs.get(key)
-            meta = (obj or {}).get("metadata") or {}
-            return obj is not None and meta.get("uid") == uid and not meta.get("deletionTimestamp")
+            config = self.configs.get(key)
+            return (
+                config is not None
+                and config.metadata.uid == uid
+                and config.metadata.deletion_timestamp is None
+            )
 
         async def one(op: instance_plan.Operation) -> None:
             # the shared turn first: a write waiting for it holds none of the general slots

@@ -15,7 +15,7 @@ from typing import Any
 
 from akri_trio.address import ObjectKey
 from akri_trio.kube.events import EventRecorder, ObjectRef
-from akri_trio.model.resources import Instance
+from akri_trio.model.resources import Configuration, Instance
 
 # condition type -> the Event reason when it turns False
 CONDITION_REASONS = {
@@ -69,7 +69,7 @@ class AgentEvents:
         recorder: EventRecorder | None = None,
         node: str = "",
         *,
-        configuration: Callable[[ObjectKey], Mapping[str, Any] | None] = lambda _: None,
+        configuration: Callable[[ObjectKey], Configuration | None] = lambda _: None,
         instance: Callable[[ObjectKey], ObjectRef | None] = lambda _: None,
     ) -> None:
         self.recorder = recorder
@@ -79,9 +79,10 @@ class AgentEvents:
         self._devices: dict[ObjectKey, frozenset[str]] = {}
 
     def _config_ref(self, key: ObjectKey) -> ObjectRef:
-        obj = self._configuration(key)
-        if obj is not None:
-            return ObjectRef.of(obj)
+        config = self._configuration(key)
+        if config is not None:
+            meta = config.metadata
+            return ObjectRef(config.api_version, config.kind, meta.namespace, meta.name, meta.uid)
         return ObjectRef("akri.sh/v0", "Configuration", key.namespace, key.name)
 
     def status_changed(

@@ -40,13 +40,13 @@ import functools
 import logging
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import attrs
 import trio
 
 from akri_trio.agent.brokerinfo import BrokerInfo, WorkloadDirs
-from akri_trio.agent.configurations import CONFIG_INDEXES, ConfigurationReconciler
+from akri_trio.agent.configurations import ConfigurationReconciler, configuration_store
 from akri_trio.agent.events import AgentEvents, instance_ref
 from akri_trio.agent.metrics import AgentMetrics
 from akri_trio.agent.plugins.claims import Claims
@@ -69,11 +69,10 @@ from akri_trio.kube import (
     EventRecorder,
     ObjectKey,
     Store,
-    drop_managed_fields,
     load_config,
     reflect,
 )
-from akri_trio.model.resources import CONFIGURATIONS, INSTANCES, Instance
+from akri_trio.model.resources import CONFIGURATIONS, INSTANCES, Configuration, Instance
 from akri_trio.observe.endpoints import serve_observe
 from akri_trio.observe.lag import LagMonitor
 
@@ -92,7 +91,7 @@ class Agent:
     settings: AgentSettings
     view: NodeView
     registry: Registry
-    configs: Store
+    configs: Store[Configuration]
     instances: Store[Instance]
     plugins: PluginManager
     reclaimer: Reclaimer
@@ -112,10 +111,8 @@ def _broker_info(inst: Instance | None) -> Mapping[str, str] | None:
     return None if inst is None else inst.spec.broker_info
 
 
-def _field(obj: Mapping[str, Any] | None, *path: str) -> Any:
-    for name in path:
-        obj = (obj or {}).get(name)
-    return obj
+def _generation(config: Configuration | None) -> int | None:
+    return None if config is None else config.metadata.generation
 
 
 async def run_agent(
@@ -133,7 +130,7 @@ async def run_agent(
     for handler in embedded_handlers(settings):
         registry.register(embedded(handler))
     metrics = AgentMetrics(handlers=registry, slots=view.instances)
-    configs = Store(transform=drop_managed_fields, indexes=CONFIG_INDEXES)
+    configs = configuration_store()
     instances = view.store  # the one typed cache of Instances, which the view reads
     claims = Claims(api, view)
     recorder = EventRecorder(api, "akri-agent", settings.node)
@@ -152,7 +149,7 @@ async def run_agent(
     if settings.broker_info_dir is not None:
         dirs = WorkloadDirs(
             settings.broker_info_dir,
-            generation=lambda k: _field(configs.get(k), "metadata", "generation"),
+            generation=lambda k: _generation(configs.get(k)),
         )
     watch = KubeletWatch(settings.device_plugin_dir, settings.kubelet_poll_period)
     plugins = PluginManager(

@@ -13,25 +13,20 @@ others) — and the others are refused with a status condition naming the owner.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
 
 from akri_trio.address import ObjectKey
 
 REASON = "NameTaken"
 
 
-def _created(obj: Mapping[str, Any]) -> str:
-    # RFC 3339 in UTC at one-second resolution: ordered as text. Missing (never from an API
-    # server) sorts last.
-    return str((obj.get("metadata") or {}).get("creationTimestamp") or "~")
-
-
-def name_owner(same_name: Mapping[ObjectKey, Mapping[str, Any]]) -> ObjectKey | None:
+def name_owner(same_name: Mapping[ObjectKey, str | None]) -> ObjectKey | None:
     """The Configuration that owns the kubelet names of its name, among `same_name` (every
-    Configuration this node sees with that name, by key)."""
+    Configuration this node sees with that name: key -> its creationTimestamp)."""
     if not same_name:
         return None
-    return min(same_name, key=lambda k: (_created(same_name[k]), k.namespace))
+    # RFC 3339 in UTC at one-second resolution: ordered as text. Missing (never from an API
+    # server) sorts last.
+    return min(same_name, key=lambda k: (same_name[k] or "~", k.namespace))
 
 
 def refusal(key: ObjectKey, owner: ObjectKey) -> str:

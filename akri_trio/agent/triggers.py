@@ -19,8 +19,8 @@ from akri_trio.agent.dra.plan import node_pool_of, owns_slice
 from akri_trio.agent.status import node_entry_of
 from akri_trio.agent.view import NodeView, config_key
 from akri_trio.dra import pool_key
-from akri_trio.kube import JSON, Change, Mapper, ObjectKey, each
-from akri_trio.model.resources import Instance
+from akri_trio.kube import Change, Mapper, ObjectKey, each
+from akri_trio.model.resources import Configuration, Instance
 
 __all__ = [
     "configuration_changed",
@@ -55,20 +55,21 @@ def configuration_changed(node: str) -> Mapper:
     """The Configuration watch's mapper: reconcile on every change but the other nodes' status
     entries (N nodes each writing their own entry would make every agent reconcile N times)."""
 
-    def mapper(change: Change[JSON]) -> Iterable[ObjectKey]:
+    def mapper(change: Change[Configuration]) -> Iterable[ObjectKey]:
         old, new = change.old, change.new
         if old is None or new is None or _but_status(old) != _but_status(new):
             return (change.key,)
-        if node_entry_of(old.get("status"), node) != node_entry_of(new.get("status"), node):
+        if node_entry_of(old.status, node) != node_entry_of(new.status, node):
             return (change.key,)  # ours: e.g. removed by someone else
         return ()
 
     return mapper
 
 
-def _but_status(obj: Mapping[str, Any]) -> dict[str, Any]:
-    meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k != "resourceVersion"}
-    return {**{k: v for k, v in obj.items() if k != "status"}, "metadata": meta}
+def _but_status(config: Configuration) -> Configuration:
+    return attrs.evolve(
+        config, status={}, metadata=attrs.evolve(config.metadata, resource_version="")
+    )
 
 
 def plan_inputs(inst: Instance, node: str) -> Instance:

@@ -149,8 +149,11 @@ def make_caches(*, dra: bool = False) -> Caches:
                 **(INSTANCE_INDEXES if dra else {}),
             },
         ),
+        # An update that does not decode must not look like a deletion (which would take the
+        # Configuration's brokers and Services away): the last version that decoded stays.
         configurations=Store(
             decode=partial(structure, cls=Configuration),
+            keep_last_good=True,
             transform=drop_managed_fields,
             indexes={"label": by_field(name_label), **(CONFIGURATION_INDEXES if dra else {})},
         ),

@@ -26,7 +26,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 from functools import partial
-from typing import Any, Final
+from typing import Final
 
 import httpx
 import trio
@@ -51,6 +51,7 @@ from akri_trio.kube import (
     by_field,
     drop_managed_fields,
 )
+from akri_trio.model.resources import Configuration
 from akri_trio.runtime import run_all
 
 log = logging.getLogger(__name__)
@@ -69,10 +70,11 @@ class PoolWriter:
     watched), one `publish` per reconcile of a pool.
 
     `configurations`: the caller's cache of Configurations, when it holds every Configuration
-    the pools' devices may name; a vanished device whose Configuration is not there cannot come
-    back and leaves at once. None: every vanished device gets its grace. `on_write` is told
-    "apply" or "delete" for each slice write (the controller counts them). `device_taints`:
-    whether the API server keeps device taints (None: ask it, at the first publish)."""
+    the pools' devices may name; a vanished device whose Configuration is gone (not merely
+    refused by the cache's decoder: `Store.holds`) cannot come back and leaves at once. None:
+    every vanished device gets its grace. `on_write` is told "apply" or "delete" for each slice
+    write (the controller counts them). `device_taints`: whether the API server keeps device
+    taints (None: ask it, at the first publish)."""
 
     def __init__(
         self,
@@ -80,7 +82,7 @@ class PoolWriter:
         slices: Store,
         *,
         field_manager: str,
-        configurations: Store[Any] | None = None,
+        configurations: Store[Configuration] | None = None,
         offline_grace: float = OFFLINE_GRACE_S,
         on_write: Callable[[str], None] = lambda verb: None,
         device_taints: bool | None = None,
@@ -118,7 +120,7 @@ class PoolWriter:
         if self.configurations is None:
             return True
         named = configuration_of(device)
-        return named is None or self.configurations.get(ObjectKey(*named)) is not None
+        return named is None or self.configurations.holds(ObjectKey(*named))
 
     async def publish(self, pool: str, wanted: Wanted | None) -> Requeue | None:
         """Make the API hold `pool` as `wanted` (None: nothing but the devices still in their

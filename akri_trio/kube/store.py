@@ -11,10 +11,20 @@ nobody reads `metadata.managedFields`, and it mirrors every field of the object)
 holds only what its readers need, and then through its `decode` (e.g. to the `Instance` model),
 once per version, so every reader of the store reads the same typed object (`Store[Instance]`,
 as kube-rs's reflector store is typed) instead of decoding the JSON again in a cache of its own.
-An object the decoder refuses (the CRD's schema should prevent it) is logged once per uid and
-resourceVersion and left out: for the readers it does not exist until a version that decodes
-arrives. `store.raw` is the same cache read as the JSON that was decoded (what the indexes
-file).
+An object the decoder refuses (the CRD's schema should prevent it, but without the webhook a
+schema-valid object can still be one the model cannot read, e.g. a Configuration whose `spec` was
+removed) is logged once per uid and resourceVersion and then, by the store's choice:
+- by default left out: for the readers it does not exist until a version that decodes arrives
+  (right for Instances: a reader acts on what decodes, and an Instance it cannot read is not
+  one it serves);
+- with `keep_last_good=True`, an update that does not decode leaves the last version that did in
+  the cache, unchanged and with no change notification: a refused update must not look like a
+  deletion to readers that act on one (the agent would stop discovery and delete Instances for a
+  Configuration someone only broke). An object first seen undecodable, or an incarnation (uid)
+  other than the one kept, has nothing to keep and is left out. A deletion still removes it.
+Either way `store.refused()` lists what the watch holds that the decoder refused (its JSON), and
+`store.holds(key)` tells "refused" from "gone". `store.raw` is the same cache read as the JSON
+that was decoded (what the indexes file).
 
 Named indexes (`by_label`, `by_owner`, `by_field`, or any function of an object's JSON to the
 values it is filed under) answer "the objects with this label / owner / field value" with a dict
@@ -228,6 +238,7 @@ class _Cache:
         transform: Transform | None,
         decode: Callable[[JSON], Any] | None,
         indexes: Mapping[str, IndexFunction] | None,
+        keep_last_good: bool,
     ) -> None:
         self.transform = transform
         self.decode = decode
@@ -238,15 +249,20 @@ class _Cache:
         self.changed = Changed()
         self.subscribers: list[KeyChanges[Any]] = []
         self.observers: list[Callable[[Delivery], None]] = []
-        # key -> (uid, resourceVersion) of the last version the decoder refused (logged once)
-        self.refused: dict[ObjectKey, tuple[str, str]] = {}
+        self.keep_last_good = keep_last_good
+        # key -> the latest version the watch delivered that the decoder refused (after the
+        # transform); logged once per uid and resourceVersion. During a relist, `relisted`
+        # collects the listed ones, swapped in at InitDone.
+        self.refused: dict[ObjectKey, JSON] = {}
+        self.relisted: dict[ObjectKey, JSON] = {}
 
 
 class Store(Generic[T]):
     """The cache. Feed it with `apply(event)` (or run `reflect`); read with `get`/`snapshot`,
     or through an index: `Store(indexes={"config": by_field(f)})`, `store.select("config", k)`.
     `Store(decode=f)` holds what `f` makes of each object (`Store[Instance]`); without a
-    decoder, the JSON itself.
+    decoder, the JSON itself. `keep_last_good=True`: an update the decoder refuses leaves the
+    last version that decoded in place (see the module's docstring).
     """
 
     _cache: _Cache
@@ -267,6 +283,7 @@ class Store(Generic[T]):
         decode: Callable[[JSON], T],
         transform: Transform | None = None,
         indexes: Mapping[str, IndexFunction] | None = None,
+        keep_last_good: bool = False,
     ) -> None: ...
 
     def __init__(
@@ -275,8 +292,9 @@ class Store(Generic[T]):
         decode: Callable[[JSON], T] | None = None,
         transform: Transform | None = None,
         indexes: Mapping[str, IndexFunction] | None = None,
+        keep_last_good: bool = False,
     ) -> None:
-        self._cache = _Cache(transform, decode, indexes)
+        self._cache = _Cache(transform, decode, indexes, keep_last_good)
         self._pick = _value
 
     @property
@@ -299,23 +317,40 @@ class Store(Generic[T]):
         raw = obj if cache.transform is None else cache.transform(obj)
         return _Entry(raw, raw if cache.decode is None else cache.decode(raw))
 
-    def _incoming(self, key: ObjectKey, obj: JSON) -> _Entry | None:
-        """The entry for `obj`, or None (logged once per version) when it does not decode."""
+    def _incoming(
+        self, key: ObjectKey, obj: JSON, held: _Entry | None, refused: dict[ObjectKey, JSON]
+    ) -> _Entry | None:
+        """The entry to hold for `obj` now that `held` is held under `key`: `obj` decoded, or
+        when it does not decode (logged once per version, and recorded in `refused`) `held`
+        if the store keeps the last good version of this incarnation, else None."""
+        cache = self._cache
+        raw = obj  # what is recorded if the transform itself fails
         try:
-            entry = self._entry(obj)
+            raw = obj if cache.transform is None else cache.transform(obj)
+            entry = _Entry(raw, raw if cache.decode is None else cache.decode(raw))
         except Exception as exc:  # the CRD schema should prevent this; never crash on it
-            meta = _meta(obj)
-            seen = (str(meta.get("uid") or ""), str(meta.get("resourceVersion") or ""))
-            if self._cache.refused.get(key) != seen:
-                self._cache.refused[key] = seen
+            kept = None
+            if cache.keep_last_good and held is not None and _same(held.raw, raw):
+                kept = held
+            if _version(cache.refused.get(key)) != _version(raw):  # news: say it once
+                if kept is None:
+                    outcome = "left out of the cache"
+                else:
+                    outcome = (
+                        "keeping the last version that decoded (resourceVersion "
+                        f"{_meta(kept.raw).get('resourceVersion') or '?'})"
+                    )
                 log.error(
-                    "%s %s is malformed; left out of the cache: %s",
+                    "%s %s (resourceVersion %s) is malformed; %s: %s",
                     obj.get("kind") or "object",
                     key,
+                    _meta(raw).get("resourceVersion") or "?",
+                    outcome,
                     "; ".join(error_messages(exc)),
                 )
-            return None
-        self._cache.refused.pop(key, None)
+            refused[key] = raw
+            return kept
+        refused.pop(key, None)
         return entry
 
     def _replace(self, key: ObjectKey, new: _Entry | None) -> _Entry | None:
@@ -340,12 +375,13 @@ class Store(Generic[T]):
         match event:
             case Init():
                 cache.buffer = {}  # a second Init (relist restarted) drops the partial one
+                cache.relisted = {}
                 return
             case InitApply(obj):
                 if cache.buffer is None:
                     raise WatchProtocolError("InitApply without Init")
                 key = ObjectKey.of(obj)
-                entry = self._incoming(key, obj)
+                entry = self._incoming(key, obj, cache.entries.get(key), cache.relisted)
                 if entry is not None:
                     cache.buffer[key] = entry
                 return
@@ -354,6 +390,8 @@ class Store(Generic[T]):
                     raise WatchProtocolError("InitDone without Init")
                 old, new = cache.entries, cache.buffer
                 cache.entries, cache.buffer = new, None
+                # what was refused and is not listed any more is gone
+                cache.refused, cache.relisted = cache.relisted, {}
                 for index in cache.indexes.values():
                     index.rebuild(new)
                 changed = {
@@ -361,8 +399,6 @@ class Store(Generic[T]):
                     for k in old.keys() | new.keys()
                     if _differ(old.get(k), new.get(k))
                 }
-                for key in changed.keys() - new.keys():
-                    cache.refused.pop(key, None)
                 deliveries = [
                     Delivery.of(k, new[k].raw, relist=True)
                     if k in new
@@ -372,7 +408,12 @@ class Store(Generic[T]):
                 cache.synced.set()
             case Apply(obj):
                 key = ObjectKey.of(obj)
-                changed = {key: self._replace(key, self._incoming(key, obj))}
+                held = cache.entries.get(key)
+                entry = self._incoming(key, obj, held, cache.refused)
+                if entry is not None and entry is held:
+                    changed = {}  # the last good version kept: no change
+                else:
+                    changed = {key: self._replace(key, entry)}
                 deliveries = [Delivery.of(key, obj)]
             case Delete(obj):
                 key = ObjectKey.of(obj)
@@ -400,6 +441,17 @@ class Store(Generic[T]):
     def get(self, key: ObjectKey) -> T | None:
         entry = self._cache.entries.get(key)
         return None if entry is None else self._pick(entry)
+
+    def holds(self, key: ObjectKey) -> bool:
+        """Whether the watch holds an object under `key`, whether or not it decoded: False
+        only once it is gone (or was never there)."""
+        return key in self._cache.entries or key in self._cache.refused
+
+    def refused(self) -> dict[ObjectKey, JSON]:
+        """The objects whose latest version the decoder refused, by key, as JSON (after the
+        transform; a point-in-time copy). With `keep_last_good`, `get` answers the last
+        version that decoded for those that had one."""
+        return dict(self._cache.refused)
 
     def snapshot(self) -> dict[ObjectKey, T]:
         """A point-in-time copy of key -> object; later events do not change it."""
@@ -453,6 +505,19 @@ class Store(Generic[T]):
         self._cache.observers.append(observer)
 
 
+def _version(raw: JSON | None) -> tuple[str, str] | None:
+    """(uid, resourceVersion): which version of which incarnation `raw` is."""
+    if raw is None:
+        return None
+    meta = _meta(raw)
+    return str(meta.get("uid") or ""), str(meta.get("resourceVersion") or "")
+
+
+def _same(a: JSON, b: JSON) -> bool:
+    """Whether `a` and `b` are versions of one incarnation (the same uid)."""
+    return _meta(a).get("uid") == _meta(b).get("uid")
+
+
 def _differ(a: _Entry | None, b: _Entry | None) -> bool:
     if a is None or b is None:
         return a is not b
@@ -496,6 +561,9 @@ class Overlay(Generic[V]):
     versions). Versions are compared only for equality: a watch event with another version is
     an older one (so the entry stays), since a version the watch delivered before the answer
     came back is caught by `put` (`since`: the `position` taken before the request was sent).
+    A version the store's decoder refused is delivered too (the watch did bring it), so behind
+    a `keep_last_good` store an entry can end while the store still holds an older version:
+    its reader then sees that one (the agent writes its status entry again, no harm done).
     """
 
     def __init__(self, store: Store[Any], *, memory: int = OVERLAY_MEMORY) -> None:

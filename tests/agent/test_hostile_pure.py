@@ -201,21 +201,17 @@ async def test_list_and_watch_never_sends_more_than_the_kubelet_accepts() -> Non
 # --- 5: tenants sharing a name -----------------------------------------------------------------
 
 
-def _meta(created: str | None) -> dict[str, Any]:
-    return {"metadata": {"creationTimestamp": created} if created else {}}
-
-
 def test_the_oldest_configuration_owns_its_name_then_the_first_namespace() -> None:
     a, b, c = ObjectKey("a", "cam"), ObjectKey("b", "cam"), ObjectKey("c", "cam")
-    same = {
-        b: _meta("2026-01-01T00:00:00Z"),
-        c: _meta("2025-12-31T23:59:59Z"),
-        a: _meta("2026-01-01T00:00:00Z"),
+    same: dict[ObjectKey, str | None] = {
+        b: "2026-01-01T00:00:00Z",
+        c: "2025-12-31T23:59:59Z",
+        a: "2026-01-01T00:00:00Z",
     }
     assert tenants.name_owner(same) == c
     del same[c]
     assert tenants.name_owner(same) == a  # same second: namespace order
-    assert tenants.name_owner({b: _meta(None), a: _meta("2030-01-01T00:00:00Z")}) == a
+    assert tenants.name_owner({b: None, a: "2030-01-01T00:00:00Z"}) == a
     assert tenants.name_owner({}) is None
     assert tenants.siblings([a, b, ObjectKey("a", "other")], a) == [b]
 

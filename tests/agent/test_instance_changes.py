@@ -12,6 +12,8 @@ from akri_trio.agent.triggers import configuration_changed, instance_changed
 from akri_trio.agent.view import NodeView
 from akri_trio.kube.store import Change
 from akri_trio.kube.watch import Apply, Delete
+from akri_trio.model.convert import structure
+from akri_trio.model.resources import Configuration
 
 KEY = ObjectKey("ns", "cam-1")
 CONFIG = ObjectKey("ns", "cam")
@@ -68,12 +70,17 @@ def test_this_nodes_own_membership_changing_reconciles_the_configuration() -> No
     assert watch(view, Apply(inst(3, nodes=("m",)))) == [CONFIG]
 
 
-def config(rv: int, *, capacity: int = 2, status: list[dict[str, Any]] | None = None) -> Any:
-    return {
-        "metadata": {"name": "cam", "namespace": "ns", "resourceVersion": str(rv)},
-        "spec": {"capacity": capacity},
-        "status": {"nodes": status or []},
-    }
+def config(
+    rv: int, *, capacity: int = 2, status: list[dict[str, Any]] | None = None
+) -> Configuration:
+    return structure(
+        {
+            "metadata": {"name": "cam", "namespace": "ns", "resourceVersion": str(rv)},
+            "spec": {"discoveryHandler": {"name": "debugEcho"}, "capacity": capacity},
+            "status": {"nodes": status or []},
+        },
+        Configuration,
+    )
 
 
 def test_another_nodes_status_entry_reconciles_nothing() -> None:

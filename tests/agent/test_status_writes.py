@@ -9,12 +9,11 @@ import contextlib
 import httpx
 import trio
 
-from akri_trio.agent.configurations import ConfigurationReconciler
+from akri_trio.agent.configurations import ConfigurationReconciler, configuration_store
 from akri_trio.agent.view import NodeView
 from akri_trio.discovery.registry import Registry
 from akri_trio.kube.client import Client
 from akri_trio.kube.errors import NotFound
-from akri_trio.kube.store import Store
 from akri_trio.kube.watch import Apply
 from akri_trio.model.convert import structure
 from akri_trio.model.resources import CONFIGURATIONS, Configuration
@@ -50,7 +49,7 @@ async def test_an_entry_already_written_is_not_written_again_while_the_watch_lag
     )
     try:
         async with trio.open_nursery() as nursery:
-            configs = Store()  # the watch: fed by hand below, to be as far behind as wanted
+            configs = configuration_store()  # the watch: fed by hand below, as far behind as wanted
             reconciler = ConfigurationReconciler(
                 api, NodeView(NODE), Registry(trio.current_time), configs, nursery, print
             )

@@ -372,3 +372,29 @@ async def test_a_refused_broker_is_a_warning_with_the_api_servers_message(api: C
             assert event["message"].startswith("could not create broker Pod cfg-aaaaaa-pod: ")
             assert "exceeded quota" in event["message"]
             assert not await brokers(api, ns)
+
+
+async def test_a_configuration_update_that_does_not_decode_keeps_brokers_and_services(
+    api: Client,
+) -> None:
+    """Without the webhook, an update the CRD's schema accepts but the model cannot read (no
+    `spec`) is not taken for a deletion: the brokers and Services stay as the last version that
+    decoded says, until the Configuration is really deleted."""
+    async with namespace(api, "ctl-refused") as ns, fake_nodes(api, 1) as (node,):
+        config = await _create_config(api, broker_config("cfg", ns, pod=pod_spec(nowhere=True)))
+        await make_instance(api, config, "cfg-aaaaaa", [node])
+        broker = f"{node}-cfg-aaaaaa-pod"
+        async with controller(api, ns):
+            (pod,) = await until_api(lambda: _wait_names(api, ns, {broker}), what="the broker")
+            await set_pod_phase(api, pod, "Running")
+            services = {"cfg-aaaaaa-svc", "cfg-svc"}
+            await until_api(lambda: _services_are(api, ns, services), what="both Services")
+
+            await api.merge_patch(CONFIGURATIONS, "cfg", {"spec": None}, namespace=ns)
+            await trio.sleep(3)  # what the controller would have done by now, it did not
+            assert _names(await brokers(api, ns)) == {broker}
+            assert (await brokers(api, ns))[0]["metadata"]["uid"] == pod["metadata"]["uid"]
+            assert await service_names(api, ns) == services
+
+            await api.delete(CONFIGURATIONS, "cfg", namespace=ns)
+            await until_api(lambda: _services_are(api, ns, set()), what="the Services gone")

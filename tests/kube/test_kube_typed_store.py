@@ -1,6 +1,7 @@
 """A typed store (`Store[Instance]`): each version decoded once on the way in, a malformed
-object logged once per uid and resourceVersion and left out, the JSON still there for readers
-not on the model (`store.raw`); and the Overlay of our own writes, which compares
+object logged once per uid and resourceVersion and left out (or, with `keep_last_good`, an update
+that does not decode leaving the last version that did), the JSON still there for readers not on
+the model (`store.raw`); and the Overlay of our own writes, which compares
 resourceVersions only for equality. Also a check of the product's source: no resourceVersion
 is turned into a number anywhere."""
 
@@ -87,6 +88,7 @@ def test_a_malformed_object_is_left_out_and_logged_once_per_version(
     with caplog.at_level(logging.ERROR, logger="akri_trio.kube.store"):
         store.apply(Apply(thing(2, "five")))
         assert store.get(KEY) is None and store.raw.get(KEY) is None
+        assert store.holds(KEY) and list(store.refused()) == [KEY]  # refused, not gone
         assert store.keys_for("size", 5) == frozenset()
         for event in (Init(), InitApply(thing(2, "five")), InitDone()):  # relisted: same version
             store.apply(event)
@@ -96,6 +98,119 @@ def test_a_malformed_object_is_left_out_and_logged_once_per_version(
         assert len(caplog.records) == 2
     store.apply(Apply(thing(4, 6)))
     assert store.get(KEY) == Thing("a", 6, "4")
+
+
+# --- keep_last_good: an update that does not decode is not a deletion ----------------------------
+
+
+def keeping() -> Store[Thing]:
+    return Store(decode=decode_thing, transform=drop_managed_fields, keep_last_good=True)
+
+
+def relist(store: Store[Thing], *objects: dict[str, Any]) -> None:
+    events: list[WatchEvent] = [Init(), *(InitApply(o) for o in objects), InitDone()]
+    for event in events:
+        store.apply(event)
+
+
+async def test_keep_last_good_keeps_the_last_version_that_decoded_logged_once_no_change(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = keeping()
+    store.apply(Apply(thing(1, 5)))
+    with store.subscribe() as changes, caplog.at_level(logging.ERROR, "akri_trio.kube.store"):
+        store.apply(Apply(thing(2, "five")))
+        assert store.get(KEY) == Thing("a", 5, "1")
+        assert store.holds(KEY)
+        assert store.refused()[KEY]["metadata"]["resourceVersion"] == "2"
+        relist(store, thing(2, "five"))  # the same version again: kept, not logged again
+        assert store.get(KEY) == Thing("a", 5, "1")
+        assert len(caplog.records) == 1
+        assert "ns/a (resourceVersion 2) is malformed" in caplog.text
+        assert "keeping the last version that decoded (resourceVersion 1)" in caplog.text
+        store.apply(Apply(thing(1, 7, name="b")))
+        assert (await changes.next_change()).key == ObjectKey("ns", "b")  # nothing for KEY
+        store.apply(Apply(thing(3, "six")))  # a new version is news
+        assert len(caplog.records) == 2
+    store.apply(Apply(thing(4, 6)))
+    assert store.get(KEY) == Thing("a", 6, "4")
+    assert store.refused() == {}
+
+
+def test_keep_last_good_leaves_out_what_it_first_sees_undecodable(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = keeping()
+    with caplog.at_level(logging.ERROR, logger="akri_trio.kube.store"):
+        store.apply(Apply(thing(1, "five")))
+        relist(store, thing(1, "five"))
+    assert store.get(KEY) is None and store.holds(KEY)  # refused, not gone
+    assert len(caplog.records) == 1 and "left out of the cache" in caplog.text
+    store.apply(Apply(thing(2, 5)))
+    assert store.get(KEY) == Thing("a", 5, "2") and store.refused() == {}
+
+
+def test_keep_last_good_keeps_nothing_of_another_incarnation() -> None:
+    store = keeping()
+    store.apply(Apply(thing(1, 5)))
+    store.apply(Apply(thing(2, "five", uid="u2")))  # a new object under the same name
+    assert store.get(KEY) is None and store.holds(KEY)
+    store.apply(Apply(thing(3, 5)))
+    relist(store, thing(4, "five", uid="u2"))  # deleted and created again while away
+    assert store.get(KEY) is None and store.holds(KEY)
+
+
+def test_keep_last_good_still_removes_what_is_deleted() -> None:
+    store = keeping()
+    store.apply(Apply(thing(1, 5)))
+    store.apply(Apply(thing(2, "five")))
+    store.apply(Delete(thing(3, "five")))
+    assert store.get(KEY) is None and not store.holds(KEY) and store.refused() == {}
+    store.apply(Apply(thing(4, 5)))
+    store.apply(Apply(thing(5, "five")))
+    relist(store)  # deleted while the watch was away
+    assert store.get(KEY) is None and not store.holds(KEY) and store.refused() == {}
+
+
+@given(
+    st.lists(
+        st.sampled_from(["good", "bad", "delete", "recreate-bad", "relist", "relist-empty"]),
+        max_size=12,
+    )
+)
+def test_keep_last_good_holds_the_last_good_version_of_the_live_incarnation(
+    history: list[str],
+) -> None:
+    """Whatever the watch brings, the store holds the newest version of the object that exists
+    now which decoded (None: none did, or it is gone), and `holds` is whether it exists."""
+    store = keeping()
+    live: dict[str, Any] | None = None  # what the API server has now
+    good: Thing | None = None  # its newest version that decoded
+    for rv, step in enumerate(history):
+        uid = (live or {}).get("metadata", {}).get("uid", f"u{rv}")
+        match step:
+            case "good" | "bad":
+                live = thing(rv, 5 if step == "good" else "five", uid=uid)
+                good = Thing("a", 5, str(rv)) if step == "good" else good
+                store.apply(Apply(live))
+            case "recreate-bad":
+                if live is not None:
+                    store.apply(Delete(live))
+                live, good = thing(rv, "five", uid=f"u{rv}"), None
+                store.apply(Apply(live))
+            case "delete":
+                if live is not None:
+                    store.apply(Delete(live))
+                live, good = None, None
+            case "relist":
+                relist(store, *([live] if live else []))
+            case "relist-empty":
+                relist(store)
+                live, good = None, None
+        assert store.get(KEY) == good
+        assert store.holds(KEY) == (live is not None)
+    raw = store.raw.get(KEY)
+    assert (raw is None) == (good is None)
 
 
 async def test_subscribers_of_the_typed_and_the_raw_view_hear_the_same_keys() -> None:

@@ -21,7 +21,6 @@ import logging
 import os
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Any
 
 import trio
 
@@ -36,7 +35,7 @@ from akri_trio.agent.view import NodeView
 from akri_trio.dra import DRIVER
 from akri_trio.dra.edge import probe_consumable_capacity
 from akri_trio.kube import Client, Store
-from akri_trio.model.resources import Instance
+from akri_trio.model.resources import Configuration, Instance
 from akri_trio.rpc.uds import DEFAULT_LIMITS, ServerLimits
 
 log = logging.getLogger(__name__)
@@ -83,7 +82,7 @@ class DraNode:
         view: NodeView,
         instances: Store[Instance],
         *,
-        configurations: Store[Any] | None = None,
+        configurations: Store[Configuration] | None = None,
         namespace: str | None,
         kubelet_root_dir: Path,
         cdi_dir: Path,

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any, Final
+from typing import Final
 
 import trio
 
@@ -46,7 +46,7 @@ from akri_trio.dra import (
 )
 from akri_trio.dra.edge import PoolWriter, slice_store
 from akri_trio.kube import Client, Controller, Requeue, Store, reflect
-from akri_trio.model.resources import Instance
+from akri_trio.model.resources import Configuration, Instance
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class NodePoolReconciler:
         *,
         namespace: str | None,
         consumable: bool,
-        configurations: Store[Any] | None = None,
+        configurations: Store[Configuration] | None = None,
         offline_grace: float = OFFLINE_GRACE_S,
     ) -> None:
         """`instances`: the node view's typed store (`agent.view.instance_store`: its decoder clamps
