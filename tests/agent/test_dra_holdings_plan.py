@@ -31,8 +31,8 @@ def prepared(*devices: tuple[str, str, bool]) -> PreparedClaim:
         "ns",
         "claim",
         tuple(
-            PreparedDevice(("r",), pool, device, (f"akri.sh/claim=u-{i}",), "s1" if shared else None)
-            for i, (pool, device, shared) in enumerate(devices)
+            PreparedDevice(("r",), pool, device, (f"cdi-{i}",), "s1" if consumable else None)
+            for i, (pool, device, consumable) in enumerate(devices)
         ),
         "spec.json",
     )
