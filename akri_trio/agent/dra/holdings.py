@@ -18,7 +18,9 @@ checkpoint:
 The node lock (agent/dra/node.py) is held while the checkpoint is read and served: a DRA-mode
 agent still on the node (a rolling update's old Pod) is waited for, and this agent's device
 plugins with it. On a node where no DRA-mode agent ever ran (no plugin directory) only what an
-earlier run recorded and no checkpoint holds is freed, and nothing DRA is imported.
+earlier run recorded and no checkpoint holds is freed, and nothing DRA is imported. A DRA-mode
+agent frees its node's records when it starts (`record_claims` with nothing prepared): there
+the scheduler counts the claims, and a record would only keep its slot out of the pool.
 """
 
 from __future__ import annotations
@@ -121,35 +123,42 @@ class DraHoldings:
             log.info("the last claim prepared in DRA mode is unprepared: DRA plugin stopped")
 
     async def record(self, prepared: Mapping[str, PreparedClaim]) -> None:
-        """Make every Instance record exactly the slots `prepared` holds (retried until the
-        writes hold: the device plugins must not start before)."""
-        plan = wanted(prepared, self.view.instances(), self.view.node)
-        for key, want in sorted(plan.items()):
-            await self._record_one(key, want)
+        await record_claims(self.claims, self.view, prepared)
 
-    async def _record_one(self, key: ObjectKey, want: Want) -> None:
-        node = self.view.node
 
-        def decide(inst: Instance) -> dict[str, str]:
-            return record(inst.spec.device_usage, key.name, inst.spec.capacity, node, want)
+async def record_claims(
+    claims: Claims, view: NodeView, prepared: Mapping[str, PreparedClaim]
+) -> None:
+    """Make every Instance record exactly the slots `prepared` holds on this node (retried
+    until the writes hold: the device plugins must not start before). A DRA-mode agent calls
+    it with nothing prepared: the scheduler counts the claims there, and a record left from a
+    run in device-plugin mode would only keep its slot out of the pool."""
+    plan = wanted(prepared, view.instances(), view.node)
+    for key, want in sorted(plan.items()):
+        await _record_one(claims, view.node, key, want)
 
-        backoff = Backoff()
-        attempt = 0
-        while True:
-            try:
-                inst = await self.claims.update_instance(key, decide)
-            except InstanceGone:
-                return
-            except ClaimFailed as exc:
-                log.warning("recording DRA claims' slots of %s: %s (will retry)", key, exc)
-                await trio.sleep(backoff.delay(attempt))
-                attempt += 1
-                continue
-            if missing := unrecorded(inst.spec.device_usage, key.name, node, want):
-                log.warning(
-                    "%s: %d slot(s) of claims prepared in DRA mode found no free slot to "
-                    "record (held by another node since the switch)",
-                    key,
-                    missing,
-                )
+
+async def _record_one(claims: Claims, node: str, key: ObjectKey, want: Want) -> None:
+    def decide(inst: Instance) -> dict[str, str]:
+        return record(inst.spec.device_usage, key.name, inst.spec.capacity, node, want)
+
+    backoff = Backoff()
+    attempt = 0
+    while True:
+        try:
+            inst = await claims.update_instance(key, decide)
+        except InstanceGone:
             return
+        except ClaimFailed as exc:
+            log.warning("recording DRA claims' slots of %s: %s (will retry)", key, exc)
+            await trio.sleep(backoff.delay(attempt))
+            attempt += 1
+            continue
+        if missing := unrecorded(inst.spec.device_usage, key.name, node, want):
+            log.warning(
+                "%s: %d slot(s) of claims prepared in DRA mode found no free slot to "
+                "record (held by another node since the switch)",
+                key,
+                missing,
+            )
+        return

@@ -3,6 +3,7 @@
 DraNode.run                  (ready() once the kubelet registered the plugin: the agent's /readyz)
 ├── node lock                one agent at a time serves driver akri.sh on a node
 ├── probe: does the API server take consumable capacity? (dra.edge, a server-side dry run)
+├── free the D:<claim>:<node> slots a device-plugin-mode run recorded (agent/dra/holdings.py)
 ├── NodePoolReconciler       Instances -> this node's ResourceSlices (re-published when wiped)
 │   ├── watch of this node's slices
 │   └── pool queue           the shared runner, keyed by pool
@@ -29,9 +30,11 @@ from akri_trio.address import ObjectKey
 from akri_trio.agent.brokerinfo import WorkloadMounts
 from akri_trio.agent.brokerinfo._sync import Workloads
 from akri_trio.agent.dra.claim_status import ClaimStatus
+from akri_trio.agent.dra.holdings import record_claims
 from akri_trio.agent.dra.plugin import serve_kubelet_plugin
 from akri_trio.agent.dra.pool_reconciler import NodePoolReconciler
 from akri_trio.agent.dra.preparer import Preparer
+from akri_trio.agent.plugins.claims import Claims
 from akri_trio.agent.view import NodeView
 from akri_trio.dra import DRIVER
 from akri_trio.dra.edge import probe_consumable_capacity
@@ -163,6 +166,8 @@ class DraNode:
             workloads=self.workloads,
         )
         self.preparer.load()
+        # What a device-plugin-mode run recorded of this node's claims: the scheduler counts them.
+        await record_claims(Claims(self.api, self.view), self.view, {})
         self.claim_status = ClaimStatus(self.api, self.view.node, self.preparer)
         async with trio.open_nursery() as nursery:
             await nursery.start(self.pools.run)
