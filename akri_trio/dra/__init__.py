@@ -23,6 +23,7 @@ from akri_trio.dra.claims import (
     NotAllocated,
     UnusableDevice,
     WrongClaim,
+    consumed_slots,
     our_results,
     resolve,
 )
@@ -132,6 +133,7 @@ __all__ = [
     "claim_spec",
     "configuration_of",
     "configuration_selector",
+    "consumed_slots",
     "container_edits",
     "device_attributes",
     "device_class",

@@ -30,6 +30,7 @@ class PreparedDevice:
     device: str
     cdi_ids: tuple[str, ...]
     share_id: str | None = None
+    slots: int = 1  # what it consumed of a consumable device (a checkpoint without it: 1)
 
 
 @attrs.frozen
@@ -56,6 +57,7 @@ def _device(data: Mapping[str, Any]) -> PreparedDevice:
         str(data["device"]),
         tuple(str(i) for i in data["cdi_ids"]),
         None if data.get("share_id") is None else str(data["share_id"]),
+        int(data.get("slots", 1)),
     )
 
 

@@ -17,7 +17,8 @@ from typing import Any
 
 import attrs
 
-from akri_trio.dra.devices import DeviceRef
+from akri_trio.dra.attributes import qualified
+from akri_trio.dra.devices import SLOTS, DeviceRef
 from akri_trio.dra.names import DRIVER
 
 
@@ -50,6 +51,15 @@ class Allocated:
     pool: str
     device: str
     share_id: str | None = None  # set for a device allocated with allowMultipleAllocations
+    slots: int = 1  # of a consumable device's capacity, what the allocation consumed
+
+
+def consumed_slots(result: Mapping[str, Any]) -> int:
+    """The slots an allocation result consumed of a consumable device: its `consumedCapacity`
+    of `akri.sh/slots` (a whole number as we publish it: default 1, minimum 1), 1 for a slot
+    device or a value we cannot read."""
+    value = str((result.get("consumedCapacity") or {}).get(qualified(SLOTS), "1"))
+    return int(value) if value.isdigit() and 0 < len(value) <= 9 and int(value) > 0 else 1
 
 
 def our_results(claim: Mapping[str, Any]) -> list[Allocated]:
@@ -67,6 +77,7 @@ def our_results(claim: Mapping[str, Any]) -> list[Allocated]:
             str(r.get("pool", "")),
             str(r.get("device", "")),
             str(r["shareID"]) if r.get("shareID") else None,
+            consumed_slots(r),
         )
         for i, r in enumerate(results)
         if r.get("driver") == DRIVER

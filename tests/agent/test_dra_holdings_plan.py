@@ -43,7 +43,7 @@ def test_a_dra_claim_value_round_trips() -> None:
     assert format_usage(DraClaim("uid-1", "node-a")) == "D:uid-1:node-a"
 
 
-def test_wanted_maps_slot_and_consumable_devices_to_their_instances() -> None:
+def test_wanted_maps_slot_and_consumable_devices_to_their_instances_and_slots() -> None:
     local = instance(NAME, nodes=("n1",))
     shared = instance("cam-def456", nodes=("n1", "n2"), shared=True)
     claims = {
@@ -55,6 +55,9 @@ def test_wanted_maps_slot_and_consumable_devices_to_their_instances() -> None:
         ObjectKey("ns", NAME): {"u1": 1},
         ObjectKey("ns", "cam-def456"): {"u2": 1},
     }
+    (device,) = claims["u2"].devices
+    claims["u2"] = attrs.evolve(claims["u2"], devices=(attrs.evolve(device, slots=2),))
+    assert wanted(claims, [shared], "n1") == {ObjectKey("ns", "cam-def456"): {"u2": 2}}
 
 
 def test_wanted_lists_an_instance_that_records_a_claim_no_longer_prepared() -> None:

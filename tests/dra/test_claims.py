@@ -1,4 +1,5 @@
-"""Which devices of a claim are ours, and refusing the ones this node cannot stand behind."""
+"""Which devices of a claim are ours (with the slots each consumed of a consumable device), and
+refusing the ones this node cannot stand behind."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from akri_trio.dra import (
     NotAllocated,
     UnusableDevice,
     WrongClaim,
+    consumed_slots,
     our_results,
     resolve,
 )
@@ -67,3 +69,17 @@ def test_a_claim_of_another_namespace_is_refused_the_device() -> None:
     of_shared["metadata"]["namespace"] = "other"
     with pytest.raises(UnusableDevice, match="belongs to namespace 'ns'"):
         resolve(of_shared, UID, shared)
+
+
+@pytest.mark.parametrize(
+    ("consumed", "slots"),
+    [(None, 1), ({"akri.sh/slots": "2"}, 2), ({"akri.sh/slots": "500m"}, 1), ({"x": "3"}, 1)],
+)
+def test_consumed_slots_read_the_allocation_or_one(
+    consumed: dict[str, str] | None, slots: int
+) -> None:
+    result: dict[str, Any] = {**_result("cam-abc123"), "shareID": "s"}
+    if consumed is not None:
+        result["consumedCapacity"] = consumed
+    assert consumed_slots(result) == slots
+    assert our_results(_claim(result))[0].slots == slots

@@ -11,8 +11,8 @@ by the slot reclaimer (which frees `<node>` and `C:...:<node>` only).
 
 - A prepared device stands for an Instance by name: a slot device `<instance>-<i>` (no share
   id) or the one consumable-capacity device `<instance>` (a share id), in this node's pool of
-  the Instance's namespace or in the shared Instance's own pool (`dra.names`). Each holds one
-  slot, as a device-plugin request of one does (`PreparedDevice` records no capacity share).
+  the Instance's namespace or in the shared Instance's own pool (`dra.names`). A slot device
+  holds one slot, a consumable device as many as its allocation consumed (`slots`).
 - The slots recorded are a count, not the DRA slot device's own index: the lowest free ones.
   A claim keeps the slots it was given; a claim gone gives them back. Only as many as are free
   within capacity can be recorded (`unrecorded` counts the rest, for the log: after a switch
@@ -80,7 +80,7 @@ def wanted(
             key = owners.get((d.pool, d.device, d.share_id is not None))
             if key is not None:
                 per = out.setdefault(key, {})
-                per[uid] = per.get(uid, 0) + 1
+                per[uid] = per.get(uid, 0) + d.slots
     return out
 
 

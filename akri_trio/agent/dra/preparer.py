@@ -262,7 +262,12 @@ class Preparer:
         write_atomically(self.cdi_dir / spec_file, json.dumps(cdi_spec(ref.uid, edits), indent=1))
         devices = tuple(
             PreparedDevice(
-                (a.request,), a.pool, a.device, (cdi_device_id(ref.uid, a.index),), a.share_id
+                (a.request,),
+                a.pool,
+                a.device,
+                (cdi_device_id(ref.uid, a.index),),
+                a.share_id,
+                a.slots,
             )
             for a, _ in resolved
         )
