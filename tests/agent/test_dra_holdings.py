@@ -3,7 +3,9 @@ against the real API server, its kubelet plugin served on sockets no kubelet wat
 a checkpointed claim holds are recorded as `D:<claim>:<node>` before `run` reports started
 (so before the device plugins start), the plugin refuses a new claim and unprepares a
 checkpointed one, whose records are then freed and the plugin's sockets removed. A node where
-DRA mode never ran frees records no checkpoint holds and serves nothing."""
+DRA mode never ran frees records no checkpoint holds and serves nothing. A DRA-mode agent still
+running (holding the node lock) keeps its claims, without holding the start up, until it
+stops."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import grpc
 import trio
 
 from akri_trio.agent.dra.holdings import DraHoldings
+from akri_trio.agent.dra.node import LOCK_FILE, node_lock
 from akri_trio.agent.dra.plugin import plugin_socket, registration_socket
 from akri_trio.agent.dra.preparer import CHECKPOINT_FILE, NO_NEW_CLAIMS
 from akri_trio.agent.plugins.claims import Claims
@@ -73,22 +76,28 @@ def claims_msg(ns: str, *uids: str) -> list[v1.Claim]:
     return [v1.Claim(namespace=ns, uid=uid, name=f"c-{uid}") for uid in uids]
 
 
+async def left_claim(api: Client, ns: str, tmp: Path) -> tuple[Path, Path, DraHoldings]:
+    """An Instance whose slot 0 another node holds, and a checkpoint with claim u1 prepared
+    on its slot device 2: the kubelet root, the CDI directory, the holdings."""
+    await api.create(INSTANCES, instance_body(ns, {f"{NAME}-0": "other-node"}), namespace=ns)
+    root = tmp / "kubelet"
+    state = root / "plugins" / DRIVER
+    state.mkdir(parents=True)
+    device = PreparedDevice(("r",), node_pool(NODE, ns), f"{NAME}-2", ("cdi",))
+    claim = PreparedClaim(ns, "c-u1", (device,), "u1.json")
+    (state / CHECKPOINT_FILE).write_text(encode({"u1": claim}))
+    cdi = tmp / "cdi"
+    cdi.mkdir()
+    (cdi / "u1.json").write_text("{}")
+    view = await view_of(api, ns)
+    return root, cdi, DraHoldings(view, Claims(api, view), kubelet_root_dir=root, cdi_dir=cdi)
+
+
 async def test_left_claims_are_recorded_refused_new_and_freed_when_unprepared(
     api: Client, short_tmp: Path
 ) -> None:
     async with namespace(api, "holdings") as ns:
-        await api.create(INSTANCES, instance_body(ns, {f"{NAME}-0": "other-node"}), namespace=ns)
-        root = short_tmp / "kubelet"
-        state = root / "plugins" / DRIVER
-        state.mkdir(parents=True)
-        device = PreparedDevice(("r",), node_pool(NODE, ns), f"{NAME}-2", ("cdi",))
-        claim = PreparedClaim(ns, "c-u1", (device,), "u1.json")
-        (state / CHECKPOINT_FILE).write_text(encode({"u1": claim}))
-        cdi = short_tmp / "cdi"
-        cdi.mkdir()
-        (cdi / "u1.json").write_text("{}")
-        view = await view_of(api, ns)
-        holdings = DraHoldings(view, Claims(api, view), kubelet_root_dir=root, cdi_dir=cdi)
+        root, cdi, holdings = await left_claim(api, ns, short_tmp)
         async with trio.open_nursery() as nursery:
             await nursery.start(holdings.run)
             # Recorded before `run` reported started: the lowest free slot, not slot 2.
@@ -138,4 +147,33 @@ async def test_a_node_without_dra_state_frees_left_records_and_serves_nothing(
             await nursery.start(holdings.run)
             assert await usage(api, ns) == {f"{NAME}-1": "D:x:other-node"}
             assert not registration_socket(root).exists()
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_dra_mode_agent_still_running_keeps_its_claims_till_it_stops(
+    api: Client, short_tmp: Path
+) -> None:
+    async with namespace(api, "holdings") as ns:
+        root, _, holdings = await left_claim(api, ns, short_tmp)
+        stopped = trio.Event()
+
+        async def dra_agent(*, task_status: trio.TaskStatus[None]) -> None:
+            async with node_lock(root / "plugins" / DRIVER / LOCK_FILE):
+                task_status.started()
+                await stopped.wait()
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(dra_agent)
+            await nursery.start(holdings.run)  # at once: the device plugins are not held up
+            assert await usage(api, ns) == {f"{NAME}-0": "other-node"}
+            assert not registration_socket(root).exists()
+            stopped.set()
+
+            async def recorded() -> bool:
+                return await usage(api, ns) == {
+                    f"{NAME}-0": "other-node",
+                    f"{NAME}-1": f"D:u1:{NODE}",
+                }
+
+            await until_api(recorded, 30, "the claim taken over", poll=0.2)
             nursery.cancel_scope.cancel()

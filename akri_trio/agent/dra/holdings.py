@@ -15,12 +15,14 @@ checkpoint:
 3. with the checkpoint empty, the plugin stops (its sockets go, the kubelet unregisters it
    and wipes the node's slices 30 s later).
 
-The node lock (agent/dra/node.py) is held while the checkpoint is read and served: a DRA-mode
-agent still on the node (a rolling update's old Pod) is waited for, and this agent's device
-plugins with it. On a node where no DRA-mode agent ever ran (no plugin directory) only what an
-earlier run recorded and no checkpoint holds is freed, and nothing DRA is imported. A DRA-mode
-agent frees its node's records when it starts (`record_claims` with nothing prepared): there
-the scheduler counts the claims, and a record would only keep its slot out of the pool.
+The node lock (agent/dra/node.py) is held while the checkpoint is read and served. A DRA-mode agent
+still on the node (two agents on one node: a DaemonSet's rolling update deletes the old Pod before
+it makes the new one) keeps its claims: the device plugins start at once, and its claims are taken
+over (recorded, served) when it stops and frees the lock. On a node where no DRA-mode agent ever
+ran (no plugin directory) only what an earlier run recorded and no checkpoint holds is freed, and
+nothing DRA is imported. A DRA-mode agent frees its node's records when it starts (`record_claims`
+with nothing prepared): there the scheduler counts the claims, and a record would only keep its
+slot out of the pool.
 """
 
 from __future__ import annotations
@@ -85,7 +87,22 @@ class DraHoldings:
         from akri_trio.agent.dra.plugin import serve_kubelet_plugin
         from akri_trio.agent.dra.preparer import Preparer
 
-        async with node_lock(state_dir / LOCK_FILE):
+        started = False
+
+        def start() -> None:
+            nonlocal started
+            if not started:
+                started = True
+                task_status.started()
+
+        def held_elsewhere() -> None:
+            log.warning(
+                "a DRA-mode agent runs on this node: the device plugins start now, and the "
+                "claims it prepared are taken over when it stops"
+            )
+            start()
+
+        async with node_lock(state_dir / LOCK_FILE, on_wait=held_elsewhere):
             preparer = Preparer(
                 self.claims.api,
                 self.view,
@@ -97,7 +114,7 @@ class DraHoldings:
             preparer.load()
             self.prepared = preparer.prepared
             await self.record(self.prepared)
-            task_status.started()
+            start()
             if not self.prepared:
                 return
             log.info(

@@ -20,7 +20,7 @@ import fcntl
 import functools
 import logging
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,8 +50,9 @@ LOCK_POLL_S = 1.0
 
 
 @contextlib.asynccontextmanager
-async def node_lock(path: Path) -> AsyncIterator[None]:
-    """Hold an exclusive lock on `path` (waiting for it, polled) until the block exits.
+async def node_lock(path: Path, on_wait: Callable[[], None] | None = None) -> AsyncIterator[None]:
+    """Hold an exclusive lock on `path` (waiting for it, polled) until the block exits;
+    `on_wait` is called once if it has to wait.
 
     The kubelet knows one plugin per driver and socket path, and the checkpoint has one
     writer: one agent per node serves DRA. A second agent in DRA mode on the node (a rolling
@@ -71,6 +72,8 @@ async def node_lock(path: Path) -> AsyncIterator[None]:
                 if not waiting:
                     log.warning("another agent serves DRA on this node (%s held); waiting", path)
                     waiting = True
+                    if on_wait is not None:
+                        on_wait()
                 await trio.sleep(LOCK_POLL_S)
         if waiting:
             log.info("took over DRA on this node (%s)", path)
