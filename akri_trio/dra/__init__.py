@@ -24,6 +24,7 @@ from akri_trio.dra.claims import (
     UnusableDevice,
     WrongClaim,
     consumed_slots,
+    counted_on_node,
     our_results,
     resolve,
 )
@@ -135,6 +136,7 @@ __all__ = [
     "configuration_selector",
     "consumed_slots",
     "container_edits",
+    "counted_on_node",
     "device_attributes",
     "device_class",
     "device_class_name",

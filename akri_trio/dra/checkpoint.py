@@ -39,6 +39,9 @@ class PreparedClaim:
     name: str
     devices: tuple[PreparedDevice, ...]
     spec_file: str  # the CDI spec's file name in the CDI directory
+    # Made for a Pod's `akri.sh/<instance>` extended resource (`claims.counted_on_node`); a
+    # checkpoint without it: False.
+    counted: bool = False
 
 
 def encode(claims: Mapping[str, PreparedClaim]) -> str:
@@ -72,6 +75,7 @@ def decode(text: str) -> dict[str, PreparedClaim]:
                 str(c["name"]),
                 tuple(_device(d) for d in c["devices"]),
                 str(c["spec_file"]),
+                c.get("counted") is True,
             )
             for uid, c in data["claims"].items()
         }

@@ -13,13 +13,13 @@ class or pool of its own choosing) from a namespace's devices, their properties 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 import attrs
 
 from akri_trio.dra.attributes import qualified
 from akri_trio.dra.devices import SLOTS, DeviceRef
-from akri_trio.dra.names import DRIVER
+from akri_trio.dra.names import DRIVER, INSTANCE_CLASS_DOMAIN
 
 
 class ClaimError(Exception):
@@ -116,3 +116,18 @@ def resolve(
             )
         out.append((result, ref))
     return out
+
+
+EXTENDED_RESOURCE_CLAIM: Final = "resource.kubernetes.io/extended-resource-claim"
+
+
+def counted_on_node(claim: Mapping[str, Any]) -> bool:
+    """Whether the scheduler made `claim` for a Pod's extended resource (its annotation) and
+    every request is of an Instance's class (`akri.sh/<instance>`): in device-plugin mode the
+    scheduler counts such a Pod's request against the node's `akri.sh/<instance>`."""
+    annotations = (claim.get("metadata") or {}).get("annotations") or {}
+    if annotations.get(EXTENDED_RESOURCE_CLAIM) != "true":
+        return False
+    requests = ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []
+    classes = [str((r.get("exactly") or {}).get("deviceClassName", "")) for r in requests]
+    return bool(classes) and all(c.endswith(f".{INSTANCE_CLASS_DOMAIN}") for c in classes)

@@ -5,12 +5,19 @@ kept exactly as many as the claims hold, within capacity, touching nobody else's
 from __future__ import annotations
 
 import attrs
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from akri_trio.address import ObjectKey
 from akri_trio.agent.dra.holdings_plan import record, unrecorded, wanted
-from akri_trio.agent.plugins.slots import claim, held_slots, instance_devices
+from akri_trio.agent.plugins.slots import (
+    SlotTaken,
+    claim,
+    held_slots,
+    instance_devices,
+    unclaimable,
+)
 from akri_trio.agent.reclaimer import held_devices
 from akri_trio.agent.view import NodeView
 from akri_trio.dra import node_pool, shared_pool
@@ -41,6 +48,20 @@ def prepared(*devices: tuple[str, str, bool]) -> PreparedClaim:
 def test_a_dra_claim_value_round_trips() -> None:
     assert parse_usage("D:uid-1:node-a") == DraClaim("uid-1", "node-a")
     assert format_usage(DraClaim("uid-1", "node-a")) == "D:uid-1:node-a"
+    assert parse_usage("DX:uid-1:node-a") == DraClaim("uid-1", "node-a", counted=True)
+    assert format_usage(DraClaim("uid-1", "node-a", counted=True)) == "DX:uid-1:node-a"
+
+
+def test_a_counted_slot_is_healthy_to_its_node_but_never_claimed_nor_preferred() -> None:
+    usage = record({}, NAME, 2, "n1", {"u1": 1}, counted={"u1"})
+    assert usage == {f"{NAME}-0": "DX:u1:n1"}
+    assert [d.healthy for d in instance_devices(NAME, 2, usage, "n1")] == [True, True]
+    assert [d.healthy for d in instance_devices(NAME, 2, usage, "n2")] == [False, True]
+    assert unclaimable(NAME, usage, [f"{NAME}-0", f"{NAME}-1"]) == [f"{NAME}-0"]
+    with pytest.raises(SlotTaken):
+        claim(usage, [f"{NAME}-0"], "n1", instance=NAME, capacity=2)
+    # A claim found counted later (or no longer) has its records rewritten, not added to.
+    assert record(usage, NAME, 2, "n1", {"u1": 1}) == {f"{NAME}-0": "D:u1:n1"}
 
 
 def test_wanted_maps_slot_and_consumable_devices_to_their_instances_and_slots() -> None:
@@ -96,39 +117,43 @@ def test_recording_stops_at_capacity_and_says_how_many_are_missing() -> None:
 
 usages = st.dictionaries(
     st.integers(0, 5).map(lambda i: f"{NAME}-{i}"),
-    st.sampled_from(["n1", "n2", "C:cam-0:n1", "D:u1:n1", "D:u2:n1", "D:u1:n2", "other"]),
+    st.sampled_from(
+        ["n1", "n2", "C:cam-0:n1", "D:u1:n1", "DX:u2:n1", "D:u2:n1", "D:u1:n2", "other"]
+    ),
     max_size=6,
 )
 wants = st.dictionaries(st.sampled_from(["u1", "u2", "u3"]), st.integers(0, 3), max_size=3)
+counteds = st.sets(st.sampled_from(["u1", "u2", "u3"]))
 
 
-@given(usage=usages, want=wants, capacity=st.integers(0, 6))
+@given(usage=usages, want=wants, capacity=st.integers(0, 6), counted=counteds)
 def test_record_keeps_others_and_capacity_and_converges(
-    usage: dict[str, str], want: dict[str, int], capacity: int
+    usage: dict[str, str], want: dict[str, int], capacity: int, counted: set[str]
 ) -> None:
-    new = record(usage, NAME, capacity, "n1", want)
+    new = record(usage, NAME, capacity, "n1", want, counted)
     ours = {k for k, v in new.items() if isinstance(parse_usage(v), DraClaim) and v.endswith(":n1")}
     # Nobody else's entry changes.
     assert {k: v for k, v in new.items() if k not in ours} == {
-        k: v for k, v in usage.items() if not (v.startswith("D:") and v.endswith(":n1"))
+        k: v for k, v in usage.items() if not (v.startswith(("D:", "DX:")) and v.endswith(":n1"))
     }
     # Each claim records at most what it holds, and all of it when there is room.
     for uid, n in want.items():
-        assert sum(1 for k in ours if new[k] == f"D:{uid}:n1") <= n
+        prefix = "DX" if uid in counted else "D"
+        assert sum(1 for k in ours if new[k] == f"{prefix}:{uid}:n1") <= n
     assert all(new[k].split(":")[1] in want for k in ours)
     before = len(held_slots(NAME, usage))
     assert len(held_slots(NAME, new)) <= max(capacity, before)
     if len(held_slots(NAME, new)) < capacity:
         assert unrecorded(new, NAME, "n1", want) == 0
     # Recording again changes nothing.
-    assert record(new, NAME, capacity, "n1", want) == new
+    assert record(new, NAME, capacity, "n1", want, counted) == new
 
 
-@given(usage=usages, want=wants)
+@given(usage=usages, want=wants, counted=counteds)
 def test_no_device_plugin_claim_takes_a_recorded_slot(
-    usage: dict[str, str], want: dict[str, int]
+    usage: dict[str, str], want: dict[str, int], counted: set[str]
 ) -> None:
-    new = record(usage, NAME, 6, "n1", want)
+    new = record(usage, NAME, 6, "n1", want, counted)
     for slot, value in new.items():
         if value.startswith("D:"):
             for node in ("n1", "n2"):

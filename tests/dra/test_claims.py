@@ -14,6 +14,7 @@ from akri_trio.dra import (
     UnusableDevice,
     WrongClaim,
     consumed_slots,
+    counted_on_node,
     our_results,
     resolve,
 )
@@ -83,3 +84,17 @@ def test_consumed_slots_read_the_allocation_or_one(
         result["consumedCapacity"] = consumed
     assert consumed_slots(result) == slots
     assert our_results(_claim(result))[0].slots == slots
+
+
+def _extended(*classes: str, annotated: bool = True) -> dict[str, Any]:
+    annotations = {"resource.kubernetes.io/extended-resource-claim": "true"} if annotated else {}
+    requests = [{"name": f"r{i}", "exactly": {"deviceClassName": c}} for i, c in enumerate(classes)]
+    return {"metadata": {"annotations": annotations}, "spec": {"devices": {"requests": requests}}}
+
+
+def test_a_claim_for_an_instances_extended_resource_is_counted_on_the_node() -> None:
+    assert counted_on_node(_extended("cam-abc123.ns.instance.akri.sh"))
+    assert not counted_on_node(_extended("cam.ns.akri.sh"))  # akri.sh/<configuration>
+    assert not counted_on_node(_extended("cam-abc123.ns.instance.akri.sh", "cam.ns.akri.sh"))
+    assert not counted_on_node(_extended("cam-abc123.ns.instance.akri.sh", annotated=False))
+    assert not counted_on_node(_extended())

@@ -7,8 +7,10 @@ checkpoint:
 
 1. before the device plugins start (the agent starts them once `run` has started), each
    prepared claim's share of an Instance is recorded in its `deviceUsage` as this node's
-   `D:<claim uid>:<node>` slots (`holdings_plan`): this node's plugins show them unhealthy,
-   every other node's plugins held, the slot reclaimer leaves them;
+   `D:<claim uid>:<node>` slots (`holdings_plan`): this node's plugins show them unhealthy
+   (those of a claim made for a Pod's `akri.sh/<instance>`, `DX:`, healthy to its instance
+   plugin: the scheduler counts that Pod's request), every other node's plugins held, no
+   Allocate takes them and the slot reclaimer leaves them;
 2. while the checkpoint holds a claim, the kubelet plugin is served (registration and
    NodeUnprepareResources; NodePrepareResources of a new claim is refused with a message
    saying why), and each unprepare frees its records;
@@ -151,13 +153,17 @@ async def record_claims(
     it with nothing prepared: the scheduler counts the claims there, and a record left from a
     run in device-plugin mode would only keep its slot out of the pool."""
     plan = wanted(prepared, view.instances(), view.node)
+    counted = {uid for uid, claim in prepared.items() if claim.counted}
     for key, want in sorted(plan.items()):
-        await _record_one(claims, view.node, key, want)
+        await _record_one(claims, view.node, key, want, counted)
 
 
-async def _record_one(claims: Claims, node: str, key: ObjectKey, want: Want) -> None:
+async def _record_one(
+    claims: Claims, node: str, key: ObjectKey, want: Want, counted: set[str]
+) -> None:
     def decide(inst: Instance) -> dict[str, str]:
-        return record(inst.spec.device_usage, key.name, inst.spec.capacity, node, want)
+        usage = inst.spec.device_usage
+        return record(usage, key.name, inst.spec.capacity, node, want, counted)
 
     backoff = Backoff()
     attempt = 0

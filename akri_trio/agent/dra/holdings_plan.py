@@ -17,11 +17,15 @@ by the slot reclaimer (which frees `<node>` and `C:...:<node>` only).
   A claim keeps the slots it was given; a claim gone gives them back. Only as many as are free
   within capacity can be recorded (`unrecorded` counts the rest, for the log: after a switch
   every holder the scheduler allowed fits).
+- A claim the scheduler made for a Pod's `akri.sh/<instance>` (`PreparedClaim.counted`) is
+  recorded `DX:<claim uid>:<node>`: the scheduler counts that Pod's request against the node's
+  allocatable, so this node's instance plugin shows the slot healthy (shown unhealthy, it
+  would be counted twice and keep a slot from use), and still no claim may take it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
 from akri_trio.address import ObjectKey
 from akri_trio.agent.plugins.slots import claimable_slots, slot_index
@@ -55,7 +59,7 @@ def _recorded(usage: Mapping[str, str], instance: str, node: str) -> dict[str, s
     out = {}
     for key, value in usage.items():
         match parse_usage(value):
-            case DraClaim(claim, holder) if (
+            case DraClaim(claim, holder, _) if (
                 holder == node and slot_index(instance, key) is not None
             ):
                 out[key] = claim
@@ -85,16 +89,23 @@ def wanted(
 
 
 def record(
-    usage: Mapping[str, str], instance: str, capacity: int, node: str, want: Want
+    usage: Mapping[str, str],
+    instance: str,
+    capacity: int,
+    node: str,
+    want: Want,
+    counted: Collection[str] = (),
 ) -> dict[str, str]:
     """The deviceUsage with `node`'s DRA claim records made `want`, as far as the free slots
-    within capacity allow; everything else as it was. Never mutates `usage`."""
+    within capacity allow, those of the `counted` claims as such; everything else as it was.
+    Never mutates `usage`."""
     new = dict(usage)
     kept: dict[str, int] = {}
     recorded = _recorded(usage, instance, node)
     for slot in sorted(recorded, key=lambda s: slot_index(instance, s) or 0):
         uid = recorded[slot]
-        if kept.get(uid, 0) < want.get(uid, 0):
+        value = format_usage(DraClaim(uid, node, uid in counted))
+        if usage[slot] == value and kept.get(uid, 0) < want.get(uid, 0):
             kept[uid] = kept.get(uid, 0) + 1
         else:
             del new[slot]
@@ -103,7 +114,7 @@ def record(
         if missing <= 0:
             continue
         for slot in claimable_slots(instance, capacity, new)[:missing]:
-            new[slot] = format_usage(DraClaim(uid, node))
+            new[slot] = format_usage(DraClaim(uid, node, uid in counted))
     return new
 
 

@@ -48,6 +48,7 @@ from akri_trio.dra import (
     ClaimError,
     cdi_device_id,
     cdi_spec,
+    counted_on_node,
     resolve,
     spec_file_name,
 )
@@ -271,7 +272,9 @@ class Preparer:
             )
             for a, _ in resolved
         )
-        prepared = PreparedClaim(ref.namespace, ref.name, devices, spec_file)
+        prepared = PreparedClaim(
+            ref.namespace, ref.name, devices, spec_file, counted=counted_on_node(claim)
+        )
         self._save({**self.prepared, ref.uid: prepared})
         log.info(
             "prepared claim %s/%s: %s",
