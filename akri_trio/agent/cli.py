@@ -269,13 +269,15 @@ def _parse(argv: list[str], env: Mapping[str, str]) -> tuple[AgentSettings, argp
         "--kubelet-root-dir",
         type=Path,
         default=Path("/var/lib/kubelet"),
-        help="DRA: the kubelet's root directory (plugins_registry/ and plugins/akri.sh/ in it)",
+        help="DRA: the kubelet's root directory (plugins_registry/ and plugins/akri.sh/ in it; "
+        "in device-plugin mode, where the claims DRA mode left are found)",
     )
     p.add_argument(
         "--cdi-dir",
         type=Path,
         default=Path("/var/run/cdi"),
-        help="DRA: where the container runtime reads CDI specs (one is written per claim)",
+        help="DRA: where the container runtime reads CDI specs (one is written per claim; in "
+        "device-plugin mode, those of the claims DRA mode left are removed with them)",
     )
     p.add_argument(
         "--reclaim-period",

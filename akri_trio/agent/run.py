@@ -13,10 +13,13 @@
     ├── configuration queue       Configuration key  discovery -> Instances + status
     ├── slot reclaimer            PodResources -> free the slots no container holds (in DRA
     │                             mode the ones Pods of device plugins hold after a switch)
+    ├── DRA claims left           claims prepared in DRA mode before a switch back: their slots
+    │                             recorded in deviceUsage, their unprepare served, till they
+    │                             end (agent/dra/holdings.py); the plugins start after it
     ├── kubelet watch             a kubelet restart -> the plugins register again
     ├── plugin manager            per Instance a device plugin: socket, ListAndWatch streams,
     │                             registration with the kubelet
-    │   in DRA mode (`--allocation dra`) instead of the two above:
+    │   in DRA mode (`--allocation dra`) instead of the three above:
     └── DRA node                  the node pool reconciler (Instances -> ResourceSlices, a queue
                                   keyed by pool) and the kubelet DRA plugin (agent/dra/node.py)
 
@@ -47,6 +50,7 @@ import trio
 
 from akri_trio.agent.brokerinfo import BrokerInfo, WorkloadDirs
 from akri_trio.agent.configurations import ConfigurationReconciler, configuration_store
+from akri_trio.agent.dra.holdings import DraHoldings
 from akri_trio.agent.events import AgentEvents, instance_ref
 from akri_trio.agent.metrics import AgentMetrics
 from akri_trio.agent.plugins.claims import Claims
@@ -297,6 +301,14 @@ async def run_agent(
         if dra is not None:
             await root.start(dra.run, name="DRA node")
         else:
+            holdings = DraHoldings(
+                view,
+                claims,
+                kubelet_root_dir=settings.kubelet_root_dir,
+                cdi_dir=settings.cdi_dir,
+                grpc=settings.grpc,
+            )
+            await root.start(holdings.run, name="DRA claims left")
             await root.start(watch.run, name="kubelet watch")
             await root.start(plugins.run, name="plugin manager")
         if broker_info is not None:  # in DRA mode its workloads are the claims prepared above

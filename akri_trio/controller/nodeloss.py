@@ -143,11 +143,16 @@ def served_nodes(
 
 
 def held_slots(usage: Mapping[str, str], node: str) -> dict[str, str]:
-    """The deviceUsage entries held by `node`, at instance or configuration level."""
+    """The deviceUsage entries held by `node`: at instance or configuration level, or by a DRA
+    claim prepared there."""
     held = {}
     for slot, value in usage.items():
         match naming.parse_usage(value):
-            case naming.NodeClaim(holder) | naming.ConfigClaim(_, holder) if holder == node:
+            case (
+                naming.NodeClaim(holder)
+                | naming.ConfigClaim(_, holder)
+                | naming.DraClaim(_, holder)
+            ) if holder == node:
                 held[slot] = value
     return held
 

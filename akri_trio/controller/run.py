@@ -40,7 +40,7 @@ import attrs
 import trio
 
 from akri_trio.controller.dra.plan import class_selector, slice_selector
-from akri_trio.controller.dra.reconcilers import DraCaches, DraReconcilers
+from akri_trio.controller.dra.reconcilers import DraCaches, DraReconcilers, remove_leftovers
 from akri_trio.controller.leader_elector import ClientLeaseApi, LeaderElector
 from akri_trio.controller.metrics import ControllerMetrics
 from akri_trio.controller.reconcilers import (
@@ -87,6 +87,8 @@ from akri_trio.observe.endpoints import serve_observe
 __all__ = ["ControllerSettings", "RunningController", "reconcile_while_leading", "run_controller"]
 
 log = logging.getLogger(__name__)
+
+LEFTOVERS_S = 30.0  # the bound on deleting what DRA mode left, as a leadership starts
 
 
 @attrs.define
@@ -197,6 +199,9 @@ async def reconcile_while_leading(
     }
     if dra is not None:
         controllers.update(_dra_controllers(settings, caches, dra, watches))
+    if not dra_mode:  # what DRA mode left would let the scheduler allocate through DRA
+        with trio.move_on_after(LEFTOVERS_S):
+            await remove_leftovers(api, ns)
     try:
         async with trio.open_nursery() as nursery:
             for res, store, selector in watches:

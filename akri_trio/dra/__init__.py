@@ -23,6 +23,8 @@ from akri_trio.dra.claims import (
     NotAllocated,
     UnusableDevice,
     WrongClaim,
+    consumed_slots,
+    counted_on_node,
     our_results,
     resolve,
 )
@@ -132,7 +134,9 @@ __all__ = [
     "claim_spec",
     "configuration_of",
     "configuration_selector",
+    "consumed_slots",
     "container_edits",
+    "counted_on_node",
     "device_attributes",
     "device_class",
     "device_class_name",

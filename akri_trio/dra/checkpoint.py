@@ -30,6 +30,7 @@ class PreparedDevice:
     device: str
     cdi_ids: tuple[str, ...]
     share_id: str | None = None
+    slots: int = 1  # what it consumed of a consumable device (a checkpoint without it: 1)
 
 
 @attrs.frozen
@@ -38,6 +39,9 @@ class PreparedClaim:
     name: str
     devices: tuple[PreparedDevice, ...]
     spec_file: str  # the CDI spec's file name in the CDI directory
+    # Made for a Pod's `akri.sh/<instance>` extended resource (`claims.counted_on_node`); a
+    # checkpoint without it: False.
+    counted: bool = False
 
 
 def encode(claims: Mapping[str, PreparedClaim]) -> str:
@@ -56,6 +60,7 @@ def _device(data: Mapping[str, Any]) -> PreparedDevice:
         str(data["device"]),
         tuple(str(i) for i in data["cdi_ids"]),
         None if data.get("share_id") is None else str(data["share_id"]),
+        int(data.get("slots", 1)),
     )
 
 
@@ -70,6 +75,7 @@ def decode(text: str) -> dict[str, PreparedClaim]:
                 str(c["name"]),
                 tuple(_device(d) for d in c["devices"]),
                 str(c["spec_file"]),
+                c.get("counted") is True,
             )
             for uid, c in data["claims"].items()
         }

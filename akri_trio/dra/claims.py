@@ -13,12 +13,13 @@ class or pool of its own choosing) from a namespace's devices, their properties 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 import attrs
 
-from akri_trio.dra.devices import DeviceRef
-from akri_trio.dra.names import DRIVER
+from akri_trio.dra.attributes import qualified
+from akri_trio.dra.devices import SLOTS, DeviceRef
+from akri_trio.dra.names import DRIVER, INSTANCE_CLASS_DOMAIN
 
 
 class ClaimError(Exception):
@@ -50,6 +51,15 @@ class Allocated:
     pool: str
     device: str
     share_id: str | None = None  # set for a device allocated with allowMultipleAllocations
+    slots: int = 1  # of a consumable device's capacity, what the allocation consumed
+
+
+def consumed_slots(result: Mapping[str, Any]) -> int:
+    """The slots an allocation result consumed of a consumable device: its `consumedCapacity`
+    of `akri.sh/slots` (a whole number as we publish it: default 1, minimum 1), 1 for a slot
+    device or a value we cannot read."""
+    value = str((result.get("consumedCapacity") or {}).get(qualified(SLOTS), "1"))
+    return int(value) if value.isdigit() and 0 < len(value) <= 9 and int(value) > 0 else 1
 
 
 def our_results(claim: Mapping[str, Any]) -> list[Allocated]:
@@ -67,6 +77,7 @@ def our_results(claim: Mapping[str, Any]) -> list[Allocated]:
             str(r.get("pool", "")),
             str(r.get("device", "")),
             str(r["shareID"]) if r.get("shareID") else None,
+            consumed_slots(r),
         )
         for i, r in enumerate(results)
         if r.get("driver") == DRIVER
@@ -105,3 +116,18 @@ def resolve(
             )
         out.append((result, ref))
     return out
+
+
+EXTENDED_RESOURCE_CLAIM: Final = "resource.kubernetes.io/extended-resource-claim"
+
+
+def counted_on_node(claim: Mapping[str, Any]) -> bool:
+    """Whether the scheduler made `claim` for a Pod's extended resource (its annotation) and
+    every request is of an Instance's class (`akri.sh/<instance>`): in device-plugin mode the
+    scheduler counts such a Pod's request against the node's `akri.sh/<instance>`."""
+    annotations = (claim.get("metadata") or {}).get("annotations") or {}
+    if annotations.get(EXTENDED_RESOURCE_CLAIM) != "true":
+        return False
+    requests = ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []
+    classes = [str((r.get("exactly") or {}).get("deviceClassName", "")) for r in requests]
+    return bool(classes) and all(c.endswith(f".{INSTANCE_CLASS_DOMAIN}") for c in classes)

@@ -128,7 +128,11 @@ def node_broker_info(broker_info: Mapping[str, str] | None, node: str) -> dict[s
 
 # --- deviceUsage values -------------------------------------------------------------------------
 # "" = free; "<node>" = claimed by that node's instance-level plugin;
-# "C:<vdev>:<node>" = claimed by that node's configuration-level plugin for virtual device <vdev>.
+# "C:<vdev>:<node>" = claimed by that node's configuration-level plugin for virtual device <vdev>;
+# "D:<claim uid>:<node>" = held by a DRA claim prepared on that node, recorded by its agent in
+# device-plugin mode after a switch back from DRA mode (agent/dra/holdings.py);
+# "DX:<claim uid>:<node>" = the same, of a claim made for a Pod's `akri.sh/<instance>` extended
+# resource, which the scheduler counts on that node as a device plugin's.
 
 
 @attrs.frozen
@@ -147,7 +151,14 @@ class ConfigClaim:
     node: str
 
 
-Usage = Free | NodeClaim | ConfigClaim
+@attrs.frozen
+class DraClaim:
+    claim: str  # the ResourceClaim's uid
+    node: str
+    counted: bool = False  # its Pod's request of `akri.sh/<instance>` counts on the node
+
+
+Usage = Free | NodeClaim | ConfigClaim | DraClaim
 FREE: Final = Free()
 
 
@@ -164,6 +175,11 @@ def parse_usage(value: str) -> Usage:
         vdev, sep, node = value[2:].rpartition(":")
         if sep and vdev and node:
             return ConfigClaim(vdev, node)
+    if value.startswith(("D:", "DX:")):
+        counted = value.startswith("DX:")
+        claim, sep, node = value[3 if counted else 2 :].rpartition(":")
+        if sep and claim and node:
+            return DraClaim(claim, node, counted)
     return NodeClaim(value)
 
 
@@ -175,6 +191,8 @@ def format_usage(usage: Usage) -> str:
             return node
         case ConfigClaim(vdev, node):
             return f"C:{vdev}:{node}"
+        case DraClaim(claim, node, counted):
+            return f"{'DX' if counted else 'D'}:{claim}:{node}"
 
 
 _DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from akri_trio.model.naming import ConfigClaim, Free, NodeClaim, parse_usage
+from akri_trio.model.naming import ConfigClaim, DraClaim, Free, NodeClaim, parse_usage
 
 __all__ = ["LABEL_CONFIGURATION", "LABEL_INSTANCE", "akri_requests", "picture", "render_text"]
 
@@ -111,6 +111,8 @@ def _slots(inst: Mapping[str, Any], holders: Mapping[tuple[str, str], list[str]]
             case ConfigClaim(vdev, node):
                 pods = holders.get((node, config), [])
                 slots.append({"slot": slot, "node": node, "vdev": vdev, "pods": pods})
+            case DraClaim(_, node):  # a DRA claim, prepared before a switch back
+                slots.append({"slot": slot, "node": node, "vdev": "", "pods": []})
     return slots
 
 

@@ -1,5 +1,6 @@
 """The controller in DRA mode against the real control plane (resource.k8s.io/v1, the
-scheduler allocating claims, kube-controller-manager making claims from templates).
+scheduler allocating claims, kube-controller-manager making claims from templates), and in
+device-plugin mode deleting the DeviceClasses and shared pools DRA mode left.
 
 The test writes Instances as agents would. DeviceClasses and ResourceSlices are cluster-scoped:
 each test's objects carry its own namespace in their names and labels, and are deleted at the
@@ -135,6 +136,35 @@ async def test_a_configurations_device_class_comes_and_goes_with_it(
                 return not await _classes(api, ns)
 
             await until_api(none, what="DeviceClass deleted with its Configuration")
+
+
+async def test_a_device_plugin_mode_controller_deletes_what_dra_mode_left(api: Client) -> None:
+    async with dra_namespace(api, "dra-left") as ns, dra_namespace(api, "dra-other") as other:
+        for body in (dra.device_class("cfg", ns), dra.device_class("cfg", other)):
+            await api.create(DEVICE_CLASSES, body)
+        pool = dra.shared_pool(ns, "cfg-abcdef")
+        left = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {
+                "name": dra.slice_name(pool, 0),
+                "labels": dra.pool_labels("shared", ns),
+            },
+            "spec": {
+                "driver": dra.DRIVER,
+                "allNodes": True,
+                "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1},
+                "devices": [],
+            },
+        }
+        await api.create(RESOURCE_SLICES, left)
+        settings = ControllerSettings(namespace=ns, leader_elect=False, metrics_port=None)
+        async with running_controller(api, settings):
+            # Deleted before the caches synced, and only this namespace's.
+            assert await _classes(api, ns) == set()
+            assert await _classes(api, other) == {dra.device_class_name("cfg", other)}
+            selector = f"{dra.LABEL_NAMESPACE}={ns}"
+            assert not (await api.list(RESOURCE_SLICES, label_selector=selector)).items
 
 
 async def test_a_shared_instance_is_one_pool_on_exactly_its_nodes(

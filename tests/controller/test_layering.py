@@ -74,6 +74,7 @@ def test_pure_core_imports_no_io(path: Path) -> None:
 
 
 AGENT_CORES = (
+    "dra/holdings_plan.py",
     "dra/plan.py",
     "instance_plan.py",
     "reclaim_plan.py",

@@ -1,4 +1,5 @@
-"""Which devices of a claim are ours, and refusing the ones this node cannot stand behind."""
+"""Which devices of a claim are ours (with the slots each consumed of a consumable device), and
+refusing the ones this node cannot stand behind."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from akri_trio.dra import (
     NotAllocated,
     UnusableDevice,
     WrongClaim,
+    consumed_slots,
+    counted_on_node,
     our_results,
     resolve,
 )
@@ -67,3 +70,31 @@ def test_a_claim_of_another_namespace_is_refused_the_device() -> None:
     of_shared["metadata"]["namespace"] = "other"
     with pytest.raises(UnusableDevice, match="belongs to namespace 'ns'"):
         resolve(of_shared, UID, shared)
+
+
+@pytest.mark.parametrize(
+    ("consumed", "slots"),
+    [(None, 1), ({"akri.sh/slots": "2"}, 2), ({"akri.sh/slots": "500m"}, 1), ({"x": "3"}, 1)],
+)
+def test_consumed_slots_read_the_allocation_or_one(
+    consumed: dict[str, str] | None, slots: int
+) -> None:
+    result: dict[str, Any] = {**_result("cam-abc123"), "shareID": "s"}
+    if consumed is not None:
+        result["consumedCapacity"] = consumed
+    assert consumed_slots(result) == slots
+    assert our_results(_claim(result))[0].slots == slots
+
+
+def _extended(*classes: str, annotated: bool = True) -> dict[str, Any]:
+    annotations = {"resource.kubernetes.io/extended-resource-claim": "true"} if annotated else {}
+    requests = [{"name": f"r{i}", "exactly": {"deviceClassName": c}} for i, c in enumerate(classes)]
+    return {"metadata": {"annotations": annotations}, "spec": {"devices": {"requests": requests}}}
+
+
+def test_a_claim_for_an_instances_extended_resource_is_counted_on_the_node() -> None:
+    assert counted_on_node(_extended("cam-abc123.ns.instance.akri.sh"))
+    assert not counted_on_node(_extended("cam.ns.akri.sh"))  # akri.sh/<configuration>
+    assert not counted_on_node(_extended("cam-abc123.ns.instance.akri.sh", "cam.ns.akri.sh"))
+    assert not counted_on_node(_extended("cam-abc123.ns.instance.akri.sh", annotated=False))
+    assert not counted_on_node(_extended())

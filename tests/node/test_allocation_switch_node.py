@@ -1,13 +1,17 @@
-"""Switching a running node from device-plugin mode to DRA mode on the real node: no slot is
-held twice at any moment, the broker comes back with a claim, a Pod of device-plugin mode keeps
-its slot until it ends, and the node's device-plugin resource goes to 0.
+"""Switching a running node from device-plugin mode to DRA mode and back on the real node: no
+slot is held twice at any moment, the broker comes back with a claim (and, back, without one),
+a Pod of the mode left keeps its slot until it ends, and the node's device-plugin resource goes
+to 0; back in device-plugin mode a Pod of DRA mode holds its slot as the node's
+`DX:<claim>:<node>` until it ends, cleanly (the agent serves its claim's unprepare), and the
+DeviceClasses DRA mode left are deleted.
 
 The agent (debugEcho embedded as `swEcho`, see tests/support/echo_agent.py) and the controller
 run as real processes watching only this module's namespace, first in device-plugin mode, then
 restarted with `--allocation dra` (what `helm upgrade --set allocation=dra` does to their
-Pods). One Instance of capacity 2: a broker and a user's Pod hold both slots before the switch.
-A sampler records, every half second through it all, how many hold the device: the
-deviceUsage slots plus the claims allocated it, never above 2.
+Pods), then restarted in device-plugin mode again. One Instance of capacity 2: a broker and a
+user's Pod hold both slots before each switch. A sampler records, every half second through it
+all, how many hold the device: the deviceUsage slots plus the claims allocated it for a Pod
+that still exists (a claim and its `D:` record count once), never above 2.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ class Env:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.instance = naming.instance_name(CONFIG, naming.device_hash(DESCRIPTION, self.node))
         self.most = 0  # the most holders the sampler saw at once
+        self.when_most: tuple[dict[str, int], dict[str, str]] = ({}, {})  # what it saw then
         self.samples = 0
         self._stop = threading.Event()
 
@@ -75,10 +80,11 @@ class Env:
 
     def start(self, allocation: str) -> None:
         mode = ["--allocation", allocation]
+        # Both modes: device-plugin mode reads the claims DRA mode left there.
         dra_args = [
             "--kubelet-root-dir", self.cluster["AKRI_TRIO_KUBELET_ROOT_DIR"],
             "--cdi-dir", self.cluster["AKRI_TRIO_CDI_DIR"],
-        ] if allocation == "dra" else []  # fmt: skip
+        ]  # fmt: skip
         self.spawn(
             "agent",
             [
@@ -113,25 +119,52 @@ class Env:
         inst = self.get("instances.akri.sh", self.instance, "-n", NS)
         return {k: v for k, v in (inst.get("spec") or {}).get("deviceUsage", {}).items() if v}
 
-    def allocated(self) -> int:
-        """Claims in the namespace allocated this Instance's device (or one of its slots)."""
-        count = 0
+    def allocated(self) -> dict[str, int]:
+        """Claim uid -> how many of this Instance's devices (or slots) it is allocated, of the
+        claims in the namespace reserved for a Pod that still exists."""
+        pods = {p["metadata"]["uid"] for p in self.get("pods", "-n", NS).get("items", [])}
+        out: dict[str, int] = {}
         for claim in self.get("resourceclaims", "-n", NS).get("items", []):
-            results = ((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}
-            count += sum(
+            status = claim.get("status") or {}
+            if not {r.get("uid") for r in status.get("reservedFor") or []} & pods:
+                continue
+            results = (status.get("allocation") or {}).get("devices") or {}
+            count = sum(
                 1
                 for r in results.get("results") or []
                 if r["driver"] == dra.DRIVER and r["device"].startswith(self.instance)
             )
-        return count
+            if count:
+                out[claim["metadata"]["uid"]] = count
+        return out
+
+    def holders(self, allocated: dict[str, int], usage: dict[str, str]) -> int:
+        """The slots of `usage` plus the claims `allocated`; a claim's `D:` records count
+        with it, once."""
+        recorded: dict[str, int] = {}
+        plain = 0
+        for value in usage.values():
+            match naming.parse_usage(value):
+                case naming.DraClaim(uid, _):
+                    recorded[uid] = recorded.get(uid, 0) + 1
+                case _:
+                    plain += 1
+        uids = allocated.keys() | recorded.keys()
+        return plain + sum(max(allocated.get(u, 0), recorded.get(u, 0)) for u in uids)
 
     def sample(self) -> None:
         while not self._stop.wait(0.5):
-            # Claims first: a slot freed and then allocated between the two reads is counted
-            # once at most, never twice.
-            allocated = self.allocated()
+            # Claims before and after the slots, counted only when held at both reads: a
+            # holder that hands a slot over (a slot freed then allocated to a claim, or a
+            # claim's Pod gone then its slot claimed) is counted once at most, never twice.
+            before = self.allocated()
             usage = self.usage()
-            self.most = max(self.most, len(usage) + allocated)
+            after = self.allocated()
+            allocated = {u: min(n, after[u]) for u, n in before.items() if u in after}
+            holders = self.holders(allocated, usage)
+            if holders > self.most:
+                self.when_most = (allocated, usage)
+            self.most = max(self.most, holders)
             self.samples += 1
 
     def brokers(self) -> list[dict[str, Any]]:
@@ -250,6 +283,60 @@ def test_a_new_pod_waits_for_the_slot_the_old_pod_holds(env: Env) -> None:
     assert env.usage() == {}
 
 
+def test_back_in_device_plugin_mode_the_claims_hold_their_slots_as_the_nodes(env: Env) -> None:
+    (old,) = env.brokers()
+    env.stop("controller")
+    env.stop("agent")
+    env.start("device-plugin")
+    # No DeviceClass left: nothing asking for akri.sh/... is allocated through DRA any more.
+    classes = (dra.device_class_name(CONFIG, NS), dra.instance_class_name(env.instance, NS))
+    until(
+        lambda: not any(env.get("deviceclass", c) for c in classes),
+        seconds=60,
+        what="the DeviceClasses deleted",
+    )
+
+    def new_broker() -> dict[str, Any] | None:
+        brokers = [b for b in env.brokers() if b["metadata"]["uid"] != old["metadata"]["uid"]]
+        return brokers[0] if len(brokers) == 1 else None
+
+    # The DRA broker ends (its claim unprepared by this agent), a device-plugin one takes its
+    # slot, and user-dra keeps its own, recorded as this node's.
+    broker = until(new_broker, seconds=180, what="the broker made again")
+    name = broker["metadata"]["name"]
+    assert "resourceClaims" not in broker["spec"]
+    uids = {p["metadata"]["uid"] for p in env.get("pods", "-n", NS).get("items", [])}
+    assert old["metadata"]["uid"] not in uids  # gone, not stuck Terminating (same name)
+    until(lambda: env.phase(name) == "Running", seconds=180, what="the new broker Running")
+    assert env.phase("user-dra") == "Running"
+    # DX: the claim was made for user-dra's akri.sh/<instance>, which the scheduler counts.
+    (claim,) = env.allocated()
+    assert sorted(env.usage().values()) == sorted([env.node, f"DX:{claim}:{env.node}"])
+
+
+def test_a_dra_pod_ends_cleanly_and_a_device_plugin_pod_takes_its_slot(env: Env) -> None:
+    pod = busybox_pod("user-dp2", NS, SLEEP, {f"akri.sh/{env.instance}": 1})
+    until(lambda: env.kubectl("apply", "-f", "-", stdin=json.dumps(pod), check=False))
+    until(
+        lambda: any(
+            c.get("reason") == "Unschedulable"
+            for c in env.get("pod", "user-dp2", "-n", NS).get("status", {}).get("conditions", [])
+        ),
+        seconds=90,
+        what="user-dp2 unschedulable while user-dra holds the slot",
+    )
+    # Ends (not stuck Terminating): the device-plugin-mode agent unprepares its claim.
+    env.kubectl("delete", "pod", "user-dra", "-n", NS, "--wait=true", "--timeout=60s")
+    until(lambda: env.phase("user-dp2") == "Running", seconds=180, what="user-dp2 Running")
+    assert list(env.usage().values()) == [env.node, env.node]
+    registration = Path(env.cluster["AKRI_TRIO_KUBELET_ROOT_DIR"], "plugins_registry")
+    until(
+        lambda: not (registration / f"{dra.DRIVER}-reg.sock").exists(),
+        seconds=30,
+        what="the agent's DRA plugin stopped, its last claim unprepared",
+    )
+
+
 def test_no_slot_was_held_twice(env: Env) -> None:
     assert env.samples > 10
-    assert env.most == CAPACITY, env.most  # both slots were held, never more
+    assert env.most == CAPACITY, env.when_most  # both slots were held, never more

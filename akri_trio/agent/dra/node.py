@@ -3,6 +3,7 @@
 DraNode.run                  (ready() once the kubelet registered the plugin: the agent's /readyz)
 ├── node lock                one agent at a time serves driver akri.sh on a node
 ├── probe: does the API server take consumable capacity? (dra.edge, a server-side dry run)
+├── free the D:<claim>:<node> slots a device-plugin-mode run recorded (agent/dra/holdings.py)
 ├── NodePoolReconciler       Instances -> this node's ResourceSlices (re-published when wiped)
 │   ├── watch of this node's slices
 │   └── pool queue           the shared runner, keyed by pool
@@ -19,7 +20,7 @@ import fcntl
 import functools
 import logging
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
 import trio
@@ -28,9 +29,11 @@ from akri_trio.address import ObjectKey
 from akri_trio.agent.brokerinfo import WorkloadDirs
 from akri_trio.agent.brokerinfo._sync import Workloads
 from akri_trio.agent.dra.claim_status import ClaimStatus
+from akri_trio.agent.dra.holdings import record_claims
 from akri_trio.agent.dra.plugin import serve_kubelet_plugin
 from akri_trio.agent.dra.pool_reconciler import NodePoolReconciler
 from akri_trio.agent.dra.preparer import Preparer
+from akri_trio.agent.plugins.claims import Claims
 from akri_trio.agent.view import NodeView
 from akri_trio.dra import DRIVER
 from akri_trio.dra.edge import probe_consumable_capacity
@@ -46,8 +49,9 @@ LOCK_POLL_S = 1.0
 
 
 @contextlib.asynccontextmanager
-async def node_lock(path: Path) -> AsyncIterator[None]:
-    """Hold an exclusive lock on `path` (waiting for it, polled) until the block exits.
+async def node_lock(path: Path, on_wait: Callable[[], None] | None = None) -> AsyncIterator[None]:
+    """Hold an exclusive lock on `path` (waiting for it, polled) until the block exits;
+    `on_wait` is called once if it has to wait.
 
     The kubelet knows one plugin per driver and socket path, and the checkpoint has one
     writer: one agent per node serves DRA. A second agent in DRA mode on the node (a rolling
@@ -67,6 +71,8 @@ async def node_lock(path: Path) -> AsyncIterator[None]:
                 if not waiting:
                     log.warning("another agent serves DRA on this node (%s held); waiting", path)
                     waiting = True
+                    if on_wait is not None:
+                        on_wait()
                 await trio.sleep(LOCK_POLL_S)
         if waiting:
             log.info("took over DRA on this node (%s)", path)
@@ -162,6 +168,8 @@ class DraNode:
             workloads=self.workloads,
         )
         self.preparer.load()
+        # What a device-plugin-mode run recorded of this node's claims: the scheduler counts them.
+        await record_claims(Claims(self.api, self.view), self.view, {})
         self.claim_status = ClaimStatus(self.api, self.view.node, self.preparer)
         async with trio.open_nursery() as nursery:
             await nursery.start(self.pools.run)

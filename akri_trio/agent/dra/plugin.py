@@ -43,7 +43,7 @@ from akri_trio.rpc.gen import dra_health_v1alpha1_pb2 as health_v1alpha1
 from akri_trio.rpc.gen import dra_v1_pb2 as v1
 from akri_trio.rpc.gen import dra_v1beta1_pb2 as v1beta1
 from akri_trio.rpc.gen import pluginregistration_v1_pb2 as reg
-from akri_trio.rpc.uds import DEFAULT_LIMITS, ServerLimits, serve_unix
+from akri_trio.rpc.uds import DEFAULT_LIMITS, HasService, ServerLimits, serve_unix
 
 log = logging.getLogger(__name__)
 
@@ -176,16 +176,22 @@ class DraHealthV1alpha1(dra_health_v1alpha1_grpc.DRAResourceHealthServicer):
 
 
 class Registration(pluginregistration_v1_grpc.RegistrationServicer):
-    def __init__(self, endpoint: Path, on_status: Callable[[bool, str], None]) -> None:
+    def __init__(
+        self,
+        endpoint: Path,
+        on_status: Callable[[bool, str], None],
+        versions: tuple[str, ...] = VERSIONS,
+    ) -> None:
         self.endpoint = endpoint
         self.on_status = on_status
+        self.versions = versions
 
     async def GetInfo(self, input_message: reg.InfoRequest) -> reg.PluginInfo:
         return reg.PluginInfo(
             type=PLUGIN_TYPE,
             name=DRIVER,
             endpoint=str(self.endpoint),
-            supported_versions=list(VERSIONS),
+            supported_versions=list(self.versions),
         )
 
     async def NotifyRegistrationStatus(
@@ -205,20 +211,29 @@ async def serve_kubelet_plugin(
     on_status: Callable[[bool, str], None],
     *,
     limits: ServerLimits = DEFAULT_LIMITS,
+    health: bool = True,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the DRA socket, then the registration socket (the kubelet connects to the DRA
     socket as soon as it has read GetInfo), until cancelled; both files go on the way out.
-    `limits`: what each connection to either may do (the agent's --grpc-* flags)."""
+    `limits`: what each connection to either may do (the agent's --grpc-* flags). Without
+    `health` (a device-plugin-mode agent unpreparing what DRA mode left) the health service
+    is neither advertised nor served."""
     dra_sock = plugin_socket(kubelet_root_dir)
     reg_sock = registration_socket(kubelet_root_dir)
     dra_sock.parent.mkdir(parents=True, exist_ok=True)
     reg_sock.parent.mkdir(parents=True, exist_ok=True)
     service = DraPluginV1(preparer)
-    health = DraHealthV1(preparer)
-    services = (service, DraPluginV1beta1(service), health, DraHealthV1alpha1(health))
+    services: tuple[HasService, ...] = (service, DraPluginV1beta1(service))
+    versions: tuple[str, ...] = VERSIONS
+    if health:
+        watch = DraHealthV1(preparer)
+        services += (watch, DraHealthV1alpha1(watch))
+    else:
+        versions = tuple(v for v in VERSIONS if v.endswith(f".{PLUGIN_TYPE}"))
+    registration = Registration(dra_sock, on_status, versions)
     async with trio.open_nursery() as nursery:
         serve = functools.partial(serve_unix, mode=0o600, limits=limits)
         await nursery.start(functools.partial(serve, dra_sock, *services))
-        await nursery.start(functools.partial(serve, reg_sock, Registration(dra_sock, on_status)))
+        await nursery.start(functools.partial(serve, reg_sock, registration))
         task_status.started()

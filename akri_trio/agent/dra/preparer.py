@@ -16,6 +16,10 @@ answers with the CDI device ids. Unprepare removes the spec and the record.
 - Bounded: one call is cut after PREPARE_TIMEOUT_S (below the kubelet's 45 s); claims not done
   by then are answered with an error, and the kubelet asks again.
 - Serialized: one call at a time, so the checkpoint has one writer.
+- Unprepare only (`new_claims=False`, a device-plugin-mode agent after a switch back from DRA
+  mode, agent/dra/holdings.py): a claim not in the checkpoint is refused with an error saying
+  why; one in it is answered from it, and unprepared as always. `changed` is bumped at every
+  change of the record.
 - brokerInfo (with `workloads`, the agent's `--broker-info-dir`): each Instance a claim is
   given gets a workload directory named for the claim's uid, mounted into the container by the
   claim's CDI spec as device-plugin mode's Allocate mounts it; `held` tells the copier which
@@ -44,6 +48,7 @@ from akri_trio.dra import (
     ClaimError,
     cdi_device_id,
     cdi_spec,
+    counted_on_node,
     resolve,
     spec_file_name,
 )
@@ -59,11 +64,16 @@ from akri_trio.kube import ApiError, Client
 from akri_trio.model.device import Mount
 from akri_trio.model.edits import ContainerEdits, instance_edits
 from akri_trio.model.resources import Instance
+from akri_trio.runtime import Changed
 
 log = logging.getLogger(__name__)
 
 PREPARE_TIMEOUT_S = 20.0  # the kubelet gives a call 45 s
 CHECKPOINT_FILE = "checkpoint.json"
+NO_NEW_CLAIMS = (
+    "this node's Akri agent runs in device-plugin mode: it only unprepares the claims it "
+    "prepared in DRA mode (ask for akri.sh/... as an extended resource, or switch to DRA mode)"
+)
 
 
 @attrs.frozen
@@ -123,8 +133,11 @@ class Preparer:
         state_dir: Path,
         consumable: bool,
         workloads: WorkloadDirs | None = None,
+        new_claims: bool = True,
     ) -> None:
         self.api = api
+        self.new_claims = new_claims
+        self.changed = Changed()
         self.workloads = workloads
         self.view = view
         self.cdi_dir = cdi_dir
@@ -190,6 +203,7 @@ class Preparer:
         record as it was on disk) take it as this run's record."""
         write_atomically(self.checkpoint, encode(prepared))
         self.prepared = prepared
+        self.changed.bump()
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PreparedClaim | str]:
         """claim uid -> what was prepared, or why not."""
@@ -221,6 +235,8 @@ class Preparer:
         held = self.prepared.get(ref.uid)
         if held is not None and (self.cdi_dir / held.spec_file).exists():
             return held
+        if not self.new_claims:
+            raise PrepareError(NO_NEW_CLAIMS)
         claim = await self.api.get(RESOURCE_CLAIMS, ref.name, namespace=ref.namespace)
         usable = usable_devices(
             self.view.instances(),
@@ -247,11 +263,18 @@ class Preparer:
         write_atomically(self.cdi_dir / spec_file, json.dumps(cdi_spec(ref.uid, edits), indent=1))
         devices = tuple(
             PreparedDevice(
-                (a.request,), a.pool, a.device, (cdi_device_id(ref.uid, a.index),), a.share_id
+                (a.request,),
+                a.pool,
+                a.device,
+                (cdi_device_id(ref.uid, a.index),),
+                a.share_id,
+                a.slots,
             )
             for a, _ in resolved
         )
-        prepared = PreparedClaim(ref.namespace, ref.name, devices, spec_file)
+        prepared = PreparedClaim(
+            ref.namespace, ref.name, devices, spec_file, counted=counted_on_node(claim)
+        )
         self._save({**self.prepared, ref.uid: prepared})
         log.info(
             "prepared claim %s/%s: %s",

@@ -75,9 +75,10 @@ USAGE_FIELD_MANAGER = "akri-claims"
 
 
 def held_by(usage: Mapping[str, str], node: str, instance: str) -> dict[str, str]:
-    """The part of a deviceUsage map this node's field manager owns: its claims, both kinds,
-    on slots of `instance`. A key that is no slot is never ours, whatever its value: anyone may
-    write one (and a key of thousands of characters would make every write of ours fail)."""
+    """The part of a deviceUsage map this node's field manager owns: its claims, all three
+    kinds (the DRA claims it records after a switch back from DRA mode), on slots of
+    `instance`. A key that is no slot is never ours, whatever its value: anyone may write one
+    (and a key of thousands of characters would make every write of ours fail)."""
     out: dict[str, str] = {}
     for key, value in usage.items():
         if slots.slot_index(instance, key) is None:
@@ -85,7 +86,7 @@ def held_by(usage: Mapping[str, str], node: str, instance: str) -> dict[str, str
         match naming.parse_usage(value):
             case naming.NodeClaim(holder) if holder == node:
                 out[key] = value
-            case naming.ConfigClaim(_, holder) if holder == node:
+            case naming.ConfigClaim(_, holder) | naming.DraClaim(_, holder) if holder == node:
                 out[key] = value
     return out
 
@@ -116,7 +117,11 @@ def retry_pause(inst: Instance, node: str) -> float:
     holders = set()
     for value in inst.spec.device_usage.values():
         match naming.parse_usage(value):
-            case naming.NodeClaim(holder) | naming.ConfigClaim(_, holder):
+            case (
+                naming.NodeClaim(holder)
+                | naming.ConfigClaim(_, holder)
+                | naming.DraClaim(_, holder)
+            ):
                 holders.add(holder)
     others = len(set(inst.spec.nodes) - holders - {node})
     return random.uniform(0, min(RETRY_CAP_S, RETRY_SLOT_S * max(1, others)))

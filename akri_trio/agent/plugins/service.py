@@ -174,8 +174,10 @@ class InstanceBehaviour:
         inst = self.view.instance(self.key)
         if inst is None:
             return []
+        taken = slots.unclaimable(self.name, inst.spec.device_usage, available)
+        free = [s for s in available if s not in taken]
         return slots.preferred_slots(
-            self.name, inst.spec.capacity, inst.spec.nodes, self.view.node, available, must, size
+            self.name, inst.spec.capacity, inst.spec.nodes, self.view.node, free, must, size
         )
 
 

@@ -37,6 +37,7 @@ import attrs
 
 from akri_trio.model.limits import MAX_CAPACITY
 from akri_trio.model.naming import (
+    DraClaim,
     Free,
     NodeClaim,
     Usage,
@@ -233,7 +234,8 @@ def instance_devices(
     """The instance plugin's ListAndWatch answer for `node`: one device per slot below capacity.
 
     Upstream's health rules: free -> healthy; held by this node's instance-level plugin ->
-    healthy; held by another node or by any configuration-level claim -> unhealthy. Plus ours:
+    healthy; held by another node or by any configuration-level claim -> unhealthy. Held by
+    a DRA claim of this node that the scheduler counts (`counted`) -> healthy. Plus ours:
     a free slot beyond the claimable budget (capacity cut, see module doc) is unhealthy.
     """
     held = _held_indices(instance, usage)
@@ -246,8 +248,24 @@ def instance_devices(
             devices.append(DeviceView(slot_id(instance, i), budget > 0))
             budget -= 1
         else:
-            devices.append(DeviceView(slot_id(instance, i), holder == mine))
+            devices.append(
+                DeviceView(slot_id(instance, i), holder == mine or counted(holder, node))
+            )
     return devices
+
+
+def counted(holder: Usage, node: str) -> bool:
+    """A slot `node` records for a DRA claim whose Pod asked for `akri.sh/<instance>`: the
+    scheduler counts that Pod's request against the node's allocatable, so the instance plugin
+    shows the slot healthy (as a slot of its own), but no claim may take it."""
+    return isinstance(holder, DraClaim) and holder.counted and holder.node == node
+
+
+def unclaimable(instance: str, usage: Mapping[str, str], available: Iterable[str]) -> list[str]:
+    """`available` without the slots held by anything but a claim of an instance plugin: what
+    the kubelet may count as free (a `counted` slot) but Allocate refuses."""
+    held = held_slots(instance, usage)
+    return [s for s in available if isinstance(held.get(s), DraClaim)]
 
 
 def preferred_slots(

@@ -8,6 +8,11 @@ left behind while the controller was down (its Configuration or Instance deleted
 in the first list, is mapped to its own key, finds nothing that wants it, and is deleted: that
 is the orphan cleanup on start, with no separate pass.
 
+In device-plugin mode, `remove_leftovers` deletes once, as each leadership starts, the
+DeviceClasses and shared pools a DRA-mode controller left (a switch back): without a class no
+Pod asking for `akri.sh/...` is allocated through DRA any more, which the scheduler would do
+on a node whose device plugin has no free slot to offer.
+
 A shared pool is written by `akri_trio.dra.edge.PoolWriter`, the writer the agent's node pools
 use too (`agent/dra/pool_reconciler.py`): the same round (`dra.plan_round`, the offline grace
 included), the same apply-then-delete.
@@ -25,6 +30,7 @@ from akri_trio.controller.dra.plan import (
     POOL_INDEX,
     claim_template,
     class_key,
+    class_selector,
     class_up_to_date,
     class_wanted,
     hostname_of,
@@ -33,14 +39,17 @@ from akri_trio.controller.dra.plan import (
     shared_pool_key,
     shared_pool_of,
     shared_pool_wanted,
+    slice_selector,
 )
 from akri_trio.controller.metrics import ControllerMetrics
-from akri_trio.dra import DEVICE_CLASSES, RESOURCE_CLAIM_TEMPLATES
+from akri_trio.dra import DEVICE_CLASSES, RESOURCE_CLAIM_TEMPLATES, RESOURCE_SLICES
 from akri_trio.dra.edge import PoolWriter, slice_store
 from akri_trio.kube import (
     AlreadyExists,
+    ApiError,
     Client,
     Conflict,
+    Forbidden,
     NotFound,
     ObjectKey,
     Requeue,
@@ -51,6 +60,11 @@ from akri_trio.kube import (
 from akri_trio.model.resources import Configuration, Instance
 
 log = logging.getLogger(__name__)
+
+LEFTOVERS = (
+    "delete them with `kubectl delete deviceclasses,resourceslices -l akri.sh/namespace`, "
+    "or give the controller list and delete on both"
+)
 
 FIELD_MANAGER: Final = "akri-controller"
 
@@ -166,3 +180,38 @@ class DraReconcilers:
         except AlreadyExists:
             pass
         self._count("ResourceClaimTemplate", "create")
+
+
+async def remove_leftovers(api: Client, namespace: str | None) -> int:
+    """Device-plugin mode: delete our DeviceClasses and shared pools' slices (of `namespace`,
+    or all), and say how many went. Without the rights to (the chart grants none in
+    device-plugin mode) it logs what to run instead."""
+    deleted = 0
+    for res, selector in (
+        (DEVICE_CLASSES, class_selector(namespace)),
+        (RESOURCE_SLICES, slice_selector(namespace)),
+    ):
+        try:
+            found = await api.list(res, label_selector=selector)
+        except NotFound:
+            continue  # no resource.k8s.io/v1 on this cluster
+        except Forbidden:  # the usual case in device-plugin mode: said once, not as a warning
+            log.info("no right to list %s: if DRA mode left any, %s", res.plural, LEFTOVERS)
+            continue
+        except ApiError as exc:
+            log.warning("cannot list %s left from DRA mode (%s): %s", res.plural, exc, LEFTOVERS)
+            continue
+        for obj in found.items:
+            meta = obj.get("metadata") or {}
+            try:
+                await api.delete(res, meta["name"], uid=meta.get("uid"))
+            except (NotFound, Conflict):
+                continue
+            except ApiError as exc:
+                log.warning(
+                    "cannot delete %s %s (%s): %s", res.plural, meta["name"], exc, LEFTOVERS
+                )
+                break
+            deleted += 1
+            log.info("deleted %s %s, left from DRA mode", res.plural, meta["name"])
+    return deleted
