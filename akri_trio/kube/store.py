@@ -11,6 +11,10 @@ nobody reads `metadata.managedFields`, and it mirrors every field of the object)
 holds only what its readers need, and then through its `decode` (e.g. to the `Instance` model),
 once per version, so every reader of the store reads the same typed object (`Store[Instance]`,
 as kube-rs's reflector store is typed) instead of decoding the JSON again in a cache of its own.
+Once per version includes this process's own writes: the API server's answer to a write,
+decoded with `decode`, is kept until the watch brings that version, which then files the
+decoded answer instead of decoding the same object again (an agent writes every Instance it
+makes and every claim, so each of those versions used to be decoded twice).
 An object the decoder refuses (the CRD's schema should prevent it) is logged once per uid and
 resourceVersion and left out: for the readers it does not exist until a version that decodes
 arrives. `store.raw` is the same cache read as the JSON that was decoded (what the indexes
@@ -112,6 +116,17 @@ def by_field(get: Callable[[JSON], Hashable | None]) -> IndexFunction:
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     meta = obj.get("metadata")
     return meta if isinstance(meta, Mapping) else {}
+
+
+def _version(obj: Mapping[str, Any]) -> tuple[str, str]:
+    """(uid, resourceVersion): one version of one incarnation; equal ones are the same object."""
+    meta = _meta(obj)
+    return str(meta.get("uid") or ""), str(meta.get("resourceVersion") or "")
+
+
+# At most this many answers wait for the watch (`Store.decode`); past it they are forgotten
+# wholesale (the watch's versions are then decoded, as without them).
+ANSWER_MEMORY: Final = 4096
 
 
 @attrs.frozen
@@ -240,6 +255,9 @@ class _Cache:
         self.observers: list[Callable[[Delivery], None]] = []
         # key -> (uid, resourceVersion) of the last version the decoder refused (logged once)
         self.refused: dict[ObjectKey, tuple[str, str]] = {}
+        # key -> the last answer to a write (or read) that `decode` made, until the watch
+        # brings its version (whose entry it then is), deletes the key or relists.
+        self.answers: dict[ObjectKey, _Entry] = {}
 
 
 class Store(Generic[T]):
@@ -291,8 +309,21 @@ class Store(Generic[T]):
 
     def decode(self, obj: JSON) -> T:
         """`obj` (as the API server sent it) transformed and decoded as this store does on the
-        way in; raises what the decoder raises (for answers to our own writes)."""
-        return self._pick(self._entry(obj))
+        way in; raises what the decoder raises (for answers to our own writes). A version the
+        store holds is not decoded again; any other is kept for the watch to file when it
+        brings that version (see the module docstring)."""
+        cache = self._cache
+        key = ObjectKey.of(obj)
+        version = _version(obj)
+        held = cache.entries.get(key)
+        if held is not None and version[1] and _version(held.raw) == version:
+            return self._pick(held)
+        entry = self._entry(obj)
+        if version[1]:
+            if len(cache.answers) >= ANSWER_MEMORY and key not in cache.answers:
+                cache.answers.clear()
+            cache.answers[key] = entry
+        return self._pick(entry)
 
     def _entry(self, obj: JSON) -> _Entry:
         cache = self._cache
@@ -300,7 +331,13 @@ class Store(Generic[T]):
         return _Entry(raw, raw if cache.decode is None else cache.decode(raw))
 
     def _incoming(self, key: ObjectKey, obj: JSON) -> _Entry | None:
-        """The entry for `obj`, or None (logged once per version) when it does not decode."""
+        """The entry for `obj` (our own answer's when it is that version), or None (logged
+        once per version) when it does not decode."""
+        answer = self._cache.answers.get(key)
+        if answer is not None and _version(answer.raw) == _version(obj):
+            del self._cache.answers[key]
+            self._cache.refused.pop(key, None)
+            return answer
         try:
             entry = self._entry(obj)
         except Exception as exc:  # the CRD schema should prevent this; never crash on it
@@ -354,6 +391,7 @@ class Store(Generic[T]):
                     raise WatchProtocolError("InitDone without Init")
                 old, new = cache.entries, cache.buffer
                 cache.entries, cache.buffer = new, None
+                cache.answers.clear()  # a relist may skip versions: they would never end
                 for index in cache.indexes.values():
                     index.rebuild(new)
                 changed = {
@@ -377,6 +415,7 @@ class Store(Generic[T]):
             case Delete(obj):
                 key = ObjectKey.of(obj)
                 cache.refused.pop(key, None)
+                cache.answers.pop(key, None)
                 changed = {key: self._replace(key, None)}
                 deliveries = [Delivery.of(key, obj, deleted=True)]
         for delivery in deliveries:
