@@ -5,7 +5,7 @@ time and the agent process's CPU seconds (utime + stime), so a change to either 
 measured in a minute instead of `bench.upstream`'s six.
 
     .venv/bin/python -m bench.agent_paths [--devices 200] [--allocs 200] [--rounds 2]
-        [--profile /tmp/agent.samples]
+        [--write-concurrency N] [--profile /tmp/agent.samples]
     .venv/bin/python -m bench.agent_paths --show /tmp/agent.samples
 
 The agent runs as its own process (`bench._agent_proc`, the kubelet being the grpcio
