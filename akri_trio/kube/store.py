@@ -11,6 +11,10 @@ nobody reads `metadata.managedFields`, and it mirrors every field of the object)
 holds only what its readers need, and then through its `decode` (e.g. to the `Instance` model),
 once per version, so every reader of the store reads the same typed object (`Store[Instance]`,
 as kube-rs's reflector store is typed) instead of decoding the JSON again in a cache of its own.
+Once per version includes this process's own writes: the API server's answer to a write,
+decoded with `decode`, is kept until the watch brings that version, which then files the
+decoded answer instead of decoding the same object again (an agent writes every Instance it
+makes and every claim, so each of those versions used to be decoded twice).
 An object the decoder refuses (the CRD's schema should prevent it, but without the webhook a
 schema-valid object can still be one the model cannot read, e.g. a Configuration whose `spec` was
 removed) is logged once per uid and resourceVersion and then, by the store's choice:
@@ -122,6 +126,17 @@ def by_field(get: Callable[[JSON], Hashable | None]) -> IndexFunction:
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     meta = obj.get("metadata")
     return meta if isinstance(meta, Mapping) else {}
+
+
+def _version(obj: Mapping[str, Any]) -> tuple[str, str]:
+    """(uid, resourceVersion): one version of one incarnation; equal ones are the same object."""
+    meta = _meta(obj)
+    return str(meta.get("uid") or ""), str(meta.get("resourceVersion") or "")
+
+
+# At most this many answers wait for the watch (`Store.decode`); past it they are forgotten
+# wholesale (the watch's versions are then decoded, as without them).
+ANSWER_MEMORY: Final = 4096
 
 
 @attrs.frozen
@@ -255,6 +270,9 @@ class _Cache:
         # collects the listed ones, swapped in at InitDone.
         self.refused: dict[ObjectKey, JSON] = {}
         self.relisted: dict[ObjectKey, JSON] = {}
+        # key -> the last answer to a write (or read) that `decode` made, until the watch
+        # brings its version (whose entry it then is), deletes the key or relists.
+        self.answers: dict[ObjectKey, _Entry] = {}
 
 
 class Store(Generic[T]):
@@ -309,8 +327,21 @@ class Store(Generic[T]):
 
     def decode(self, obj: JSON) -> T:
         """`obj` (as the API server sent it) transformed and decoded as this store does on the
-        way in; raises what the decoder raises (for answers to our own writes)."""
-        return self._pick(self._entry(obj))
+        way in; raises what the decoder raises (for answers to our own writes). A version the
+        store holds is not decoded again; any other is kept for the watch to file when it
+        brings that version (see the module docstring)."""
+        cache = self._cache
+        key = ObjectKey.of(obj)
+        version = _version(obj)
+        held = cache.entries.get(key)
+        if held is not None and version[1] and _version(held.raw) == version:
+            return self._pick(held)
+        entry = self._entry(obj)
+        if version[1]:
+            if len(cache.answers) >= ANSWER_MEMORY and key not in cache.answers:
+                cache.answers.clear()
+            cache.answers[key] = entry
+        return self._pick(entry)
 
     def _entry(self, obj: JSON) -> _Entry:
         cache = self._cache
@@ -320,10 +351,16 @@ class Store(Generic[T]):
     def _incoming(
         self, key: ObjectKey, obj: JSON, held: _Entry | None, refused: dict[ObjectKey, JSON]
     ) -> _Entry | None:
-        """The entry to hold for `obj` now that `held` is held under `key`: `obj` decoded, or
-        when it does not decode (logged once per version, and recorded in `refused`) `held`
-        if the store keeps the last good version of this incarnation, else None."""
+        """The entry to hold for `obj` now that `held` is held under `key`: our own answer's
+        when it is that version, else `obj` decoded, or when it does not decode (logged once
+        per version, and recorded in `refused`) `held` if the store keeps the last good
+        version of this incarnation, else None."""
         cache = self._cache
+        answer = cache.answers.get(key)
+        if answer is not None and _version(answer.raw) == _version(obj):
+            del cache.answers[key]
+            refused.pop(key, None)
+            return answer
         raw = obj  # what is recorded if the transform itself fails
         try:
             raw = obj if cache.transform is None else cache.transform(obj)
@@ -332,7 +369,8 @@ class Store(Generic[T]):
             kept = None
             if cache.keep_last_good and held is not None and _same(held.raw, raw):
                 kept = held
-            if _version(cache.refused.get(key)) != _version(raw):  # news: say it once
+            last = cache.refused.get(key)
+            if last is None or _version(last) != _version(raw):  # news: say it once
                 if kept is None:
                     outcome = "left out of the cache"
                 else:
@@ -392,6 +430,7 @@ class Store(Generic[T]):
                 cache.entries, cache.buffer = new, None
                 # what was refused and is not listed any more is gone
                 cache.refused, cache.relisted = cache.relisted, {}
+                cache.answers.clear()  # a relist may skip versions: they would never end
                 for index in cache.indexes.values():
                     index.rebuild(new)
                 changed = {
@@ -418,6 +457,7 @@ class Store(Generic[T]):
             case Delete(obj):
                 key = ObjectKey.of(obj)
                 cache.refused.pop(key, None)
+                cache.answers.pop(key, None)
                 changed = {key: self._replace(key, None)}
                 deliveries = [Delivery.of(key, obj, deleted=True)]
         for delivery in deliveries:
@@ -503,14 +543,6 @@ class Store(Generic[T]):
         """Call `observer` with every `Delivery`, synchronously, as the watch's events are
         applied (an `Overlay` follows the watch with it); it must not raise."""
         self._cache.observers.append(observer)
-
-
-def _version(raw: JSON | None) -> tuple[str, str] | None:
-    """(uid, resourceVersion): which version of which incarnation `raw` is."""
-    if raw is None:
-        return None
-    meta = _meta(raw)
-    return str(meta.get("uid") or ""), str(meta.get("resourceVersion") or "")
 
 
 def _same(a: JSON, b: JSON) -> bool:

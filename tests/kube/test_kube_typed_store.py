@@ -1,4 +1,5 @@
-"""A typed store (`Store[Instance]`): each version decoded once on the way in, a malformed
+"""A typed store (`Store[Instance]`): each version decoded once on the way in (the answer to
+our own write included: the watch files it when it brings that version), a malformed
 object logged once per uid and resourceVersion and left out (or, with `keep_last_good`, an update
 that does not decode leaving the last version that did), the JSON still there for readers not on
 the model (`store.raw`); and the Overlay of our own writes, which compares
@@ -78,6 +79,60 @@ def test_each_version_is_decoded_once() -> None:
         store.get(KEY)
         store.snapshot()
     assert calls == ["1"]
+
+
+def counting_store() -> tuple[Store[Thing], list[str]]:
+    """A typed store and the resourceVersions its decoder was called on, in order."""
+    calls: list[str] = []
+
+    def counting(obj: dict[str, Any]) -> Thing:
+        calls.append(obj["metadata"]["resourceVersion"])
+        return decode_thing(obj)
+
+    return Store(decode=counting, transform=drop_managed_fields), calls
+
+
+def test_the_answer_to_our_write_is_the_entry_the_watch_files_for_its_version() -> None:
+    store, calls = counting_store()
+    answer = store.decode(thing(2, 7))
+    store.apply(Apply(thing(2, 7)))
+    assert calls == ["2"]
+    assert store.get(KEY) is answer
+    assert store.raw.get(KEY) == {
+        "metadata": {"name": "a", "namespace": "ns", "uid": "u1", "resourceVersion": "2"},
+        "spec": {"size": 7},
+    }
+
+
+def test_an_answer_waits_through_older_versions_and_stands_for_its_own_only() -> None:
+    store, calls = counting_store()
+    store.decode(thing(3, 3))
+    store.apply(Apply(thing(2, 2)))  # the watch is behind the answer
+    assert store.get(KEY) == Thing("a", 2, "2")
+    store.apply(Apply(thing(3, 3)))
+    assert calls == ["3", "2"]
+    store.apply(Apply(thing(3, 3, uid="u2")))  # another incarnation, the same version string
+    assert calls == ["3", "2", "3"]
+
+
+def test_a_version_the_store_holds_is_not_decoded_again() -> None:
+    store, calls = counting_store()
+    store.apply(Apply(thing(1)))
+    assert store.decode(thing(1)) is store.get(KEY)
+    assert calls == ["1"]
+
+
+def test_answers_end_with_a_deletion_or_a_relist() -> None:
+    store, calls = counting_store()
+    store.decode(thing(5))
+    store.apply(Delete(thing(4)))
+    store.apply(Apply(thing(5)))
+    assert calls == ["5", "5"]
+    store.decode(thing(6))
+    for event in (Init(), InitApply(thing(7)), InitDone()):
+        store.apply(event)
+    store.apply(Apply(thing(6)))
+    assert calls == ["5", "5", "6", "7", "6"]
 
 
 def test_a_malformed_object_is_left_out_and_logged_once_per_version(
