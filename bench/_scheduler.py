@@ -82,11 +82,7 @@ class Scheduler:
         """Every sample of /metrics, keyed by name and labels."""
         reply = await self.http.get(f"{self.url}/metrics")
         reply.raise_for_status()
-        return {
-            (s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(reply.text)
-            for s in family.samples
-        }
+        return parse_metrics(reply.text)
 
 
 @asynccontextmanager
@@ -125,6 +121,15 @@ async def own_scheduler(
 
 
 # --- reading the metrics ----------------------------------------------------------------------
+
+
+def parse_metrics(text: str) -> dict[Sample, float]:
+    """Every sample of a Prometheus text exposition, keyed by name and labels."""
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def since(before: Mapping[Sample, float], after: Mapping[Sample, float]) -> dict[Sample, float]:
