@@ -90,7 +90,8 @@ class Row:
     doubles: int
     floor: list[float] | None = None  # the same N Pods at once without a device
     costs: dict[str, Cost] = attrs.Factory(dict)  # what each phase cost the bench's scheduler
-    refusals: Counter[str] = attrs.Factory(Counter)  # the storm's FailedScheduling messages
+    # the storm's refusals: DRA, FailedScheduling messages; device-plugin, Allocate's errors
+    refusals: Counter[str] = attrs.Factory(Counter)
 
     def cells(self) -> list[str]:
         alone, p50 = percentile(self.alone, 50), percentile(self.storm, 50)
@@ -384,8 +385,10 @@ async def device_plugin_mode(api: Client, kubeconfig: str, n: int, limit_s: floa
     await purge_after(cluster_env())
     granted = [r for r in results if r[2] is None]
     doubles = len(granted) - len({slot for slot, _, _ in granted})
+    refusals = Counter(error for _, _, error in results if error)
+    latencies = [r[1] for r in results]
     return Row(
-        "device-plugin", n, alone, [r[1] for r in results], writes / n, len(granted), doubles
+        "device-plugin", n, alone, latencies, writes / n, len(granted), doubles, refusals=refusals
     )
 
 
