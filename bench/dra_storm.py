@@ -2,8 +2,10 @@
 against device-plugin mode, in the same run.
 
     .venv/bin/python -m bench.dra_storm [N ...] [--solo 5] [--limit 300] [--no-record]
+        [--limits 50/100 500/1000] [--repeat 1] [--no-device-plugin]
 
-(default N: 10 25 50). For each N:
+(default N: 10 25 50). For each N, `--repeat` times: DRA mode once per scheduler setting of
+`--limits`, then device-plugin mode:
 
 DRA mode (no kubelet needed: the scheduler allocates, and the kubelet's part, preparing a claim,
 is one node's own work whatever N is; `bench.dra pods` measures it on the real node). N Node
@@ -12,11 +14,15 @@ server and the scheduler cannot tell them from real ones), one shared Instance t
 all, written as their agents would (capacity N), and the controller in DRA mode as its own
 process, which publishes the Instance's pool (one device with N slots of consumable capacity, on
 a node selector of the N nodes) and its DeviceClasses. Each Pod asks for `akri.sh/<instance>: 1`
-in its limits, the Pod spec of device-plugin mode unchanged, and is pinned to its node.
+in its limits, the Pod spec of device-plugin mode unchanged, and is pinned to its node. Its
+scheduler is the bench's own (`bench._scheduler`: the cluster's is shared and its metrics closed),
+with the client's `qps/burst` of that run; each phase also reports what it cost that scheduler
+(time in each extension point, waits in its client's rate limiter, its writes), and the storm
+its FailedScheduling messages.
 Measured: seconds from the create to the Pod bound to its node (the scheduler binds only after
 it has written the claim's allocation), for one Pod alone (`--solo` times, one after another)
 and for the N created at once; the floor: the same N Pods without a device, created at once
-(what the scheduler's one queue costs any N Pods); the Pod and claim writes per Pod (every
+(what binding any N Pods at once costs); the Pod and claim writes per Pod (every
 ADDED/MODIFIED the namespace's watch delivered for them); claims allocated, and double
 allocations (more claims on the device than its capacity).
 
