@@ -305,56 +305,64 @@ async def dra_mode(
                 )
 
             await until(published, 60, "the controller's pool of these nodes and its classes")
-            costs: dict[str, Cost] = {}
+            try:
+                costs: dict[str, Cost] = {}
 
-            async def phase(name: str, batches: Sequence[Sequence[JSON]]) -> list[float]:
-                """Each batch of Pods created at once and bound, the next after it; what that
-                cost the scheduler. The Pods of every batch but the last are deleted."""
-                before = await scheduler.metrics()
-                seconds: list[float] = []
-                for i, batch in enumerate(batches):
-                    seconds += await launch(api, bindings, batch, args.limit)
-                    if i < len(batches) - 1:
-                        await delete_pods(api, [p["metadata"]["name"] for p in batch])
-                await trio.sleep(1)  # the last status writes and events of the phase
-                costs[name] = Cost.of(len(seconds), since(before, await scheduler.metrics()))
-                return seconds
+                async def phase(name: str, batches: Sequence[Sequence[JSON]]) -> list[float]:
+                    """Each batch of Pods created at once and bound, the next after it; what that
+                    cost the scheduler. The Pods of every batch but the last are deleted."""
+                    before = await scheduler.metrics()
+                    seconds: list[float] = []
+                    for i, batch in enumerate(batches):
+                        seconds += await launch(api, bindings, batch, args.limit)
+                        if i < len(batches) - 1:
+                            await delete_pods(api, [p["metadata"]["name"] for p in batch])
+                    await trio.sleep(1)  # the last status writes and events of the phase
+                    costs[name] = Cost.of(len(seconds), since(before, await scheduler.metrics()))
+                    return seconds
 
-            alone_pods = [
-                device_pod(f"alone-{i}", nodes[i % n], instance) for i in range(args.solo)
-            ]
-            alone = await phase("alone", [[pod] for pod in alone_pods])
-            await delete_pods(api, [alone_pods[-1]["metadata"]["name"]])
-            plain = [device_pod(f"plain-{i:03d}", node, None) for i, node in enumerate(nodes)]
-            floor = await phase("no device", [plain])
-            await delete_pods(api, [p["metadata"]["name"] for p in plain])
-            writes0 = sum(bindings.writes.values())
-            pods = [device_pod(f"storm-{i:03d}", node, instance) for i, node in enumerate(nodes)]
-            storm = await phase("storm", [pods])
-            writes = sum(bindings.writes.values()) - writes0
-            claims = (await api.list(dra.RESOURCE_CLAIMS, namespace=STORM_NS)).items
-            # this run's storm Pods (events of an earlier run's namesakes may still be there)
-            uids = {
-                p["metadata"]["uid"]
-                for p in (await api.list(PODS, namespace=STORM_NS)).items
-                if p["metadata"]["name"].startswith("storm-")
-            }
-            refusals = Counter(
-                e.get("message", "")
-                for e in (await api.list(EVENTS, namespace=STORM_NS)).items
-                if e.get("reason") == "FailedScheduling" and e["involvedObject"]["uid"] in uids
-            )
-            held = allocations(claims)
-            # consumable capacity: one device for n claims; else n devices, one claim each
-            whole = f"{dra.shared_pool(STORM_NS, instance)}/{dra.device_name(instance)}"
-            granted = sum(held.values())
-            doubles = sum(max(0, k - (n if d == whole else 1)) for d, k in held.items())
-            await delete_pods(api, [p["metadata"]["name"] for p in pods])
-            # while the controller runs, so that it deletes the pool (the next run's is new)
-            await purge_namespace(api, STORM_NS)
-            await until(
-                lambda: no_pool(api, instance), 60, "the controller's pool gone with its Instance"
-            )
+                alone_pods = [
+                    device_pod(f"alone-{i}", nodes[i % n], instance) for i in range(args.solo)
+                ]
+                alone = await phase("alone", [[pod] for pod in alone_pods])
+                await delete_pods(api, [alone_pods[-1]["metadata"]["name"]])
+                plain = [device_pod(f"plain-{i:03d}", node, None) for i, node in enumerate(nodes)]
+                floor = await phase("no device", [plain])
+                await delete_pods(api, [p["metadata"]["name"] for p in plain])
+                writes0 = sum(bindings.writes.values())
+                pods = [
+                    device_pod(f"storm-{i:03d}", node, instance) for i, node in enumerate(nodes)
+                ]
+                storm = await phase("storm", [pods])
+                writes = sum(bindings.writes.values()) - writes0
+                claims = (await api.list(dra.RESOURCE_CLAIMS, namespace=STORM_NS)).items
+                # this run's storm Pods (events of an earlier run's namesakes may still be there)
+                uids = {
+                    p["metadata"]["uid"]
+                    for p in (await api.list(PODS, namespace=STORM_NS)).items
+                    if p["metadata"]["name"].startswith("storm-")
+                }
+                refusals = Counter(
+                    e.get("message", "")
+                    for e in (await api.list(EVENTS, namespace=STORM_NS)).items
+                    if e.get("reason") == "FailedScheduling" and e["involvedObject"]["uid"] in uids
+                )
+                held = allocations(claims)
+                # consumable capacity: one device for n claims; else n devices, one claim each
+                whole = f"{dra.shared_pool(STORM_NS, instance)}/{dra.device_name(instance)}"
+                granted = sum(held.values())
+                doubles = sum(max(0, k - (n if d == whole else 1)) for d, k in held.items())
+            finally:
+                # After a failed run too: its Pods would stay Pending once the bench's scheduler
+                # is gone. While the controller runs, so that it deletes the pool (the next
+                # run's is new).
+                with trio.move_on_after(240, shield=True):
+                    left = (await api.list(PODS, namespace=STORM_NS)).items
+                    await delete_pods(api, [p["metadata"]["name"] for p in left])
+                    await purge_namespace(api, STORM_NS)
+                    await until(
+                        lambda: no_pool(api, instance), 60, "the pool gone with its Instance"
+                    )
             nursery.cancel_scope.cancel()
     return Row(
         f"dra {limits}", n, alone, storm, writes / n, granted, doubles, floor, costs, refusals
