@@ -2,8 +2,10 @@
 against device-plugin mode, in the same run.
 
     .venv/bin/python -m bench.dra_storm [N ...] [--solo 5] [--limit 300] [--no-record]
+        [--limits 50/100 500/1000] [--repeat 1] [--no-device-plugin]
 
-(default N: 10 25 50). For each N:
+(default N: 10 25 50). For each N, `--repeat` times: DRA mode once per scheduler setting of
+`--limits`, then device-plugin mode:
 
 DRA mode (no kubelet needed: the scheduler allocates, and the kubelet's part, preparing a claim,
 is one node's own work whatever N is; `bench.dra pods` measures it on the real node). N Node
@@ -12,11 +14,15 @@ server and the scheduler cannot tell them from real ones), one shared Instance t
 all, written as their agents would (capacity N), and the controller in DRA mode as its own
 process, which publishes the Instance's pool (one device with N slots of consumable capacity, on
 a node selector of the N nodes) and its DeviceClasses. Each Pod asks for `akri.sh/<instance>: 1`
-in its limits, the Pod spec of device-plugin mode unchanged, and is pinned to its node.
+in its limits, the Pod spec of device-plugin mode unchanged, and is pinned to its node. Its
+scheduler is the bench's own (`bench._scheduler`: the cluster's is shared and its metrics closed),
+with the client's `qps/burst` of that run; each phase also reports what it cost that scheduler
+(time in each extension point, waits in its client's rate limiter, its writes), and the storm
+its FailedScheduling messages.
 Measured: seconds from the create to the Pod bound to its node (the scheduler binds only after
 it has written the claim's allocation), for one Pod alone (`--solo` times, one after another)
 and for the N created at once; the floor: the same N Pods without a device, created at once
-(what the scheduler's one queue costs any N Pods); the Pod and claim writes per Pod (every
+(what binding any N Pods at once costs); the Pod and claim writes per Pod (every
 ADDED/MODIFIED the namespace's watch delivered for them); claims allocated, and double
 allocations (more claims on the device than its capacity).
 
@@ -48,6 +54,7 @@ import trio
 
 from akri_trio import dra
 from akri_trio.kube import JSON, Client, NotFound, open_watch
+from akri_trio.kube.events import EVENTS
 from akri_trio.kube.watch import Apply, InitApply
 from akri_trio.model import naming
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
@@ -63,6 +70,7 @@ from bench._common import (
     record_run,
     table,
 )
+from bench._scheduler import DEFAULT_LIMITS, SCHEDULER_NAME, Cost, Limits, own_scheduler, since
 from bench.dra import controller_process
 from bench.fleet import CONFIG as FLEET_CONFIG
 from bench.fleet import FLEET_NS, WRITE_VERBS, Fleet, answered, purge_after
@@ -87,6 +95,9 @@ class Row:
     granted: int
     doubles: int
     floor: list[float] | None = None  # the same N Pods at once without a device
+    costs: dict[str, Cost] = attrs.Factory(dict)  # what each phase cost the bench's scheduler
+    # the storm's refusals: DRA, FailedScheduling messages; device-plugin, Allocate's errors
+    refusals: Counter[str] = attrs.Factory(Counter)
 
     def cells(self) -> list[str]:
         alone, p50 = percentile(self.alone, 50), percentile(self.storm, 50)
@@ -161,6 +172,7 @@ def device_pod(name: str, node: str, instance: str | None) -> JSON:
     limits = {naming.resource_name(instance): 1} if instance else None
     pod = busybox_pod(name, STORM_NS, "sleep 3600", limits=limits)
     pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+    pod["spec"]["schedulerName"] = SCHEDULER_NAME
     pod["spec"]["tolerations"] = [{**NO_KUBELET_TAINT, "operator": "Exists"}] + [
         {"key": f"node.kubernetes.io/{k}", "operator": "Exists"}
         for k in ("not-ready", "unreachable")
@@ -255,7 +267,9 @@ def allocations(claims: Sequence[JSON]) -> Counter[str]:
     return held
 
 
-async def dra_mode(api: Client, kubeconfig: str, n: int, args: argparse.Namespace) -> Row:
+async def dra_mode(
+    api: Client, env: dict[str, str], n: int, limits: Limits, args: argparse.Namespace
+) -> Row:
     await prepare_namespace(api, STORM_NS)
     instance = naming.instance_name(CONFIG, naming.device_hash(DEVICE, None))
     config = echo_config(CONFIG, [DEVICE], n)
@@ -264,7 +278,8 @@ async def dra_mode(api: Client, kubeconfig: str, n: int, args: argparse.Namespac
     with tempfile.TemporaryDirectory(prefix="akds", dir="/tmp") as tmp:
         async with (
             schedulable_nodes(api, n) as nodes,
-            controller_process(kubeconfig, STORM_NS, Path(tmp) / "controller.log"),
+            controller_process(env["KUBECONFIG"], STORM_NS, Path(tmp) / "controller.log"),
+            own_scheduler(env["AKRI_TRIO_K8S_VERSION"], limits, Path(tmp)) as scheduler,
             trio.open_nursery() as nursery,
         ):
             await nursery.start(bindings.run, api)
@@ -290,33 +305,68 @@ async def dra_mode(api: Client, kubeconfig: str, n: int, args: argparse.Namespac
                 )
 
             await until(published, 60, "the controller's pool of these nodes and its classes")
-            alone: list[float] = []
-            for i in range(args.solo):
-                pod = device_pod(f"alone-{i}", nodes[i % n], instance)
-                alone += await launch(api, bindings, [pod], args.limit)
-                await delete_pods(api, [pod["metadata"]["name"]])
-            plain = [device_pod(f"plain-{i:03d}", node, None) for i, node in enumerate(nodes)]
-            floor = await launch(api, bindings, plain, args.limit)
-            await delete_pods(api, [p["metadata"]["name"] for p in plain])
-            writes0 = sum(bindings.writes.values())
-            pods = [device_pod(f"storm-{i:03d}", node, instance) for i, node in enumerate(nodes)]
-            storm = await launch(api, bindings, pods, args.limit)
-            await trio.sleep(1)  # the last status writes of the storm
-            writes = sum(bindings.writes.values()) - writes0
-            claims = (await api.list(dra.RESOURCE_CLAIMS, namespace=STORM_NS)).items
-            held = allocations(claims)
-            # consumable capacity: one device for n claims; else n devices, one claim each
-            whole = f"{dra.shared_pool(STORM_NS, instance)}/{dra.device_name(instance)}"
-            granted = sum(held.values())
-            doubles = sum(max(0, k - (n if d == whole else 1)) for d, k in held.items())
-            await delete_pods(api, [p["metadata"]["name"] for p in pods])
-            # while the controller runs, so that it deletes the pool (the next run's is new)
-            await purge_namespace(api, STORM_NS)
-            await until(
-                lambda: no_pool(api, instance), 60, "the controller's pool gone with its Instance"
-            )
+            try:
+                costs: dict[str, Cost] = {}
+
+                async def phase(name: str, batches: Sequence[Sequence[JSON]]) -> list[float]:
+                    """Each batch of Pods created at once and bound, the next after it; what that
+                    cost the scheduler. The Pods of every batch but the last are deleted."""
+                    before = await scheduler.metrics()
+                    seconds: list[float] = []
+                    for i, batch in enumerate(batches):
+                        seconds += await launch(api, bindings, batch, args.limit)
+                        if i < len(batches) - 1:
+                            await delete_pods(api, [p["metadata"]["name"] for p in batch])
+                    await trio.sleep(1)  # the last status writes and events of the phase
+                    costs[name] = Cost.of(len(seconds), since(before, await scheduler.metrics()))
+                    return seconds
+
+                alone_pods = [
+                    device_pod(f"alone-{i}", nodes[i % n], instance) for i in range(args.solo)
+                ]
+                alone = await phase("alone", [[pod] for pod in alone_pods])
+                await delete_pods(api, [alone_pods[-1]["metadata"]["name"]])
+                plain = [device_pod(f"plain-{i:03d}", node, None) for i, node in enumerate(nodes)]
+                floor = await phase("no device", [plain])
+                await delete_pods(api, [p["metadata"]["name"] for p in plain])
+                writes0 = sum(bindings.writes.values())
+                pods = [
+                    device_pod(f"storm-{i:03d}", node, instance) for i, node in enumerate(nodes)
+                ]
+                storm = await phase("storm", [pods])
+                writes = sum(bindings.writes.values()) - writes0
+                claims = (await api.list(dra.RESOURCE_CLAIMS, namespace=STORM_NS)).items
+                # this run's storm Pods (events of an earlier run's namesakes may still be there)
+                uids = {
+                    p["metadata"]["uid"]
+                    for p in (await api.list(PODS, namespace=STORM_NS)).items
+                    if p["metadata"]["name"].startswith("storm-")
+                }
+                refusals = Counter(
+                    e.get("message", "")
+                    for e in (await api.list(EVENTS, namespace=STORM_NS)).items
+                    if e.get("reason") == "FailedScheduling" and e["involvedObject"]["uid"] in uids
+                )
+                held = allocations(claims)
+                # consumable capacity: one device for n claims; else n devices, one claim each
+                whole = f"{dra.shared_pool(STORM_NS, instance)}/{dra.device_name(instance)}"
+                granted = sum(held.values())
+                doubles = sum(max(0, k - (n if d == whole else 1)) for d, k in held.items())
+            finally:
+                # After a failed run too: its Pods would stay Pending once the bench's scheduler
+                # is gone. While the controller runs, so that it deletes the pool (the next
+                # run's is new).
+                with trio.move_on_after(240, shield=True):
+                    left = (await api.list(PODS, namespace=STORM_NS)).items
+                    await delete_pods(api, [p["metadata"]["name"] for p in left])
+                    await purge_namespace(api, STORM_NS)
+                    await until(
+                        lambda: no_pool(api, instance), 60, "the pool gone with its Instance"
+                    )
             nursery.cancel_scope.cancel()
-    return Row("dra", n, alone, storm, writes / n, granted, doubles, floor)
+    return Row(
+        f"dra {limits}", n, alone, storm, writes / n, granted, doubles, floor, costs, refusals
+    )
 
 
 # --- device-plugin mode -----------------------------------------------------------------------
@@ -349,8 +399,10 @@ async def device_plugin_mode(api: Client, kubeconfig: str, n: int, limit_s: floa
     await purge_after(cluster_env())
     granted = [r for r in results if r[2] is None]
     doubles = len(granted) - len({slot for slot, _, _ in granted})
+    refusals = Counter(error for _, _, error in results if error)
+    latencies = [r[1] for r in results]
     return Row(
-        "device-plugin", n, alone, [r[1] for r in results], writes / n, len(granted), doubles
+        "device-plugin", n, alone, latencies, writes / n, len(granted), doubles, refusals=refusals
     )
 
 
@@ -359,21 +411,37 @@ async def bench(args: argparse.Namespace) -> str:
     rows: list[Row] = []
     async with bench_api(env["KUBECONFIG"]) as api:
         for n in args.nodes:
-            for mode in (
-                dra_mode(api, env["KUBECONFIG"], n, args),
-                device_plugin_mode(api, env["KUBECONFIG"], n, args.limit),
-            ):
-                rows.append(await mode)
-                print("  " + " | ".join(rows[-1].cells()), flush=True)
+            for _ in range(args.repeat):
+                for limits in args.limits:
+                    rows.append(await dra_mode(api, env, n, Limits.parse(limits), args))
+                    print("  " + " | ".join(rows[-1].cells()), flush=True)
+                if args.device_plugin:
+                    rows.append(await device_plugin_mode(api, env["KUBECONFIG"], n, args.limit))
+                    print("  " + " | ".join(rows[-1].cells()), flush=True)
+    costs = [
+        f"- {r.mode}, N={r.n}, {phase} ({cost.pods} Pods): {cost.line()}"
+        for r in rows
+        for phase, cost in r.costs.items()
+    ] + [
+        f"- {r.mode}, N={r.n}, storm refused {k}x: {message}"
+        for r in rows
+        for message, k in r.refusals.items()
+    ]
     return "\n".join(
         [
             f"### dra_storm N={','.join(map(str, args.nodes))} ({now()}, {machine()})",
             "",
             table(HEADER, [r.cells() for r in rows]),
             "",
-            "Seconds: DRA, Pod created -> bound (claim allocated); device-plugin, one Allocate "
+            "Seconds: DRA, Pod created -> bound (claim allocated) by the bench's kube-scheduler "
+            "(its client's qps/burst in the mode column); device-plugin, one Allocate "
             "(preferred + Allocate, the claim written). Writes per claim: DRA, Pod and claim "
             "writes; device-plugin, Instance writes the agents sent.",
+            "",
+            "The bench's scheduler, from its metrics (each phase's gain; seconds summed over "
+            "its Pods' attempts, shown per Pod):",
+            "",
+            *costs,
             "",
         ]
     )
@@ -384,6 +452,19 @@ def main() -> None:
     p.add_argument("nodes", type=int, nargs="*", default=[10, 25, 50])
     p.add_argument("--solo", type=int, default=5, help="Pods alone, one after another")
     p.add_argument("--limit", type=float, default=300.0, help="bound on each wait, s")
+    p.add_argument(
+        "--limits",
+        nargs="+",
+        default=[DEFAULT_LIMITS, "500/1000"],
+        help="the bench's scheduler's client qps/burst, one DRA run each",
+    )
+    p.add_argument("--repeat", type=int, default=1, help="runs of each N")
+    p.add_argument(
+        "--no-device-plugin",
+        dest="device_plugin",
+        action="store_false",
+        help="DRA mode only (device-plugin mode does not use the scheduler)",
+    )
     p.add_argument("--no-record", action="store_true", help="print, do not append to RESULTS.md")
     args = p.parse_args()
     report = trio.run(bench, args)
