@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import importlib.metadata
 import json
 import logging
 import sys
 from collections.abc import Mapping
 from typing import Any, TextIO
+
+import akri_trio
 
 __all__ = [
     "FIELDS",
@@ -154,10 +155,7 @@ def setup_logging(
 
 
 def version() -> str:
-    try:
-        return importlib.metadata.version("akri-trio")
-    except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
-        return "unknown"
+    return akri_trio.__version__  # not importlib.metadata's: see akri_trio/__init__.py
 
 
 def startup_settings(settings: Mapping[str, object]) -> dict[str, object]:
