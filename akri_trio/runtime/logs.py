@@ -20,8 +20,6 @@ import sys
 from collections.abc import Mapping
 from typing import Any, TextIO
 
-import akri_trio
-
 __all__ = [
     "FIELDS",
     "FORMATS",
@@ -155,7 +153,10 @@ def setup_logging(
 
 
 def version() -> str:
-    return akri_trio.__version__  # not importlib.metadata's: see akri_trio/__init__.py
+    # akri_trio.__version__ (not importlib.metadata's: see akri_trio/__init__.py), read from the
+    # package Python imported before this module, as runtime/ imports nothing of akri_trio's.
+    top: str = sys.modules[__name__.partition(".")[0]].__version__
+    return top
 
 
 def startup_settings(settings: Mapping[str, object]) -> dict[str, object]:
