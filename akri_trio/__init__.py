@@ -1,5 +1,9 @@
 """akri-trio.
 
+`__version__` is the package's version (pyproject.toml reads it from here): every process logs
+it at start-up, and importlib.metadata, which would read it from the installed metadata, costs
+each of them 0.7 MB of resident memory (zipfile, csv and its own modules).
+
 Importing the package keeps httpx's command-line client out of every process: httpx's
 `__init__` imports it (click and pygments: 1.6 MB of resident memory in each agent and
 controller, for a `httpx` command nobody runs here) and falls back to a stub when that import
@@ -8,6 +12,8 @@ fails, which the finder below makes it do (and nothing else: it answers for that
 
 import sys as _sys
 from typing import Any as _Any
+
+__version__ = "0.1.0"
 
 
 class _NoHttpxCommandLine:

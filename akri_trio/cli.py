@@ -13,8 +13,9 @@ hint, like kubectl's, instead of a traceback.
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import sys
+
+import akri_trio
 
 # subcommand -> "module:function"; the function takes argv (list[str]) and returns an exit code.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -49,7 +50,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args[:1] in (["--version"], ["-V"]):
-        print(f"akri-trio {importlib.metadata.version('akri-trio')}")
+        print(f"akri-trio {akri_trio.__version__}")
         return 0
     if not args or args[0] in ("-h", "--help") or args[0] not in SUBCOMMANDS:
         width = max(map(len, SUBCOMMANDS))

@@ -103,3 +103,31 @@ def test_the_agent_and_the_controller_load_no_command_line_toolkit(
     loaded = imported_by(*modules)
     assert not loaded & {"click", "pygments", "rich"}
     assert "httpx" in loaded
+
+
+def loaded_modules(*modules: str) -> set[str]:
+    """Every module (not only top-level packages) `modules` import in a fresh interpreter."""
+    lines = [f"import {m}" for m in modules]
+    lines.append("import json, sys; print(json.dumps(sorted(sys.modules)))")
+    return top_level_modules("\n".join(lines))
+
+
+@pytest.mark.parametrize(
+    "modules",
+    [
+        ("akri_trio.agent.cli", "akri_trio.agent.run"),
+        ("akri_trio.controller.cli", "akri_trio.controller.run"),
+    ],
+    ids=["agent", "controller"],
+)
+def test_yaml_and_package_metadata_wait_for_their_first_use(modules: tuple[str, ...]) -> None:
+    """In a Pod (in-cluster config, no Configuration yet) nothing parses YAML, and the start-up
+    line's version is akri_trio.__version__: neither library is loaded at start-up."""
+    loaded = loaded_modules(*modules)
+    assert "yaml" not in loaded
+    assert "importlib.metadata" not in loaded
+
+
+def test_a_device_plugin_agent_imports_no_dra_module() -> None:
+    loaded = loaded_modules("akri_trio.agent.cli", "akri_trio.agent.run")
+    assert not {m for m in loaded if m.startswith(("akri_trio.dra", "akri_trio.agent.dra"))}

@@ -15,10 +15,8 @@ from typing import Any
 
 import attrs
 
-from akri_trio.agent.dra.plan import node_pool_of, owns_slice
 from akri_trio.agent.status import node_entry_of
 from akri_trio.agent.view import NodeView, config_key
-from akri_trio.dra import pool_key
 from akri_trio.kube import Change, Mapper, ObjectKey, each
 from akri_trio.model.resources import Configuration, Instance
 
@@ -96,6 +94,8 @@ def plan_inputs(inst: Instance, node: str) -> Instance:
 def instance_to_node_pool(node: str) -> Mapper:
     """DRA mode: an Instance change reconciles the node pool it is in on `node`, before or after
     the change (one that leaves the pool, or goes, reconciles the pool it left)."""
+    # Imported here, as each DRA mapper's: a device-plugin agent imports no DRA module.
+    from akri_trio.agent.dra.plan import node_pool_of
 
     def mapper(change: Change[Instance]) -> Iterable[ObjectKey]:
         pools = (node_pool_of(inst, node) for inst in (change.old, change.new) if inst)
@@ -107,6 +107,8 @@ def instance_to_node_pool(node: str) -> Mapper:
 def slice_to_node_pool(namespace: str | None) -> Mapper:
     """DRA mode: a change of one of the node's slices reconciles its pool when the pool is this
     agent's (`owns_slice`), so a slice someone else deletes is published again at once."""
+    from akri_trio.agent.dra.plan import owns_slice
+    from akri_trio.dra import pool_key
 
     def keys_of(obj: Mapping[str, Any]) -> Iterable[ObjectKey]:
         key = pool_key(obj) if owns_slice(obj, namespace) else None

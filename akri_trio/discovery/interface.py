@@ -31,8 +31,6 @@ import os
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, ParamSpec, Protocol, TypeVar
 
-import yaml
-
 from akri_trio.model.device import Device
 
 DetailsT = TypeVar("DetailsT")
@@ -176,6 +174,8 @@ def _reason(exc: BaseException) -> str:
 def _check_depth(text: str, max_depth: int) -> None:
     """Refuse documents nested deeper than `max_depth`, from parser events alone (PyYAML's
     parser is iterative; its composer, which runs next, recurses per level)."""
+    import yaml  # on first use: an agent with no Configuration parses no YAML (0.7 MB of RSS)
+
     depth = 0
     for event in yaml.parse(text, Loader=yaml.SafeLoader):
         if isinstance(event, yaml.CollectionStartEvent):
@@ -193,6 +193,8 @@ def load_mapping(text: str, *, max_bytes: int = MAX_DETAILS_BYTES) -> dict[str, 
     size = len(text.encode("utf-8", "surrogatepass"))
     if size > max_bytes:
         raise InvalidDetails(None, f"is {size} bytes long; the limit is {max_bytes}")
+    import yaml  # on first use, as in _check_depth
+
     try:
         if not text.strip():
             doc: Any = {}

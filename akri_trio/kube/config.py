@@ -30,7 +30,6 @@ from typing import Any
 
 import attrs
 import httpx
-import yaml
 
 from akri_trio.kube.errors import ConfigError as ConfigError  # re-exported: its old home
 from akri_trio.kube.exec_auth import ExecAuth
@@ -246,6 +245,9 @@ def _absolutize_exec_command(user: dict[str, Any], base_dir: Path) -> dict[str, 
 
 
 def load_kubeconfig(paths: Sequence[Path], *, context: str | None = None) -> KubeConfig:
+    # Imported here: a Pod's in-cluster config reads no YAML, and PyYAML is 0.7 MB of RSS.
+    import yaml
+
     docs = []
     for path in paths:
         try:

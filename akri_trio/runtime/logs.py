@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import importlib.metadata
 import json
 import logging
 import sys
@@ -154,10 +153,10 @@ def setup_logging(
 
 
 def version() -> str:
-    try:
-        return importlib.metadata.version("akri-trio")
-    except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
-        return "unknown"
+    # akri_trio.__version__ (not importlib.metadata's: see akri_trio/__init__.py), read from the
+    # package Python imported before this module, as runtime/ imports nothing of akri_trio's.
+    top: str = sys.modules[__name__.partition(".")[0]].__version__
+    return top
 
 
 def startup_settings(settings: Mapping[str, object]) -> dict[str, object]:
