@@ -129,5 +129,21 @@ def test_yaml_and_package_metadata_wait_for_their_first_use(modules: tuple[str, 
 
 
 def test_a_device_plugin_agent_imports_no_dra_module() -> None:
+    """Only its care of claims a DRA-mode run left (`agent/dra/holdings*.py`, which import
+    the rest of DRA only where a claim was left)."""
     loaded = loaded_modules("akri_trio.agent.cli", "akri_trio.agent.run")
-    assert not {m for m in loaded if m.startswith(("akri_trio.dra", "akri_trio.agent.dra"))}
+    left = {
+        "akri_trio.agent.dra",
+        "akri_trio.agent.dra.holdings",
+        "akri_trio.agent.dra.holdings_plan",
+    }
+    dra = {m for m in loaded if m.startswith(("akri_trio.dra", "akri_trio.agent.dra"))}
+    assert dra <= left, dra - left
+
+
+def test_the_holdings_dir_is_the_dra_driver_s() -> None:
+    """The DRA state directory a device-plugin agent looks for is the driver's own."""
+    from akri_trio.agent.dra.holdings import DRIVER_DIR
+    from akri_trio.dra.names import DRIVER
+
+    assert DRIVER_DIR == DRIVER

@@ -33,6 +33,7 @@ import functools
 import logging
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -40,11 +41,16 @@ from akri_trio.address import ObjectKey
 from akri_trio.agent.dra.holdings_plan import Want, record, unrecorded, wanted
 from akri_trio.agent.plugins.claims import ClaimFailed, Claims, InstanceGone
 from akri_trio.agent.view import NodeView
-from akri_trio.dra.checkpoint import PreparedClaim
-from akri_trio.dra.names import DRIVER
 from akri_trio.model.resources import Instance
 from akri_trio.rpc.uds import DEFAULT_LIMITS, ServerLimits
 from akri_trio.runtime import Backoff
+
+if TYPE_CHECKING:
+    from akri_trio.dra.checkpoint import PreparedClaim
+
+# The DRA driver's name (akri_trio.dra.names.DRIVER, which a test checks this is): written out
+# so that a node that never ran DRA mode imports no DRA module.
+DRIVER_DIR = "akri.sh"
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +85,7 @@ class DraHoldings:
         await trio.sleep_forever()
 
     async def _run(self, task_status: trio.TaskStatus[None]) -> None:
-        state_dir = self.kubelet_root_dir / "plugins" / DRIVER
+        state_dir = self.kubelet_root_dir / "plugins" / DRIVER_DIR
         if not state_dir.is_dir():
             await self.record({})
             task_status.started()

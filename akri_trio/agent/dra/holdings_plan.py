@@ -26,13 +26,15 @@ by the slot reclaimer (which frees `<node>` and `C:...:<node>` only).
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from akri_trio.address import ObjectKey
 from akri_trio.agent.plugins.slots import claimable_slots, slot_index
-from akri_trio.dra.checkpoint import PreparedClaim
-from akri_trio.dra.names import device_name, node_pool, shared_pool
 from akri_trio.model.naming import DraClaim, format_usage, parse_usage
 from akri_trio.model.resources import Instance
+
+if TYPE_CHECKING:
+    from akri_trio.dra.checkpoint import PreparedClaim
 
 Want = Mapping[str, int]  # claim uid -> how many slots of one Instance it holds
 
@@ -41,6 +43,9 @@ def device_owners(
     instances: Iterable[Instance], node: str
 ) -> dict[tuple[str, str, bool], ObjectKey]:
     """(pool, device, consumable) -> the Instance a device prepared on `node` stands for."""
+    # Imported here: with no claim prepared (a node that never ran DRA mode) nothing of DRA is.
+    from akri_trio.dra.names import device_name, node_pool, shared_pool
+
     out: dict[tuple[str, str, bool], ObjectKey] = {}
     for inst in instances:
         meta = inst.metadata
@@ -73,7 +78,7 @@ def wanted(
     every Instance that records a claim of `node` (with what it should record now, maybe
     nothing). A claim's device whose Instance is gone holds nothing left to record."""
     instances = list(instances)
-    owners = device_owners(instances, node)
+    owners = device_owners(instances, node) if prepared else {}
     out: dict[ObjectKey, dict[str, int]] = {
         inst.metadata.key: {}
         for inst in instances
