@@ -189,6 +189,15 @@ def test_no_slot_was_held_twice(holders: Holders) -> None:
 
 
 def test_the_dra_release_uninstalls(rel: Release) -> None:
-    rel.kubectl("delete", "pod", "user-dra", "-n", rel.namespace, "--wait=true", "--timeout=60s")
+    rel.kubectl(
+        "delete",
+        "pod",
+        "user-dra",
+        "-n",
+        rel.namespace,
+        "--ignore-not-found",
+        "--wait=true",
+        "--timeout=60s",
+    )  # not made on a release without DRAExtendedResource
     rel.uninstall()
     until(lambda: not rel.pods_of(CONFIG), seconds=120, what="the brokers gone")
