@@ -25,9 +25,10 @@ from akri_trio.runtime import next_tick
 __all__ = ["LAG_THRESHOLD_S", "SAMPLE_PERIOD_S", "LagMonitor", "current_lag", "verdict"]
 
 # A stall longer than this always spans a wake-up, so it is always sampled; a shorter one may
-# fall between two. 1 s is far under the threshold (so /healthz and the histogram see every
-# stall that matters) and keeps an idle agent asleep: one wake-up a second, not ten.
-SAMPLE_PERIOD_S: Final = 1.0
+# fall between two. 2 s is far under the threshold (so /healthz and the histogram see every
+# stall that matters) and keeps an idle agent asleep: one wake-up every 2 s, with the agent's
+# other periodic looks on the same tick.
+SAMPLE_PERIOD_S: Final = 2.0
 # The agent's default: a loop this late misses the kubelet's and the API server's timeouts; the
 # liveness probe then restarts it. Heavy but healthy work stays far below.
 LAG_THRESHOLD_S: Final = 5.0

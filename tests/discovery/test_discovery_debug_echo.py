@@ -70,7 +70,7 @@ async def test_starts_offline_when_file_says_so(
 
 
 def test_the_poll_period_comes_from_the_environment() -> None:
-    assert DebugEcho.from_env({}).poll_interval == DEFAULT_POLL_S == 1.0
+    assert DebugEcho.from_env({}).poll_interval == DEFAULT_POLL_S == 2.0
     assert DebugEcho.from_env({POLL_ENV: "0.25"}).poll_interval == 0.25
     for bad in ("0", "-1", "soon"):
         with pytest.raises(ValueError):
