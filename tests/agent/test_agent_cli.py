@@ -166,9 +166,9 @@ def test_mount_directories_from_the_environment() -> None:
 def test_every_periodic_wake_up_is_a_flag_with_an_idle_default() -> None:
     env = {"AGENT_NODE_NAME": "n1"}
     default = parse_args([], env)
-    # one wake-up a second at most while nothing changes
-    assert (default.lag_period, default.kubelet_poll_period) == (1.0, 1.0)
-    assert (default.debug_echo_poll_period, default.reclaim_period) == (1.0, 10.0)
+    # one wake-up every 2 s at most while nothing changes
+    assert (default.lag_period, default.kubelet_poll_period) == (2.0, 2.0)
+    assert (default.debug_echo_poll_period, default.reclaim_period) == (2.0, 10.0)
     given = parse_args(
         [
             "--event-loop-lag-period", "0.1",
@@ -183,9 +183,9 @@ def test_every_periodic_wake_up_is_a_flag_with_an_idle_default() -> None:
         0.3,
     )
     from_env = parse_args(
-        [], {**env, "AKRI_KUBELET_POLL_PERIOD": "5", "DEBUG_ECHO_POLL_PERIOD": "2"}
+        [], {**env, "AKRI_KUBELET_POLL_PERIOD": "5", "DEBUG_ECHO_POLL_PERIOD": "3"}
     )
-    assert (from_env.kubelet_poll_period, from_env.debug_echo_poll_period) == (5.0, 2.0)
+    assert (from_env.kubelet_poll_period, from_env.debug_echo_poll_period) == (5.0, 3.0)
     for flag in ("--event-loop-lag-period", "--kubelet-poll-period", "--debug-echo-poll-period"):
         with pytest.raises(SystemExit):
             parse_args([flag, "0"], env)
