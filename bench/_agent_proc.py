@@ -26,17 +26,10 @@ from akri_trio.runtime.logs import log_level, setup_logging
 from bench._common import BENCH_NS, REPO, bench_api, bench_echo
 
 
-@asynccontextmanager
-async def agent_process(
-    root: Path, kubeconfig: str, node: str, *extra: str, count_requests: bool = True
-) -> AsyncIterator[trio.Process]:
-    """This module as a child process, sockets under `root` (the kubelet's device-plugin dir
-    is `root/dp`), its log in `root/agent.log`, the count of its API requests in
-    `root/requests.json` unless `count_requests` is False (see `requests_of`); SIGTERM (then
-    SIGKILL) on exit."""
-    (root / "dp").mkdir(exist_ok=True)
-    cmd = [
-        sys.executable, "-m", "bench._agent_proc",
+def agent_args(root: Path, kubeconfig: str, node: str) -> list[str]:
+    """The agent's flags for a bench run: debugEcho on, its sockets and files under `root`
+    (the kubelet's device-plugin dir is `root/dp`), no metrics port, warnings only."""
+    return [
         "--node-name", node,
         "--kubeconfig", kubeconfig,
         "--enable-debug-echo",
@@ -46,8 +39,19 @@ async def agent_process(
         "--discovery-handlers-directory", str(root / "akri"),
         "--metrics-port", "-1",
         "--log-level", "WARNING",
-        *extra,
     ]  # fmt: skip
+
+
+@asynccontextmanager
+async def agent_process(
+    root: Path, kubeconfig: str, node: str, *extra: str, count_requests: bool = True
+) -> AsyncIterator[trio.Process]:
+    """This module as a child process, sockets under `root` (the kubelet's device-plugin dir
+    is `root/dp`), its log in `root/agent.log`, the count of its API requests in
+    `root/requests.json` unless `count_requests` is False (see `requests_of`); SIGTERM (then
+    SIGKILL) on exit."""
+    (root / "dp").mkdir(exist_ok=True)
+    cmd = [sys.executable, "-m", "bench._agent_proc", *agent_args(root, kubeconfig, node), *extra]
     # Counting wakes the agent every REQUESTS_PERIOD_S: a bench of idleness goes without.
     env = {**os.environ, REQUESTS_ENV: str(root / "requests.json")} if count_requests else None
     async with child_process(cmd, root / "agent.log", env) as proc:

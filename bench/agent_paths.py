@@ -32,7 +32,13 @@ import trio
 from akri_trio.kube.client import JSON, Client
 from akri_trio.kube.errors import NotFound
 from akri_trio.model.resources import CONFIGURATIONS, INSTANCES
-from bench._agent_proc import REQUESTS_ENV, REQUESTS_PERIOD_S, child_process, requests_of
+from bench._agent_proc import (
+    REQUESTS_ENV,
+    REQUESTS_PERIOD_S,
+    agent_args,
+    child_process,
+    requests_of,
+)
 from bench._common import (
     bench_api,
     cluster_env,
@@ -201,19 +207,7 @@ async def bench(args: argparse.Namespace) -> None:
             (root / "dp").mkdir()
             kubelet = KubeletStandin(root / "dp").start()
             py = [sys.executable, "-c", PROFILED, args.profile]
-            cmd = [
-                *py,
-                "--node-name", NODE,
-                "--kubeconfig", env["KUBECONFIG"],
-                "--enable-debug-echo",
-                "--debug-echo-availability", str(root / "avail"),
-                "--device-plugin-dir", str(root / "dp"),
-                "--pod-resources-socket", str(root / "pr.sock"),
-                "--discovery-handlers-directory", str(root / "akri"),
-                "--metrics-port", "-1",
-                "--log-level", "WARNING",
-                "--namespace", NAMESPACE,
-            ]  # fmt: skip
+            cmd = [*py, *agent_args(root, env["KUBECONFIG"], NODE), "--namespace", NAMESPACE]
             # as bench.upstream runs it: `--log-level WARNING` (which _agent_proc reads here)
             agent_env = {
                 **os.environ,
