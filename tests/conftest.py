@@ -9,7 +9,8 @@ These fixtures run `python -m akri_trio_dev cluster up` (which builds the binari
 machine) and never skip: a cluster that cannot start fails the tests that need it. A cluster that
 was already running (a developer's) is left running; one this session started is stopped at its
 end, so a CI run leaves no processes, mounts or bridges behind — unless AKRI_TRIO_KEEP_CLUSTER is
-set, for machines where several test sessions share one cluster.
+set, for machines where several test sessions share one cluster. A session that owns the
+cluster waits until no other session uses it (tests/support/session_lock.py).
 """
 
 from __future__ import annotations
@@ -24,12 +25,14 @@ from akri_trio.kube.client import Client
 from akri_trio.kube.config import load_config
 from akri_trio_dev import run_cluster_command
 from akri_trio_dev.cluster.exports import parse_exports
+from akri_trio_dev.cluster.layout import Layout
 from tests.support.releases import (
     mark_compat,
     marked_features,
     restore_skip_reason,
     skip_without,
 )
+from tests.support.session_lock import session_lock
 from tests.support.tiers import mark_tiers
 
 # Property tests assert behaviour, not speed (bench/ measures that): on two cores shared with the
@@ -76,14 +79,18 @@ def _running() -> bool:
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[dict[str, str]]:
-    """The control plane (etcd, apiserver, controller-manager, scheduler); its `env` as a dict."""
-    was_running = _running()
-    _cli("up")
-    env = _env()
-    os.environ.setdefault("KUBECONFIG", env["KUBECONFIG"])
-    yield env
-    if not was_running and not os.environ.get("AKRI_TRIO_KEEP_CLUSTER"):
-        _cli("down")
+    """The control plane (etcd, apiserver, controller-manager, scheduler); its `env` as a dict.
+    Held under the cluster home's session lock (tests/support/session_lock.py): exclusive,
+    unless AKRI_TRIO_KEEP_CLUSTER says this session shares the cluster."""
+    keep = bool(os.environ.get("AKRI_TRIO_KEEP_CLUSTER"))
+    with session_lock(Layout.default().home, exclusive=not keep):
+        was_running = _running()
+        _cli("up")
+        env = _env()
+        os.environ.setdefault("KUBECONFIG", env["KUBECONFIG"])
+        yield env
+        if not was_running and not keep:
+            _cli("down")
 
 
 @pytest.fixture(autouse=True)

@@ -715,6 +715,7 @@ def up_nodes(lay: Layout, first_name: str, count: int) -> None:
         _start_runtime(lay, node)
     lay.node_name_file.write_text(first_name + "\n")
     for node in nodes:
+        _heal_leftover_partition(lay, node)
         _start_kubelet(lay, node, node_ip if node.is_first else None)
     took = _wait_ready(lay, nodes)
     names = ", ".join(n.name for n in nodes)
@@ -968,6 +969,15 @@ def _extra(lay: Layout, name: str) -> NodeLayout:
 def _partitioned(lay: Layout, node: NodeLayout) -> bool:
     rule = netrules.partition(node.address, lay.ports.apiserver, lay.ports.kubelet)
     return iptables.present(rule)
+
+
+def _heal_leftover_partition(lay: Layout, node: NodeLayout) -> None:
+    """`up` wants every node it names reachable: a partition left by a `node partition` whose
+    `heal` never ran (its test or session was killed) is lifted, or the node's kubelet could
+    never register or renew its lease."""
+    if not node.is_first and _partitioned(lay, node):
+        iptables.remove(netrules.partition(node.address, lay.ports.apiserver, lay.ports.kubelet))
+        say(f"healed a leftover partition of node {node.name}")
 
 
 def node_stop(lay: Layout, name: str) -> None:

@@ -156,6 +156,24 @@ def test_node_partition_cuts_only_that_node_and_heal_restores_it(
     until(lambda: _ready(kubectl, cut) == "True", 60, f"{cut} Ready after heal")
 
 
+def test_up_heals_a_partition_left_by_a_killed_session(
+    multi_node_cluster: list[dict[str, str]], kubectl: Kubectl
+) -> None:
+    """A session killed between `node partition` and `heal` leaves the DROP behind; the next
+    `up --nodes 3` lifts it, so the node's kubelet reaches the API server again."""
+    cut = multi_node_cluster[1]["AKRI_TRIO_NODE_NAME"]
+    lay, node = _extra(cut)
+    rule = netrules.partition(node.address, lay.ports.apiserver, lay.ports.kubelet)
+    node_command("partition", cut)
+    try:
+        proc = run_cluster_command("up", "--nodes", "3", capture_output=True, timeout=180)
+    finally:
+        iptables.remove(rule)  # never leave it cut, whatever `up` did
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"healed a leftover partition of node {cut}" in proc.stdout
+    until(lambda: _ready(kubectl, cut) == "True", 60, f"{cut} Ready after up")
+
+
 def _extra(node: str) -> tuple[Layout, NodeLayout]:
     lay = Layout.default()
     return lay, lay.node_named(node)
