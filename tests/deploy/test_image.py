@@ -9,6 +9,7 @@ bench/image_size.py and bench/RESULTS.md, not asserted here."""
 from __future__ import annotations
 
 import re
+import struct
 import tomllib
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from akri_trio_dev.cluster.image import (
     ensure_image,
     image_ref,
 )
-from akri_trio_dev.cluster.image_contents import VENV, Contents, image_contents
+from akri_trio_dev.cluster.image_contents import VENV, Contents, has_symbol_table, image_contents
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -130,6 +131,24 @@ def test_dockerfile_promises() -> None:
     assert user == ["USER 65532:65532"]
     assert 'ENTRYPOINT ["akri-trio"]' in instructions
     assert "libudev1" in text
+
+
+def elf64(*section_types: int) -> bytes:
+    """A little-endian ELF64 file of section headers only: what has_symbol_table reads."""
+    header = bytearray(0x40)
+    header[:6] = b"\x7fELF\x02\x01"
+    struct.pack_into("<Q", header, 0x28, 0x40)  # e_shoff: right after this header
+    struct.pack_into("<HH", header, 0x3A, 0x40, len(section_types))  # e_shentsize, e_shnum
+    sections = b"".join(struct.pack("<II", 0, kind) + bytes(0x38) for kind in section_types)
+    return bytes(header) + sections
+
+
+def test_a_symbol_table_section_is_found_and_dynamic_symbols_are_not_one() -> None:
+    null, progbits, symtab, strtab, dynsym = 0, 1, 2, 3, 11
+    assert has_symbol_table(elf64(null, progbits, symtab, strtab, dynsym))
+    assert not has_symbol_table(elf64(null, progbits, strtab, dynsym))  # what strip leaves
+    assert not has_symbol_table(b"#!/bin/sh\n" + bytes(100))  # not ELF
+    assert not has_symbol_table(elf64(symtab)[:0x40])  # headers past the end are not read
 
 
 # -- the built image ---------------------------------------------------------------------------
