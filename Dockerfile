@@ -11,13 +11,21 @@ ARG BASE=python:3.11-slim-bookworm
 
 FROM ${BASE} AS builder
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PIP_ROOT_USER_ACTION=ignore
-RUN python3 -m venv /opt/akri-trio
+# binutils for `strip`, in this stage only: some wheels ship their extension modules with the
+# symbol table (cryptography's 14 MB Rust module, PyYAML's 2.6 MB one); Python loads them through
+# their dynamic symbols, which --strip-unneeded keeps. Libraries a wheel vendors (`*.libs/`,
+# rewritten by auditwheel's patchelf) are left as they are.
+RUN export DEBIAN_FRONTEND=noninteractive && apt-get update -qq \
+ && apt-get install -y -qq --no-install-recommends binutils >/dev/null \
+ && python3 -m venv /opt/akri-trio
 # Dependencies first, pinned by constraints.txt (`just lock`): this layer is rebuilt only when
 # the pins change, not on every source edit.
 COPY constraints.txt /src/
 RUN --mount=type=secret,id=cacert \
     if [ -s /run/secrets/cacert ]; then export PIP_CERT=/run/secrets/cacert; fi \
- && /opt/akri-trio/bin/pip install -q -r /src/constraints.txt
+ && /opt/akri-trio/bin/pip install -q -r /src/constraints.txt \
+ && find /opt/akri-trio -name '*.so*' -type f -not -path '*.libs/*' \
+         -exec strip --strip-unneeded {} +
 COPY pyproject.toml README.md /src/
 COPY akri_trio /src/akri_trio
 # Offline: every dependency and the build backend are already in the venv. pip and setuptools
@@ -43,8 +51,9 @@ COPY --from=builder /opt/akri-trio /opt/akri-trio
 # per-file records, perl, the ext2 and SELinux-policy tools, iconv's charset modules, the time
 # zone tree (the venv has tzdata), venv's bundled wheels and the parts of the standard library
 # for tests, tools and terminals. The shell and coreutils stay, for `kubectl exec`. The last
-# step proves every role and handler still imports and libudev is still found. The paths are
-# those of Debian's python3 (the local base); on another base what is not there is skipped.
+# step proves every role and handler still imports (and with them the stripped extension
+# modules they load) and libudev is still found. The paths are those of Debian's python3 (the
+# local base); on another base what is not there is skipped.
 RUN py=/usr/lib/python3.11 lib=/usr/lib/x86_64-linux-gnu \
  && rm -rf /usr/bin/perl* $lib/perl-base /usr/share/perl5 \
            /usr/bin/apt* /usr/lib/apt /etc/apt /var/lib/apt /var/cache/apt $lib/libapt-* \
@@ -66,7 +75,8 @@ RUN py=/usr/lib/python3.11 lib=/usr/lib/x86_64-linux-gnu \
  && /opt/akri-trio/bin/python -c 'import ctypes.util, akri_trio.agent.run, akri_trio.controller.run, \
 akri_trio.webhook.server, akri_trio.cli, importlib; from akri_trio.discovery.handlers import BUILTIN; \
 [importlib.import_module(target.partition(":")[0]) for target in BUILTIN.values()]; \
-import zeep, lxml.etree, asyncua, zeroconf, pyudev, re2; assert ctypes.util.find_library("udev")'
+import zeep, lxml.etree, asyncua, zeroconf, pyudev, re2, yaml._yaml, google._upb._message, \
+cryptography.hazmat.bindings._rust; assert ctypes.util.find_library("udev")'
 
 # One layer holding the trimmed tree: files deleted in a layer above a base still take space.
 FROM scratch

@@ -1,13 +1,19 @@
 """The image's inputs, without building it: what goes into the build context and its hash, the
 podman command, the pins in constraints.txt, and the Dockerfile's promises (multi-stage, BASE,
-the CA bundle only as a build secret, an unprivileged default user). The build itself runs in
-tests/deploy/test_pods.py, on the node."""
+the CA bundle only as a build secret, an unprivileged default user). Then the image the deploy
+tests run (built and imported into the node as they do it), read file by file: what must not be
+in it (the development package, compilers and headers, build and test tools, caches, modules
+without bytecode, extension modules with their symbol tables). Its size is a measurement, in
+bench/image_size.py and bench/RESULTS.md, not asserted here."""
 
 from __future__ import annotations
 
+import re
+import struct
 import tomllib
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
@@ -17,8 +23,10 @@ from akri_trio_dev.cluster.image import (
     build_command,
     content_hash,
     context_files,
+    ensure_image,
     image_ref,
 )
+from akri_trio_dev.cluster.image_contents import VENV, Contents, has_symbol_table, image_contents
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -123,3 +131,93 @@ def test_dockerfile_promises() -> None:
     assert user == ["USER 65532:65532"]
     assert 'ENTRYPOINT ["akri-trio"]' in instructions
     assert "libudev1" in text
+
+
+def elf64(*section_types: int) -> bytes:
+    """A little-endian ELF64 file of section headers only: what has_symbol_table reads."""
+    header = bytearray(0x40)
+    header[:6] = b"\x7fELF\x02\x01"
+    struct.pack_into("<Q", header, 0x28, 0x40)  # e_shoff: right after this header
+    struct.pack_into("<HH", header, 0x3A, 0x40, len(section_types))  # e_shentsize, e_shnum
+    sections = b"".join(struct.pack("<II", 0, kind) + bytes(0x38) for kind in section_types)
+    return bytes(header) + sections
+
+
+def test_a_symbol_table_section_is_found_and_dynamic_symbols_are_not_one() -> None:
+    null, progbits, symtab, strtab, dynsym = 0, 1, 2, 3, 11
+    assert has_symbol_table(elf64(null, progbits, symtab, strtab, dynsym))
+    assert not has_symbol_table(elf64(null, progbits, strtab, dynsym))  # what strip leaves
+    assert not has_symbol_table(b"#!/bin/sh\n" + bytes(100))  # not ELF
+    assert not has_symbol_table(elf64(symtab)[:0x40])  # headers past the end are not read
+
+
+# -- the built image ---------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def contents(node_cluster: dict[str, str]) -> Contents:
+    """Every file of the image the deploy tests run, as the node has it."""
+    return image_contents(ensure_image())
+
+
+def distributions(contents: Contents) -> set[str]:
+    """The canonical names of the Python distributions installed anywhere in the image."""
+    found = re.compile(r"(?:^|/)(?:site|dist)-packages/([^/]+?)-[^/-]+\.dist-info/METADATA$")
+    return {canonicalize_name(m[1]) for path in contents.files if (m := found.search(path))}
+
+
+def test_image_holds_no_development_package_or_tool(contents: Contents) -> None:
+    assert not [path for path in contents.files if "akri_trio_dev" in path]
+    installed = distributions(contents)
+    assert "akri-trio" in installed and "cryptography" in installed  # the reading works
+    optional = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    dev = {canonicalize_name(Requirement(spec).name) for spec in optional["dev"]}
+    assert dev, "pyproject.toml lists the development extras"
+    assert not installed & (dev | {"pip", "setuptools", "wheel", "pytest"})
+    # no pip, build or bytecode cache was left in a layer
+    assert not [path for path in contents.files if "/.cache/" in f"/{path}"]
+    assert not [path for path in contents.files if path.startswith(("tmp/", "src/"))]
+    # test suites of the installed packages were removed where they were shipped
+    site = f"{VENV}lib/python3.11/site-packages/"
+    assert not [p for p in contents.files if p.startswith(site) and "/tests/" in p]
+
+
+def test_image_holds_no_compiler_headers_or_build_tools(contents: Contents) -> None:
+    tools = {"gcc", "cc", "c++", "g++", "cpp", "clang", "ld", "as", "strip", "make", "cmake"}
+    bins = {
+        path.rsplit("/", 1)[-1]
+        for path in contents.files
+        if re.match(r"(usr/)?(local/)?s?bin/", path) or path.startswith(f"{VENV}bin/")
+    }
+    assert "python3.11" in bins and "akri-trio" in bins  # the listing reaches the binaries
+    assert not bins & tools
+    assert not [b for b in bins if re.fullmatch(r".*-(gcc|g\+\+|ld|as)(-\d+)?", b)]
+    assert not [p for p in contents.files if p.startswith(("usr/include/", "usr/lib/gcc/"))]
+    assert not [p for p in contents.files if p.endswith(("/Python.h", ".a"))]
+
+
+def test_every_python_module_in_the_image_has_its_bytecode(contents: Contents) -> None:
+    """The venv (the product and its packages) and the standard library: a process never
+    compiles at start-up (PYTHONDONTWRITEBYTECODE=1 would make it compile on every start)."""
+    lib = re.compile(r"(?:^|/)lib/python3\.(\d+)/")
+    checked = 0
+    missing = []
+    for path in contents.files:
+        if not path.endswith(".py") or not (m := lib.search(path)):
+            continue
+        folder, _, name = path.rpartition("/")
+        pyc = f"{folder}/__pycache__/{name[:-3]}.cpython-3{m[1]}.pyc"
+        checked += 1
+        if pyc not in contents.files:
+            missing.append(path)
+    assert checked > 1000  # the venv and the standard library were both seen
+    assert f"{VENV}lib/python3.11/site-packages/akri_trio/__pycache__/cli.cpython-311.pyc" in (
+        contents.files
+    )
+    assert missing == []
+
+
+def test_extension_modules_in_the_venv_are_stripped(contents: Contents) -> None:
+    modules = [p for p in contents.files if p.startswith(VENV) and p.endswith(".so")]
+    assert len(modules) > 10  # cryptography, lxml, re2, PyYAML, zeroconf, protobuf, ...
+    assert contents.unstripped == []
