@@ -477,13 +477,18 @@ def _rules(role: dict[str, Any]) -> list[str]:
 
 
 def test_controller_rbac_is_the_tested_manifest() -> None:
-    """The chart's controller roles, cluster-wide and for its Lease, are k8s/controller.yaml's,
-    which tests/controller/test_controller_rbac.py runs the controller with."""
+    """The chart's controller roles, cluster-wide (with draSwitchBack's, for what DRA mode left)
+    and for its Lease, are k8s/controller.yaml's, which tests/controller/test_controller_rbac.py
+    runs the controller with."""
     objects = render()
     docs = list(yaml.safe_load_all((REPO / "k8s" / "controller.yaml").read_text()))
-    for kind, role in (("ClusterRole", "akri-controller-role"), ("Role", "akri-controller-lease")):
-        (tested,) = [d for d in docs if d["kind"] == kind]
-        assert tested["metadata"]["name"] == role
+    roles = {(d["kind"], d["metadata"]["name"]): d for d in docs if d["kind"].endswith("Role")}
+    assert set(roles) == {
+        ("ClusterRole", "akri-controller-role"),
+        ("ClusterRole", "akri-controller-dra-leftovers-role"),
+        ("Role", "akri-controller-lease"),
+    }
+    for (kind, role), tested in roles.items():
         assert _rules(one(objects, kind, role)) == _rules(tested), role
 
 
