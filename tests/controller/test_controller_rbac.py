@@ -170,3 +170,45 @@ async def test_a_lost_nodes_shared_claim_holder_is_deleted_with_the_manifest_rba
             return {p["metadata"]["name"] for p in (await admin.list(PODS, namespace=ns)).items}
 
         assert await names() == {"bystander"}
+
+
+async def test_device_plugin_mode_deletes_what_dra_mode_left_with_the_manifest_rbac(
+    admin: Client, controller_api: Client
+) -> None:
+    """After a switch back: a DeviceClass and a shared pool's ResourceSlice of the namespace,
+    left by DRA mode, are deleted as the device-plugin-mode controller starts leading, with
+    k8s/controller.yaml's `list` and `delete` on both (akri-controller-dra-leftovers-role)."""
+    async with namespace(admin, "ctl-rbac-back") as ns:
+        selector = f"{dra.LABEL_NAMESPACE}={ns}"
+        pool = dra.shared_pool(ns, "cfg-aaaaaa")
+        left = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": dra.slice_name(pool, 0), "labels": dra.pool_labels("shared", ns)},
+            "spec": {
+                "driver": dra.DRIVER,
+                "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1},
+                "allNodes": True,
+                "devices": [],
+            },
+        }
+        await admin.create(DEVICE_CLASSES, dra.device_class("cfg", ns))
+        await admin.create(RESOURCE_SLICES, left)
+        settings = ControllerSettings(namespace=ns, metrics_port=None, lease_namespace="akri")
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(lambda **kw: run_controller(settings, api=controller_api, **kw))
+
+                async def removed() -> bool:
+                    classes = await admin.list(DEVICE_CLASSES, label_selector=selector)
+                    slices = await admin.list(RESOURCE_SLICES, label_selector=selector)
+                    return not classes.items and not slices.items
+
+                await until_api(removed, what="the class and the pool DRA mode left deleted")
+                nursery.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True):
+                for res in (DEVICE_CLASSES, RESOURCE_SLICES):
+                    for obj in (await admin.list(res, label_selector=selector)).items:
+                        with suppress(NotFound):
+                            await admin.delete(res, obj["metadata"]["name"])

@@ -95,6 +95,9 @@ def test_defaults_make_the_agent_the_controller_the_webhook_and_the_cleanup_hook
         ("RoleBinding", "akri-controller-lease"),
         ("Lease", "akri-controller"),
         ("Deployment", "akri-controller-deployment"),
+        # draSwitchBack: what DRA mode left, deleted after a switch back
+        ("ClusterRole", "akri-controller-dra-leftovers-role"),
+        ("ClusterRoleBinding", "akri-controller-dra-leftovers-binding"),
         ("ServiceAccount", "akri-teardown-sa"),
         ("ClusterRole", "akri-teardown-role"),
         ("ClusterRoleBinding", "akri-teardown-binding"),
@@ -155,7 +158,12 @@ def test_agent_daemonset() -> None:
     assert spec["serviceAccountName"] == "akri-agent-sa"
     assert spec["nodeSelector"] == {"kubernetes.io/os": "linux"}
     (agent,) = spec["containers"]
-    assert agent["args"] == ["agent"]
+    # draSwitchBack: DRA mode's directories, where a switch back finds the claims it left
+    assert agent["args"] == [
+        "agent",
+        "--kubelet-root-dir=/var/lib/kubelet",
+        "--cdi-dir=/var/run/cdi",
+    ]
     assert agent["image"] == "akri-trio:0.1.0"
     env = env_of(agent)
     assert env["AGENT_NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
@@ -167,6 +175,9 @@ def test_agent_daemonset() -> None:
         "/var/lib/kubelet/device-plugins": False,
         "/var/lib/kubelet/pod-resources": True,
         "/run/udev": True,
+        "/var/lib/kubelet/plugins_registry": False,
+        "/var/lib/kubelet/plugins": False,
+        "/var/run/cdi": False,
         "/tmp": False,
     }
     host = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
@@ -175,6 +186,9 @@ def test_agent_daemonset() -> None:
         "/var/lib/kubelet/device-plugins",
         "/var/lib/kubelet/pod-resources",
         "/run/udev",
+        "/var/lib/kubelet/plugins_registry",
+        "/var/lib/kubelet/plugins",
+        "/var/run/cdi",
     }
     assert agent["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert agent["readinessProbe"]["httpGet"]["path"] == "/readyz"
@@ -198,11 +212,19 @@ def test_dra_allocation_switches_the_agent_and_the_controller() -> None:
     assert dra <= {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
     (controller,) = pod_spec(one(objects, "Deployment", "akri-controller-deployment"))["containers"]
     assert "--allocation=dra" in controller["args"]
-    # The default is upstream's device plugins: neither gets the flag nor the DRA mounts.
-    default = render()
-    (agent,) = pod_spec(one(default, "DaemonSet", "akri-agent-daemonset"))["containers"]
-    assert agent["args"] == ["agent"]
-    assert not dra & {m["mountPath"] for m in agent["volumeMounts"]}
+    # The default is upstream's device plugins: neither gets the flag. The agent keeps DRA
+    # mode's directories for a switch back (draSwitchBack), and without it has none of them.
+    dirs = {"--kubelet-root-dir=/var/lib/kubelet", "--cdi-dir=/var/run/cdi"}
+    for switch_back, mounted in ((True, dra), (False, set())):
+        default = render({"draSwitchBack": switch_back})
+        (agent,) = pod_spec(one(default, "DaemonSet", "akri-agent-daemonset"))["containers"]
+        assert "--allocation=dra" not in agent["args"]
+        assert (dirs <= set(agent["args"])) is switch_back
+        assert dra & {m["mountPath"] for m in agent["volumeMounts"]} == mounted
+        (controller,) = pod_spec(one(default, "Deployment", "akri-controller-deployment"))[
+            "containers"
+        ]
+        assert "--allocation=dra" not in controller["args"]
     with pytest.raises(helm_python.HelmError, match="allocation must be device-plugin or dra"):
         render({"allocation": "dynamic"})
 
@@ -305,21 +327,38 @@ def test_agent_rbac_is_the_tested_manifests() -> None:
             assert rendered["roleRef"] == binding["roleRef"]
 
 
+def _dra_rules(objects: list[dict[str, Any]], component: str) -> list[dict[str, Any]]:
+    """The rules of `component`'s ClusterRoles on DRA's API group."""
+    return [
+        rule
+        for obj in objects
+        if obj["kind"] == "ClusterRole" and component in obj["metadata"]["name"]
+        for rule in obj["rules"]
+        if "resource.k8s.io" in rule["apiGroups"]
+    ]
+
+
 def test_only_dra_mode_may_write_resource_slices() -> None:
-    """In device-plugin mode (the default) no role of the agent or the controller grants
-    anything of DRA's API group: ResourceSlices, claims, DeviceClasses, claim templates."""
-    for values, granted in (({}, False), ({"allocation": "dra"}, True)):
+    """In device-plugin mode (the default) no role of the agent or the controller makes or
+    changes anything of DRA's API group: ResourceSlices, claims, DeviceClasses, claim
+    templates. The controller may only list and delete DeviceClasses and ResourceSlices, to
+    delete those DRA mode left after a switch back (draSwitchBack), and without draSwitchBack
+    nothing of DRA's at all."""
+    for values, granted in (({"draSwitchBack": False}, False), ({"allocation": "dra"}, True)):
         for component in ("agent", "controller"):
-            resources = {
-                resource
-                for obj in render(values)
-                if obj["kind"] == "ClusterRole" and component in obj["metadata"]["name"]
-                for rule in obj["rules"]
-                if "resource.k8s.io" in rule["apiGroups"]
-                for resource in rule["resources"]
-            }
+            rules = _dra_rules(render(values), component)
+            resources = {resource for rule in rules for resource in rule["resources"]}
             assert ("resourceslices" in resources) is granted, component
             assert bool(resources) is granted, component
+    default = render()
+    assert _dra_rules(default, "agent") == []
+    assert _dra_rules(default, "controller") == [
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "resources": ["deviceclasses", "resourceslices"],
+            "verbs": ["list", "delete"],
+        }
+    ]
 
 
 def test_agent_secrets_are_readable_everywhere_or_per_namespace() -> None:
@@ -438,13 +477,18 @@ def _rules(role: dict[str, Any]) -> list[str]:
 
 
 def test_controller_rbac_is_the_tested_manifest() -> None:
-    """The chart's controller roles, cluster-wide and for its Lease, are k8s/controller.yaml's,
-    which tests/controller/test_controller_rbac.py runs the controller with."""
+    """The chart's controller roles, cluster-wide (with draSwitchBack's, for what DRA mode left)
+    and for its Lease, are k8s/controller.yaml's, which tests/controller/test_controller_rbac.py
+    runs the controller with."""
     objects = render()
     docs = list(yaml.safe_load_all((REPO / "k8s" / "controller.yaml").read_text()))
-    for kind, role in (("ClusterRole", "akri-controller-role"), ("Role", "akri-controller-lease")):
-        (tested,) = [d for d in docs if d["kind"] == kind]
-        assert tested["metadata"]["name"] == role
+    roles = {(d["kind"], d["metadata"]["name"]): d for d in docs if d["kind"].endswith("Role")}
+    assert set(roles) == {
+        ("ClusterRole", "akri-controller-role"),
+        ("ClusterRole", "akri-controller-dra-leftovers-role"),
+        ("Role", "akri-controller-lease"),
+    }
+    for (kind, role), tested in roles.items():
         assert _rules(one(objects, kind, role)) == _rules(tested), role
 
 

@@ -23,7 +23,6 @@ import secrets
 import signal
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ import yaml
 
 from akri_trio import dra
 from akri_trio.model import naming
+from tests.support.holders import Holders
 from tests.support.kubectl import Kubectl, busybox_pod
 from tests.support.node_agent import fresh_namespace
 from tests.support.polling import until
@@ -49,19 +49,20 @@ REPO = Path(__file__).resolve().parents[2]
 SLEEP = "trap 'exit 0' TERM; sleep 3600 & wait"
 
 
-class Env:
+class Env(Holders):
+    """The module's processes, and the holders of its one Instance."""
+
     def __init__(self, env: dict[str, str], tmp: Path) -> None:
         self.node = env["AKRI_TRIO_NODE_NAME"]
+        super().__init__(
+            Kubectl(env),
+            NS,
+            naming.instance_name(CONFIG, naming.device_hash(DESCRIPTION, self.node)),
+        )
         self.cluster = env
-        self.kubectl = Kubectl(env)
         self.proc_env = {**os.environ, "KUBECONFIG": env["KUBECONFIG"], "PYTHONUNBUFFERED": "1"}
         self.tmp = tmp
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.instance = naming.instance_name(CONFIG, naming.device_hash(DESCRIPTION, self.node))
-        self.most = 0  # the most holders the sampler saw at once
-        self.when_most: tuple[dict[str, int], dict[str, str]] = ({}, {})  # what it saw then
-        self.samples = 0
-        self._stop = threading.Event()
 
     def spawn(self, name: str, args: list[str]) -> None:
         log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115  (closed with the process)
@@ -111,69 +112,9 @@ class Env:
             ],
         )  # fmt: skip
 
-    def get(self, *args: str) -> dict[str, Any]:
-        """`kubectl get ... -o json`, or {} (missing, or the shared API server restarting)."""
-        out = self.kubectl("get", *args, "-o", "json", check=False)
-        return dict(json.loads(out)) if out else {}
-
-    def usage(self) -> dict[str, str]:
-        inst = self.get("instances.akri.sh", self.instance, "-n", NS)
-        return {k: v for k, v in (inst.get("spec") or {}).get("deviceUsage", {}).items() if v}
-
-    def allocated(self) -> dict[str, int]:
-        """Claim uid -> how many of this Instance's devices (or slots) it is allocated, of the
-        claims in the namespace reserved for a Pod that still exists."""
-        pods = {p["metadata"]["uid"] for p in self.get("pods", "-n", NS).get("items", [])}
-        out: dict[str, int] = {}
-        for claim in self.get("resourceclaims", "-n", NS).get("items", []):
-            status = claim.get("status") or {}
-            if not {r.get("uid") for r in status.get("reservedFor") or []} & pods:
-                continue
-            results = (status.get("allocation") or {}).get("devices") or {}
-            count = sum(
-                1
-                for r in results.get("results") or []
-                if r["driver"] == dra.DRIVER and r["device"].startswith(self.instance)
-            )
-            if count:
-                out[claim["metadata"]["uid"]] = count
-        return out
-
-    def holders(self, allocated: dict[str, int], usage: dict[str, str]) -> int:
-        """The slots of `usage` plus the claims `allocated`; a claim's `D:` records count
-        with it, once."""
-        recorded: dict[str, int] = {}
-        plain = 0
-        for value in usage.values():
-            match naming.parse_usage(value):
-                case naming.DraClaim(uid, _):
-                    recorded[uid] = recorded.get(uid, 0) + 1
-                case _:
-                    plain += 1
-        uids = allocated.keys() | recorded.keys()
-        return plain + sum(max(allocated.get(u, 0), recorded.get(u, 0)) for u in uids)
-
-    def sample(self) -> None:
-        while not self._stop.wait(0.5):
-            # Claims before and after the slots, counted only when held at both reads: a
-            # holder that hands a slot over (a slot freed then allocated to a claim, or a
-            # claim's Pod gone then its slot claimed) is counted once at most, never twice.
-            before = self.allocated()
-            usage = self.usage()
-            after = self.allocated()
-            allocated = {u: min(n, after[u]) for u, n in before.items() if u in after}
-            holders = self.holders(allocated, usage)
-            if holders > self.most:
-                self.when_most = (allocated, usage)
-            self.most = max(self.most, holders)
-            self.samples += 1
-
     def brokers(self) -> list[dict[str, Any]]:
         items = self.get("pods", "-n", NS, "-l", naming.LABEL_INSTANCE).get("items", [])
         return [p for p in items if not p["metadata"].get("deletionTimestamp")]
-
-    def phase(self, pod: str) -> str:
-        return str(self.get("pod", pod, "-n", NS).get("status", {}).get("phase", ""))
 
     def allocatable(self) -> str | None:
         node = self.get("node", self.node)
@@ -210,13 +151,11 @@ def _config() -> dict[str, Any]:
 def env(node_cluster: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     e = Env(node_cluster, tmp_path_factory.mktemp("switch-node"))
     fresh_namespace(e.kubectl, NS)
-    sampler = threading.Thread(target=e.sample, daemon=True)
     try:
         e.start("device-plugin")
-        sampler.start()
-        yield e
+        with e.sampling():
+            yield e
     finally:
-        e._stop.set()
         e.kubectl("delete", "pods", "--all", "-n", NS, "--wait=true", "--timeout=60s", check=False)
         e.kubectl(
             "delete", "configurations.akri.sh", "--all", "-n", NS, "--wait=false", check=False
@@ -271,14 +210,7 @@ def test_after_the_switch_the_broker_comes_back_with_a_claim(env: Env) -> None:
 def test_a_new_pod_waits_for_the_slot_the_old_pod_holds(env: Env) -> None:
     pod = busybox_pod("user-dra", NS, SLEEP, {f"akri.sh/{env.instance}": 1})
     until(lambda: env.kubectl("apply", "-f", "-", stdin=json.dumps(pod), check=False))
-    until(
-        lambda: any(
-            c.get("reason") == "Unschedulable"
-            for c in env.get("pod", "user-dra", "-n", NS).get("status", {}).get("conditions", [])
-        ),
-        seconds=90,
-        what="user-dra unschedulable while user-dp holds the slot",
-    )
+    env.wait_unschedulable("user-dra", "user-dp holds the slot")
     env.kubectl("delete", "pod", "user-dp", "-n", NS, "--wait=true", "--timeout=60s")
     until(lambda: env.phase("user-dra") == "Running", seconds=180, what="user-dra Running")
     assert env.usage() == {}
@@ -322,14 +254,7 @@ def test_back_in_device_plugin_mode_the_claims_hold_their_slots_as_the_nodes(env
 def test_a_dra_pod_ends_cleanly_and_a_device_plugin_pod_takes_its_slot(env: Env) -> None:
     pod = busybox_pod("user-dp2", NS, SLEEP, {f"akri.sh/{env.instance}": 1})
     until(lambda: env.kubectl("apply", "-f", "-", stdin=json.dumps(pod), check=False))
-    until(
-        lambda: any(
-            c.get("reason") == "Unschedulable"
-            for c in env.get("pod", "user-dp2", "-n", NS).get("status", {}).get("conditions", [])
-        ),
-        seconds=90,
-        what="user-dp2 unschedulable while user-dra holds the slot",
-    )
+    env.wait_unschedulable("user-dp2", "user-dra holds the slot")
     # Ends (not stuck Terminating): the device-plugin-mode agent unprepares its claim.
     env.kubectl("delete", "pod", "user-dra", "-n", NS, "--wait=true", "--timeout=60s")
     until(lambda: env.phase("user-dp2") == "Running", seconds=180, what="user-dp2 Running")
