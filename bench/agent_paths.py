@@ -1,5 +1,6 @@
 """The agent's own cost on the two paths of issue 25 items 3 and 4, without upstream's side:
-a Configuration of `--devices` debugEcho devices until a watch has seen all its Instances, and
+a Configuration of `--devices` debugEcho devices until a watch has seen all its Instances (and
+until all its plugins offer the kubelet stand-in their devices), and
 `--allocs` sequential Allocates (each a fresh slot, after 20 not counted). For each, the wall
 time and the agent process's CPU seconds (utime + stime), so a change to either path can be
 measured in a minute instead of `bench.upstream`'s six.
@@ -143,8 +144,22 @@ async def gone(api: Client, config: str) -> None:
         await trio.sleep(0.2)
 
 
-async def ramp(api: Client, pid: int, config: str, n: int) -> tuple[float, float]:
-    """(wall s, agent CPU s) from the create of `config` to its `n` Instances seen."""
+def plugins_serving(kubelet: KubeletStandin, config: str) -> int:
+    """How many of `config`'s plugins (its Instances' and its own) offer the kubelet stand-in a
+    healthy device."""
+    prefix = f"akri.sh/{config}"
+    return sum(
+        1
+        for resource, devices in list(kubelet.devices.items())
+        if resource.startswith(prefix) and any(h == "Healthy" for _, h in devices)
+    )
+
+
+async def ramp(
+    api: Client, kubelet: KubeletStandin, pid: int, config: str, n: int
+) -> tuple[float, float, float]:
+    """(wall s, agent CPU s) from the create of `config` to its `n` Instances seen, and the
+    wall s from the create to all `n` + 1 of its plugins serving the kubelet stand-in."""
     body = configuration(config, [f"{config}-{i:04d}" for i in range(n)], 1)
     async with trio.open_nursery() as nursery:
         seen = trio.Event()
@@ -161,7 +176,10 @@ async def ramp(api: Client, pid: int, config: str, n: int) -> tuple[float, float
         await seen.wait()
         wall, cpu = time.monotonic() - t0, cpu_seconds(pid) - c0
         profile(pid, on=False)
-        return wall, cpu
+    await trio.to_thread.run_sync(
+        kubelet.wait_for, lambda k: plugins_serving(k, config) >= n + 1, 120.0
+    )
+    return wall, cpu, time.monotonic() - t0
 
 
 async def allocates(
@@ -222,12 +240,15 @@ async def bench(args: argparse.Namespace) -> None:
                     for r in range(args.rounds):
                         if args.devices:
                             before = requests_of(root)
-                            wall, cpu = await ramp(api, proc.pid, f"ramp{r}", args.devices)
+                            wall, cpu, plugins = await ramp(
+                                api, kubelet, proc.pid, f"ramp{r}", args.devices
+                            )
                             await trio.sleep(REQUESTS_PERIOD_S * 2)
                             sent = requests_of(root) - before
                             print(
                                 f"round {r}: {args.devices} Instances in {wall:.2f} s, "
-                                f"agent CPU {cpu:.2f} s; requests {dict(sent)}",
+                                f"agent CPU {cpu:.2f} s, all plugins serving in {plugins:.2f} s; "
+                                f"requests {dict(sent)}",
                                 flush=True,
                             )
                             before = requests_of(root)

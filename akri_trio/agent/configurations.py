@@ -419,9 +419,10 @@ class ConfigurationReconciler:
                 if current():
                     await self._execute(namespace, op)
 
-        await run_all(
-            [functools.partial(one, op) for op in instance_plan.in_node_order(ops, self.node)]
-        )
+        with self.view.writing():  # the plugins of what it makes start after it (NodeView)
+            await run_all(
+                [functools.partial(one, op) for op in instance_plan.in_node_order(ops, self.node)]
+            )
 
     def _shared(self, namespace: str, op: instance_plan.Operation) -> bool:
         if isinstance(op, instance_plan.Apply):

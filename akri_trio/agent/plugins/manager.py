@@ -38,6 +38,12 @@ from akri_trio.runtime import TaskSet
 
 log = logging.getLogger(__name__)
 
+# How long the manager holds back the plugins it would start while this node's Instance writes
+# are in flight (agent/view.py says why): a batch of 200 takes well under a second, one of a
+# thousand on a loaded board a few; a batch waiting on an unreachable API server must not keep
+# the kubelet from the devices already written.
+START_HOLD_S = 5.0
+
 
 @attrs.frozen
 class InstancePlugin:
@@ -197,6 +203,7 @@ class PluginManager:
         async with trio.open_nursery() as nursery:
             tasks = self._tasks = TaskSet[Plugin](nursery)
             started = False
+            held_until: float | None = None  # while holding back starts (see below)
             version = -1
             while True:
                 version = self.view.membership.version
@@ -207,8 +214,21 @@ class PluginManager:
                     log.info("stopping plugin %s", plugin)
                     touched.add(self._config_key(plugin))
                 await tasks.drop(*stop)  # all at once; each removes its socket first
+                starts = desired.difference(tasks)
+                if starts and self.view.batches_writing and started:
+                    # The node's Instance writes first (NodeView.writing), for at most
+                    # START_HOLD_S: a batch that hangs on the API server holds no plugin longer.
+                    if held_until is None:
+                        held_until = trio.current_time() + START_HOLD_S
+                    if trio.current_time() < held_until:
+                        if touched:
+                            self.view.touch(*touched)
+                        with trio.move_on_at(held_until):
+                            await self.view.writes_settled()
+                        continue
+                held_until = None
                 # Instance plugins first: a configuration plugin's members are running ones.
-                for plugin in sorted(desired.difference(tasks), key=_start_order):
+                for plugin in sorted(starts, key=_start_order):
                     log.info("starting plugin %s", plugin)
                     await tasks.start(plugin, self._run_plugin, plugin)
                     touched.add(self._config_key(plugin))
