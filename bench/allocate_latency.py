@@ -438,7 +438,7 @@ async def _measure(
         f"errors: {len(errors)} {sorted(set(errors))[:3]}",
         f"double claims: {doubles}; claim check problems: {problems or 'none'}; "
         f"purged by someone else: {purged}",
-        # a 422 is a claim that lost a race (its `test` of the resourceVersion failed)
+        # a 409 is a claim that lost a race (its resourceVersion precondition failed)
         "the agent's Instance requests: "
         + ", ".join(f"{k}: {v}" for k, v in sorted(requests.items()) if " instances " in k),
         "targets (p50 <= 1.5x floor, p99 <= 3x floor):",

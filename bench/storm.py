@@ -6,21 +6,21 @@ Sent by this process, as the agents send them, with no agent in between, in the 
 `akri-storm`:
 - claims: one Instance that N nodes share (N membership applies), then N claims of one slot
   each, per round: a server-side apply of the key without force (field manager `dp-<node>`),
-  all at once (the agents' claim before); the agents' claim now, all at once: a JSON patch that
-  tests the resourceVersion seen (`claims.usage_patch`), after a lost race `claims.retry_pause`
-  (sized from a watch of the Instance) and a read; the same with a pause doubling per try from
-  10 ms; the apply one node after another (no contention: the floor). The slots are freed
-  between rounds;
+  all at once (the agents' claim before); the agents' claim now, all at once: a merge patch
+  that names the resourceVersion seen as its precondition (`claims.usage_patch`), after a lost
+  race `claims.retry_pause` (sized from a watch of the Instance) and a read; the same with a
+  pause doubling per try from 10 ms; the apply one node after another (no contention: the
+  floor). The slots are freed between rounds;
 - joins: N nodes join M new shared Instances (one apply per node and Instance, field manager
   `<node>`), every node at once: each node 8 writes at a time in name order (what the agents
   did before), then one at a time from the node's own starting place (`instances.in_node_order`,
   what they do now).
 Per round: wall time, latency p50 and max (claims), the API server's CPU seconds and the etcd
 writes of Instances it made (its own counters, cluster-wide: another session's traffic adds to
-them), and the races the patches lost (each answered 422 by the `test`). The difference is what
-the API server spends retrying, inside each request, an apply that lost the race for its
-object (each retry a full server-side apply of an object that grows with N), against what a
-lost race costs when the client takes the retry.
+them), and the races the patches lost (each answered 409 by its precondition). The difference
+is what the API server spends retrying, inside each request, an apply that lost the race for
+its object (each retry a full server-side apply of an object that grows with N), against what
+a lost race costs when the client takes the retry.
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ async def one_round(
         for attempt in itertools.count():
             since = latest.position
             try:
-                answer = await api.json_patch(
+                answer = await api.merge_patch(
                     INSTANCES,
                     NAME,
                     usage_patch(inst, {}, {slot: nodes[i]}),

@@ -1,7 +1,7 @@
-"""A claim that loses its race on the real API server: the `test` of the resourceVersion refuses
-it, and the node decides again on the version that won — at once when that write changed other
-fields, after a pause and a fresh read when another node's claim won, and with SlotTaken when
-that claim took the very slot."""
+"""A claim that loses its race on the real API server: the resourceVersion its merge patch
+names refuses it (409), and the node decides again on the version that won — at once when that
+write changed other fields, after a pause and a fresh read when another node's claim won, and
+with SlotTaken when that claim took the very slot."""
 
 from __future__ import annotations
 
@@ -96,7 +96,7 @@ async def test_a_race_lost_to_other_fields_is_retried_at_once(
     race.write = _json_patch({"op": "add", "path": "/metadata/labels", "value": {"x": "y"}})
     await claims.claim_slots(KEY, [S0])
     assert await _usage(race.other) == {S0: "node-a"}
-    assert race.seen == {("PATCH", 422): 1, ("GET", 200): 1, ("PATCH", 200): 1}
+    assert race.seen == {("PATCH", 409): 1, ("GET", 200): 1, ("PATCH", 200): 1}
 
 
 async def test_a_race_lost_to_another_nodes_claim_is_retried_after_a_fresh_read(
@@ -109,7 +109,7 @@ async def test_a_race_lost_to_another_nodes_claim_is_retried_after_a_fresh_read(
     await claims.claim_slots(KEY, [S0])
     assert await _usage(race.other) == {S0: "node-a", S1: "node-b"}
     # the read that showed the other claim, the pause, the read it decides on
-    assert race.seen == {("PATCH", 422): 1, ("GET", 200): 2, ("PATCH", 200): 1}
+    assert race.seen == {("PATCH", 409): 1, ("GET", 200): 2, ("PATCH", 200): 1}
 
 
 async def test_a_race_lost_to_a_claim_of_the_same_slot_ends_in_slot_taken(

@@ -43,11 +43,8 @@ class Dying:
         if request.method == "PATCH" and self.writes == 0:
             self.writes += 1
             name = request.url.path.rsplit("/", 1)[1]
-            claimed = {
-                op["path"].rsplit("/", 1)[1]: op["value"]
-                for op in json.loads(request.content)  # the JSON patch: its adds are the claims
-                if op["op"] == "add" and op["path"].startswith("/spec/deviceUsage/")
-            }
+            usage = json.loads(request.content)["spec"]["deviceUsage"]  # the merge patch
+            claimed = {key: value for key, value in usage.items() if value is not None}
             return httpx.Response(200, json=instance(name, 2, claimed))
         await trio.sleep_forever()
         raise AssertionError("unreachable")

@@ -270,20 +270,18 @@ def test_usage_patch_holds_only_on_the_version_decided_on_and_touches_only_chang
     old = {S0: "node-a", "a/b~c": "C:x-0:node-a", S1: "node-a"}
     new = {S1: "node-a", S2: "node-a"}
     inst = _instance({**old, "other": "node-b"})
-    assert usage_patch(inst, old, new) == [
-        {"op": "test", "path": "/metadata/resourceVersion", "value": "41"},
-        {"op": "remove", "path": "/spec/deviceUsage/a~1b~0c"},
-        {"op": "remove", "path": f"/spec/deviceUsage/{S0}"},
-        {"op": "add", "path": f"/spec/deviceUsage/{S2}", "value": "node-a"},
-    ]
+    assert usage_patch(inst, old, new) == {
+        "metadata": {"resourceVersion": "41"},
+        "spec": {"deviceUsage": {"a/b~c": None, S0: None, S2: "node-a"}},
+    }
 
 
-def test_usage_patch_creates_the_map_when_the_instance_has_none() -> None:
-    ops = usage_patch(_instance({}, version="7"), {}, {S0: "node-a"})
-    assert ops[1:] == [
-        {"op": "add", "path": "/spec/deviceUsage", "value": {}},
-        {"op": "add", "path": f"/spec/deviceUsage/{S0}", "value": "node-a"},
-    ]
+def test_usage_patch_on_an_instance_with_no_map_names_only_the_new_keys() -> None:
+    patch = usage_patch(_instance({}, version="7"), {}, {S0: "node-a"})
+    assert patch == {
+        "metadata": {"resourceVersion": "7"},
+        "spec": {"deviceUsage": {S0: "node-a"}},
+    }
 
 
 @given(st.integers(min_value=1, max_value=2000), st.integers(min_value=0, max_value=2000))
