@@ -7,8 +7,8 @@ kubernetesApiOverride: host network and the API server's loopback address. Every
 to the run (its own namespace, release name, handler directory and metrics ports, an agent and a
 controller watching only that namespace), since other test sessions share the node. For the
 same reason the chart goes in without its crds/ (as `helm install --skip-crds` would): the
-shared cluster has the CRDs already, possibly a newer version from another branch, which Helm
-v4's server-side apply of crds/ would rightly refuse to take over.
+shared cluster may hold a newer version from another branch, which Helm v4's server-side apply
+of crds/ would rightly refuse to take over; the fixture applies this tree's CRDs itself first.
 """
 
 from __future__ import annotations
@@ -163,6 +163,27 @@ class Release:
         ]
 
 
+def _apply_crds(kubectl: Kubectl) -> None:
+    """This tree's CRDs, as the agent tests install them (server-side, taking over whatever
+    another branch applied): a module run alone, or after a test that removed them, finds them
+    in place like one run after the others."""
+    kubectl(
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "--field-manager=akri-trio-tests",
+        "-f",
+        str(CHART.parents[1] / "crds"),
+    )
+    kubectl(
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/configurations.akri.sh",
+        "crd/instances.akri.sh",
+    )
+
+
 @contextmanager
 def release(env: dict[str, str], prefix: str, tmp: Path) -> Iterator[Release]:
     """A Release of this tree's image (built and imported unless the node has it) and chart; on
@@ -171,6 +192,7 @@ def release(env: dict[str, str], prefix: str, tmp: Path) -> Iterator[Release]:
     chart = tmp / "akri-trio"
     shutil.copytree(CHART, chart, ignore=shutil.ignore_patterns("crds"))
     rel = Release(env, image, chart, prefix)
+    _apply_crds(rel.kubectl)
     try:
         yield rel
     finally:
