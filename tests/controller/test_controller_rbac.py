@@ -110,18 +110,13 @@ async def test_dra_mode_works_with_exactly_the_manifest_rbac(
                 await admin.delete(CONFIGURATIONS, "cfg", namespace=ns)
 
                 async def removed() -> bool:
-                    classes = await admin.list(DEVICE_CLASSES, label_selector=selector)
-                    slices = await admin.list(RESOURCE_SLICES, label_selector=selector)
-                    return not classes.items and not slices.items
+                    return not await _dra_objects_left(admin, selector)
 
                 await until_api(removed, what="class and pool deleted by the controller")
                 nursery.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True):
-                for res in (DEVICE_CLASSES, RESOURCE_SLICES):
-                    for obj in (await admin.list(res, label_selector=selector)).items:
-                        with suppress(NotFound):
-                            await admin.delete(res, obj["metadata"]["name"])
+                await _delete_dra_objects(admin, selector)
 
 
 async def test_a_lost_nodes_shared_claim_holder_is_deleted_with_the_manifest_rbac(
@@ -200,15 +195,25 @@ async def test_device_plugin_mode_deletes_what_dra_mode_left_with_the_manifest_r
                 await nursery.start(lambda **kw: run_controller(settings, api=controller_api, **kw))
 
                 async def removed() -> bool:
-                    classes = await admin.list(DEVICE_CLASSES, label_selector=selector)
-                    slices = await admin.list(RESOURCE_SLICES, label_selector=selector)
-                    return not classes.items and not slices.items
+                    return not await _dra_objects_left(admin, selector)
 
                 await until_api(removed, what="the class and the pool DRA mode left deleted")
                 nursery.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True):
-                for res in (DEVICE_CLASSES, RESOURCE_SLICES):
-                    for obj in (await admin.list(res, label_selector=selector)).items:
-                        with suppress(NotFound):
-                            await admin.delete(res, obj["metadata"]["name"])
+                await _delete_dra_objects(admin, selector)
+
+
+async def _dra_objects_left(admin: Client, selector: str) -> bool:
+    """Whether any DeviceClass or ResourceSlice matching `selector` exists."""
+    for res in (DEVICE_CLASSES, RESOURCE_SLICES):
+        if (await admin.list(res, label_selector=selector)).items:
+            return True
+    return False
+
+
+async def _delete_dra_objects(admin: Client, selector: str) -> None:
+    for res in (DEVICE_CLASSES, RESOURCE_SLICES):
+        for obj in (await admin.list(res, label_selector=selector)).items:
+            with suppress(NotFound):
+                await admin.delete(res, obj["metadata"]["name"])
