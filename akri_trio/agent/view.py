@@ -13,12 +13,13 @@ and send it only when it differs, and `membership` for the plugin manager, which
 the set of plugins to run may change — not on the claims that make up most of the traffic.
 
 While a reconcile's batch of Instance writes is in flight (`writing`) the plugin manager holds
-back the plugins it would start (`writes_settled`): on a 2-core board the plugins' sockets,
-registrations and the kubelet's dial-backs took half the agent's CPU while a discovery of 200
-devices was being written, and so doubled the time until the cluster saw its Instances
-(bench/RESULTS.md, 2026-11-26 afternoon). The Instances are what the controller and the other
-nodes wait on; the batch's plugins then start in one pass of the manager instead of one pass
-per answer, and the kubelet sees the last of them no later than before.
+back the plugins it would start (`batches_writing`; the end of the last batch ticks
+`membership`) and stops plugins at once: on a 2-core board the plugins' sockets, registrations
+and the kubelet's dial-backs took half the agent's CPU while a discovery of 200 devices was
+being written, and so doubled the time until the cluster saw its Instances (bench/RESULTS.md,
+2026-11-26 afternoon). The Instances are what the controller and the other nodes wait on; the
+batch's plugins then start in one pass of the manager instead of one pass per answer, and the
+kubelet sees the last of them no later than before.
 
 An Instance's `capacity` is clamped to the agent's `--max-capacity` on the way in: the Instance
 CRD bounds it as the Configuration's, but anyone who may write Instances (or a CRD installed
@@ -135,12 +136,12 @@ def instance_store(max_capacity: int = MAX_CAPACITY) -> Store[Instance]:
 
 class NodeView:
     """`membership` ticks when an Instance appears, goes, or changes its nodes, deletion or
-    Configuration, and when a device appears or goes; `changes_of(key)` on every change that
-    concerns `key`:
-    an Instance's key or a Configuration's key (ticked when any of its Instances or its devices
-    change). A plugin waits on its own key, so a write to one Instance
-    wakes the plugins of that Instance and its Configuration, not every plugin on the node.
-    The watch's changes reach it through `watched` (the agent's Instance mapper calls it)."""
+    Configuration, when a device appears or goes, and when the last batch of this node's
+    Instance writes ends; `changes_of(key)` on every change that concerns `key`: an Instance's
+    key or a Configuration's key (ticked when any of its Instances or its devices change). A
+    plugin waits on its own key, so a write to one Instance wakes the plugins of that Instance
+    and its Configuration, not every plugin on the node. The watch's changes reach it through
+    `watched` (the agent's Instance mapper calls it)."""
 
     def __init__(self, node: str, *, max_capacity: int = MAX_CAPACITY) -> None:
         self.node = node
@@ -149,32 +150,26 @@ class NodeView:
         self.written: Overlay[Instance] = Overlay(self.store)
         self.membership = Changed()
         self._writing = 0  # batches of Instance writes in flight (`writing`)
-        self._settled = Changed()  # ticks when the last of them ends
         self._keyed: dict[ObjectKey, Changed] = {}
         self._devices: dict[ObjectKey, Device] = {}  # instance key -> device this node discovered
         self._devices_by_config: dict[ObjectKey, dict[ObjectKey, Device]] = {}
 
     @contextmanager
     def writing(self) -> Iterator[None]:
-        """Around a batch of this node's Instance writes (module docstring)."""
+        """Around a batch of this node's Instance writes (module docstring). The end of the
+        last batch in flight ticks `membership`: the plugins held back may start now."""
         self._writing += 1
         try:
             yield
         finally:
             self._writing -= 1
             if not self._writing:
-                self._settled.bump()
+                self.membership.bump()
 
     @property
     def batches_writing(self) -> int:
         """How many batches of Instance writes are in flight."""
         return self._writing
-
-    async def writes_settled(self) -> None:
-        """Return once no batch of Instance writes is in flight (at once when none is)."""
-        seen = self._settled.version
-        while self._writing:
-            seen = await self._settled.wait_past(seen)
 
     def changes_of(self, key: ObjectKey) -> Changed:
         changes = self._keyed.get(key)

@@ -1,12 +1,13 @@
 """The node's Instance writes go first: while a batch of them is in flight the plugin manager
 starts no plugin (their sockets and registrations halved the pace of a 200-device discovery on
-two cores), it starts them once the batch ends, and a batch that hangs holds them back no
-longer than START_HOLD_S. Real sockets in a temporary device-plugin directory; no kubelet
-is there, so the plugins only serve and retry their registration."""
+two cores), it starts them once the batch ends, a batch that hangs holds them back no longer
+than START_HOLD_S, and a plugin to stop never waits for the batch. Real sockets in a temporary
+device-plugin directory; no kubelet is there, so the plugins only serve and retry their
+registration."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import httpx
@@ -50,33 +51,27 @@ def _serving(manager: PluginManager, name: str) -> bool:
     return InstancePlugin(ObjectKey("ns", name), "c") in manager.running
 
 
-async def _until_serving(view: NodeView, manager: PluginManager, *names: str) -> None:
-    """Until the manager runs the plugins of `names` (it touches their Configuration's key
-    after each pass that starts plugins)."""
+async def _until(view: NodeView, done: Callable[[], bool]) -> None:
+    """Until `done()` holds, looked at after each pass of the manager that starts or stops a
+    plugin (it touches their Configuration's key then)."""
     changes = view.changes_of(CONFIG)
     seen = changes.version
-    while not all(_serving(manager, n) for n in names):
+    while not done():
         seen = await changes.wait_past(seen)
 
 
-async def test_writes_settled_waits_for_the_last_batch() -> None:
+async def _until_serving(view: NodeView, manager: PluginManager, *names: str) -> None:
+    await _until(view, lambda: all(_serving(manager, n) for n in names))
+
+
+async def test_the_end_of_the_last_batch_ticks_membership() -> None:
     view = NodeView(NODE)
-    await view.writes_settled()  # none in flight: at once
-    done = trio.Event()
-
-    async def settle() -> None:
-        await view.writes_settled()
-        done.set()
-
-    async with trio.open_nursery() as nursery:
+    before = view.membership.version
+    with view.writing():
         with view.writing():
-            with view.writing():
-                nursery.start_soon(settle)
-                await trio.testing.wait_all_tasks_blocked()
-            await trio.testing.wait_all_tasks_blocked()
-            assert not done.is_set() and view.batches_writing == 1
-        await done.wait()
-    assert view.batches_writing == 0
+            pass
+        assert view.membership.version == before and view.batches_writing == 1
+    assert view.membership.version == before + 1 and view.batches_writing == 0
 
 
 @pytest.fixture
@@ -132,4 +127,27 @@ async def test_without_writes_in_flight_a_plugin_starts_at_once(
         _written(view, "i1")
         await trio.testing.wait_all_tasks_blocked()
         assert _serving(manager, "i1")
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_plugin_stops_while_starts_are_held(
+    tmp_path: Path, http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(manager_module, "START_HOLD_S", 3600.0)  # no hold ends by its deadline
+    view = NodeView(NODE)
+    async with trio.open_nursery() as nursery:
+        manager = await _run_manager(view, tmp_path, http, nursery)
+        _written(view, "i1")
+        with trio.fail_after(30):
+            await _until_serving(view, manager, "i1")
+        with view.writing():
+            _written(view, "i1", "i2")  # the batch holds i2's plugin back
+            await trio.testing.wait_all_tasks_blocked()
+            assert not _serving(manager, "i2")
+            view.set_devices(CONFIG, {ObjectKey("ns", "i2"): Device("i2")})  # i1's device gone
+            with trio.fail_after(30):
+                await _until(view, lambda: not _serving(manager, "i1"))
+            assert not _serving(manager, "i2") and view.batches_writing == 1
+        with trio.fail_after(30):
+            await _until_serving(view, manager, "i2")
         nursery.cancel_scope.cancel()

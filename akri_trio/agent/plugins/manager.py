@@ -12,6 +12,7 @@ plugins never share a kubelet resource (`one_per_resource`).
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -43,6 +44,9 @@ log = logging.getLogger(__name__)
 # thousand on a loaded board a few; a batch waiting on an unreachable API server must not keep
 # the kubelet from the devices already written.
 START_HOLD_S = 5.0
+# While it holds starts back, the manager looks again (for plugins to stop) at most this often:
+# a batch's answers tick membership one by one, and a pass over 200 Instances costs ~0.5 ms.
+HELD_LOOK_S = 0.025
 
 
 @attrs.frozen
@@ -203,41 +207,46 @@ class PluginManager:
         async with trio.open_nursery() as nursery:
             tasks = self._tasks = TaskSet[Plugin](nursery)
             started = False
-            held_until: float | None = None  # while holding back starts (see below)
-            version = -1
+            held_until: float | None = None  # while starts wait for the node's writes
             while True:
                 version = self.view.membership.version
                 desired = self._desired()
-                touched: set[ObjectKey] = set()
                 stop = [plugin for plugin in tasks if plugin not in desired]
                 for plugin in stop:
                     log.info("stopping plugin %s", plugin)
-                    touched.add(self._config_key(plugin))
                 await tasks.drop(*stop)  # all at once; each removes its socket first
+                touched = {self._config_key(plugin) for plugin in stop}
                 starts = desired.difference(tasks)
-                if starts and self.view.batches_writing and started:
-                    # The node's Instance writes first (NodeView.writing), for at most
-                    # START_HOLD_S: a batch that hangs on the API server holds no plugin longer.
-                    if held_until is None:
-                        held_until = trio.current_time() + START_HOLD_S
-                    if trio.current_time() < held_until:
-                        if touched:
-                            self.view.touch(*touched)
-                        with trio.move_on_at(held_until):
-                            await self.view.writes_settled()
-                        continue
-                held_until = None
-                # Instance plugins first: a configuration plugin's members are running ones.
-                for plugin in sorted(starts, key=_start_order):
-                    log.info("starting plugin %s", plugin)
-                    await tasks.start(plugin, self._run_plugin, plugin)
-                    touched.add(self._config_key(plugin))
+                held_until = self._hold(held_until, bool(starts) and started)
+                if held_until is None:
+                    # Instance plugins first: a configuration plugin's members are running ones.
+                    for plugin in sorted(starts, key=_start_order):
+                        log.info("starting plugin %s", plugin)
+                        await tasks.start(plugin, self._run_plugin, plugin)
+                        touched.add(self._config_key(plugin))
                 if touched:  # a configuration plugin's members changed: it must look again
                     self.view.touch(*touched)
                 if not started:
                     task_status.started()
                     started = True
-                await self.view.membership.wait_past(version)
+                # Membership also ticks when the node's writes settle (NodeView.writing), so
+                # held starts and any stop wake this one wait.
+                with trio.move_on_at(math.inf if held_until is None else held_until):
+                    await self.view.membership.wait_past(version)
+                    if held_until is not None and self.view.batches_writing:
+                        await trio.sleep(HELD_LOOK_S)
+
+    def _hold(self, held_until: float | None, would_start: bool) -> float | None:
+        """Until when the plugins to start wait for this node's batch of Instance writes
+        (NodeView.writing), None to start them now: at most START_HOLD_S, so a batch that
+        hangs on the API server keeps no plugin from the kubelet longer. Stops do not wait for
+        the batch (`run` looks again within HELD_LOOK_S)."""
+        if not (would_start and self.view.batches_writing):
+            return None
+        now = trio.current_time()
+        if held_until is None:
+            return now + START_HOLD_S
+        return held_until if now < held_until else None
 
 
 def _start_order(plugin: Plugin) -> tuple[int, ObjectKey]:
