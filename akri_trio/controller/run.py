@@ -10,10 +10,12 @@
             ├── instance queue      Instance key       broker Pods and Job   (reconcilers.instance)
             ├── services queue      Configuration key  its Services          (reconcilers.services)
             ├── node queue          Node key           lost-node cleanup     (reconcilers.node)
-            │   in DRA mode (`--allocation dra`) also, from our DeviceClasses and shared slices:
+            │   in DRA mode (`--allocation dra`) also, from our classes, slices and Pods refused:
             ├── watch deviceclasses, watch resourceslices                    -> stores
+            ├── watch unscheduled pods                                       -> store
             ├── deviceclass queue   DeviceClass name   a Configuration's or Instance's class
-            └── pool queue          pool name          a shared Instance's pool (dra/reconcilers.py)
+            ├── pool queue          pool name          a shared Instance's pool (dra/reconcilers.py)
+            └── requeue queue       Pod key            a Pod refused a device (dra/requeue.py)
 
 Each name on a branch is the name its task is started with (test_run_tree compares the two);
 what the caches keep and which change wakes which queue are triggers.py's.
@@ -24,8 +26,8 @@ nodes that Instances or Configuration statuses still name but that no longer exi
 deleted while no controller led are cleaned as a live deletion is (nodeloss.py says what a
 fresh controller can know about NotReady ones). Losing the Lease cancels the whole subtree.
 Nothing needs a timer: each queue is woken by cache changes, and by the `wake_at` a plan
-returns (a Pending deadline, a broker's backoff) or the end of a NotReady node's grace, so with
-nothing changing the controller sends no request.
+returns (a Pending deadline, a broker's backoff), the end of a NotReady node's grace or a
+refused Pod's next nudge, so with nothing changing the controller sends no request.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import trio
 
 from akri_trio.controller.dra.plan import class_selector, slice_selector
 from akri_trio.controller.dra.reconcilers import DraCaches, DraReconcilers, remove_leftovers
+from akri_trio.controller.dra.requeue import UNSCHEDULED
 from akri_trio.controller.leader_elector import ClientLeaseApi, LeaderElector
 from akri_trio.controller.metrics import ControllerMetrics
 from akri_trio.controller.reconcilers import (
@@ -89,6 +92,18 @@ __all__ = ["ControllerSettings", "RunningController", "reconcile_while_leading",
 log = logging.getLogger(__name__)
 
 LEFTOVERS_S = 30.0  # the bound on deleting what DRA mode left, as a leadership starts
+
+
+@attrs.frozen
+class Watch:
+    """One watch of the tree: what it keeps in which store, its selectors, its task's name
+    (default "watch <plural>")."""
+
+    res: Resource
+    store: Store[Any]
+    labels: str | None = None
+    fields: str | None = None
+    name: str | None = None
 
 
 @attrs.define
@@ -161,12 +176,12 @@ async def reconcile_while_leading(
     )
     ns = settings.namespace
     ours = f"{naming.LABEL_CONTROLLER}={naming.CONTROLLER_VALUE}"
-    watches: list[tuple[Resource, Store[Any], str | None]] = [
-        (INSTANCES, caches.instances, None),
-        (CONFIGURATIONS, caches.configurations, None),
-        (PODS, caches.pods, naming.LABEL_CONFIGURATION),
-        (JOBS, caches.jobs, naming.LABEL_CONFIGURATION),
-        (SERVICES, caches.services, ours),
+    watches = [
+        Watch(INSTANCES, caches.instances),
+        Watch(CONFIGURATIONS, caches.configurations),
+        Watch(PODS, caches.pods, naming.LABEL_CONFIGURATION),
+        Watch(JOBS, caches.jobs, naming.LABEL_CONFIGURATION),
+        Watch(SERVICES, caches.services, ours),
     ]
     instance_of = through(caches.instances, "label", labelled(naming.LABEL_INSTANCE))
     config_of = through(caches.configurations, "label", labelled(naming.LABEL_CONFIGURATION))
@@ -204,17 +219,18 @@ async def reconcile_while_leading(
             await remove_leftovers(api, ns)
     try:
         async with trio.open_nursery() as nursery:
-            for res, store, selector in watches:
+            for watch in watches:
                 nursery.start_soon(
                     functools.partial(
                         reflect,
                         api,
-                        res,
-                        store,
-                        namespace=ns if res.namespaced else None,
-                        label_selector=selector,
+                        watch.res,
+                        watch.store,
+                        namespace=ns if watch.res.namespaced else None,
+                        label_selector=watch.labels,
+                        field_selector=watch.fields,
                     ),
-                    name=f"watch {res.plural}",
+                    name=watch.name or f"watch {watch.res.plural}",
                 )
             nursery.start_soon(reflect, api, NODES, caches.nodes, name="watch nodes")
             nursery.start_soon(recorder.run, name="event recorder")
@@ -263,14 +279,17 @@ def _dra_controllers(
     settings: ControllerSettings,
     caches: Caches,
     dra: DraReconcilers,
-    watches: list[tuple[Resource, Store, str | None]],
+    watches: list[Watch],
 ) -> dict[str, Controller]:
     """DRA mode's stores (added to `watches`) and controllers."""
     dra_caches = dra.c
     ns = settings.namespace
     # Cluster-scoped, watched in no namespace: the label selectors scope them instead.
-    watches.append((DEVICE_CLASSES, dra_caches.classes, class_selector(ns)))
-    watches.append((RESOURCE_SLICES, dra_caches.slices, slice_selector(ns)))
+    watches.append(Watch(DEVICE_CLASSES, dra_caches.classes, class_selector(ns)))
+    watches.append(Watch(RESOURCE_SLICES, dra_caches.slices, slice_selector(ns)))
+    watches.append(
+        Watch(PODS, dra_caches.unscheduled, fields=UNSCHEDULED, name="watch unscheduled pods")
+    )
     metrics = dra.metrics
     return {
         "deviceclass": Controller(
@@ -287,6 +306,9 @@ def _dra_controllers(
         )
         .watches(caches.instances, instance_to_shared_pool)
         .watches(caches.nodes, never),
+        "requeue": Controller(
+            _measured("requeue", dra.requeue.pod, metrics), dra_caches.unscheduled, drain=0
+        ),
     }
 
 

@@ -16,14 +16,21 @@ on a node whose device plugin has no free slot to offer.
 A shared pool is written by `akri_trio.dra.edge.PoolWriter`, the writer the agent's node pools
 use too (`agent/dra/pool_reconciler.py`): the same round (`dra.plan_round`, the offline grace
 included), the same apply-then-delete.
+
+`Requeuer` (keyed by Pod) annotates the DeviceClass of a Pod the scheduler refused an Akri
+device, so that the scheduler looks at it again (requeue.py says why and when).
 """
 
 from __future__ import annotations
 
 import logging
+import math
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
 from typing import Final
 
 import attrs
+import trio
 
 from akri_trio.controller.dra.plan import (
     CLASS_INDEX,
@@ -40,6 +47,15 @@ from akri_trio.controller.dra.plan import (
     shared_pool_of,
     shared_pool_wanted,
     slice_selector,
+)
+from akri_trio.controller.dra.requeue import (
+    CLASS_GAP_S,
+    EXTENDED_INDEX,
+    REQUEUE_ANNOTATION,
+    Waiting,
+    extended_resource_of,
+    nudge_step,
+    slim_unscheduled,
 )
 from akri_trio.controller.metrics import ControllerMetrics
 from akri_trio.dra import DEVICE_CLASSES, RESOURCE_CLAIM_TEMPLATES, RESOURCE_SLICES
@@ -79,10 +95,16 @@ INSTANCE_INDEXES: Final = {
 @attrs.frozen
 class DraCaches:
     """Our DeviceClasses and shared ResourceSlices (watched by label: plan.class_selector,
-    plan.slice_selector)."""
+    plan.slice_selector), and the unscheduled Pods (requeue.py)."""
 
-    classes: Store = attrs.field(factory=lambda: Store(transform=drop_managed_fields))
+    classes: Store = attrs.field(
+        factory=lambda: Store(
+            transform=drop_managed_fields,
+            indexes={EXTENDED_INDEX: by_field(extended_resource_of)},
+        )
+    )
     slices: Store = attrs.field(factory=slice_store)
+    unscheduled: Store = attrs.field(factory=lambda: Store(transform=slim_unscheduled))
 
 
 # --- reconcilers -----------------------------------------------------------------------------
@@ -99,8 +121,15 @@ class DraReconcilers:
     metrics: ControllerMetrics
     consumable: bool
     pools: PoolWriter = attrs.field(init=False)
+    requeue: Requeuer = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
+        self.requeue = Requeuer(
+            self.api,
+            self.c.unscheduled,
+            self.c.classes,
+            on_write=lambda: self._count("DeviceClass", "patch"),
+        )
         self.pools = PoolWriter(
             self.api,
             self.c.slices,
@@ -215,3 +244,62 @@ async def remove_leftovers(api: Client, namespace: str | None) -> int:
             deleted += 1
             log.info("deleted %s %s, left from DRA mode", res.plural, meta["name"])
     return deleted
+
+
+# --- Pods the scheduler refused a device (requeue.py) ---------------------------------------
+
+
+@attrs.define
+class Requeuer:
+    """The reconcile of one unscheduled Pod (keyed by it), reading `pods` (a store of
+    `slim_unscheduled` Pods) and `classes` (our DeviceClasses, indexed by EXTENDED_INDEX)."""
+
+    api: Client
+    pods: Store
+    classes: Store
+    on_write: Callable[[], None] = lambda: None
+    clock: Callable[[], float] = trio.current_time
+    waiting: dict[ObjectKey, Waiting] = attrs.Factory(dict)
+    nudged: dict[str, float] = attrs.Factory(dict)  # class name -> when last nudged
+
+    async def pod(self, key: ObjectKey) -> Requeue | None:
+        pod = self.pods.get(key)
+        waits = () if pod is None else pod.get("waits") or ()
+        if not waits:
+            self.waiting.pop(key, None)
+            return None
+        now = self.clock()
+        state, nudge = nudge_step(self.waiting.get(key), now)
+        self.waiting[key] = state
+        if nudge:
+            await self._nudge(self._classes(waits), key, now)
+        due = state.due()
+        return None if due == math.inf else Requeue(due - now)
+
+    def _classes(self, resources: Iterable[str]) -> set[str]:
+        return {
+            key.name
+            for resource in resources
+            for key in self.classes.keys_for(EXTENDED_INDEX, resource)
+        }
+
+    async def _nudge(self, classes: Iterable[str], pod: ObjectKey, now: float) -> None:
+        stamp = datetime.now(UTC).isoformat(timespec="microseconds")
+        for name in sorted(classes):
+            if now - self.nudged.get(name, -math.inf) < CLASS_GAP_S:
+                continue  # a nudge this close requeued this Pod too
+            self.nudged[name] = now
+            patch = {"metadata": {"annotations": {REQUEUE_ANNOTATION: stamp}}}
+            try:
+                await self.api.merge_patch(DEVICE_CLASSES, name, patch)
+            except NotFound:
+                continue
+            except ApiError as exc:
+                log.warning("cannot annotate DeviceClass %s to requeue %s: %s", name, pod, exc)
+                continue
+            self.on_write()
+            log.info(
+                "DeviceClass %s annotated: the scheduler refused %s a device, looking again",
+                name,
+                pod,
+            )
