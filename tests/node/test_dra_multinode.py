@@ -12,7 +12,8 @@ nodes, each with the device's env from its own node's agent; the third waits, un
 node holding a claim is lost (`cluster node stop`, its agent SIGKILLed): the controller takes
 it out of the Instance and the pool and deletes its Pod that holds the shared device, whose
 claim is then released, and the waiting Pod is allocated and runs; `node start` and a new agent
-bring the node back into the pool.
+bring the node back into the pool. Last, the same story with Pods written for device-plugin
+mode (`akri.sh/<instance>: 1` in their limits), allocated through the Instance's DeviceClass.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from akri_trio import dra
 from akri_trio.model import naming
 from akri_trio_dev import run_cluster_command
 from akri_trio_dev.cluster.layout import EXTRA_NODE_TOLERATION
-from tests.support.kubectl import Kubectl, claim_pod
+from tests.support.kubectl import Kubectl, busybox_pod, claim_pod
 from tests.support.node_agent import (
     AgentProcess,
     clear_namespace,
@@ -40,6 +41,7 @@ from tests.support.node_agent import (
     fresh_namespace,
 )
 from tests.support.polling import until
+from tests.support.releases import skip_without
 
 NS = "akri-dra-multinode"
 CONFIG = "dra-mn"
@@ -171,10 +173,14 @@ class Fleet:
         return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
     # -- acting -----------------------------------------------------------------------------
-    def pod(self, name: str, node: str) -> None:
-        """A Pod with a claim from the template, pinned to `node` by its hostname label (a
-        Pod that sets spec.nodeName itself would bypass the scheduler and its allocation)."""
-        pod = claim_pod(name, NS, SCRIPT, TEMPLATE)
+    def pod(self, name: str, node: str, *, extended: bool = False) -> None:
+        """A Pod with a claim from the template (`extended`: asking for `akri.sh/<instance>`
+        in its limits instead), pinned to `node` by its hostname label (a Pod that sets
+        spec.nodeName itself would bypass the scheduler and its allocation)."""
+        if extended:
+            pod = busybox_pod(name, NS, SCRIPT, {naming.resource_name(self.instance): 1})
+        else:
+            pod = claim_pod(name, NS, SCRIPT, TEMPLATE)
         pod["spec"] |= {
             "nodeSelector": {"kubernetes.io/hostname": node},
             "tolerations": [EXTRA_NODE_TOLERATION],
@@ -282,3 +288,28 @@ def test_a_lost_node_frees_its_claims_and_the_waiting_pod_runs(fleet: Fleet) -> 
         _node_command("start", lost)
         fleet.agents[1].start()
     until(lambda: fleet.pool_nodes() == sorted(fleet.names), 90, f"{lost} back in the pool")
+
+
+def test_pods_written_for_device_plugins_share_the_device_across_nodes(fleet: Fleet) -> None:
+    """With the template's Pods gone, three Pods asking for `akri.sh/<instance>: 1`, one per
+    node: the scheduler makes and allocates a claim for two of them through the Instance's
+    DeviceClass, their own nodes' agents prepare them, the third waits; when one of the two
+    ends, the third is allocated and runs."""
+    skip_without(fleet.nodes[0], "DRAExtendedResource")
+    fleet.kubectl("delete", "pods", "--all", "-n", NS, "--grace-period=1", "--wait=true")
+    until(lambda: not fleet.allocated(), 60, "the template's claims released")
+    first, second, third = fleet.names
+    fleet.pod("e1", first, extended=True)
+    fleet.pod("e2", second, extended=True)
+    until(lambda: set(fleet.running()) == {"e1", "e2"}, 90, "e1 and e2 Running")
+    assert sorted(fleet.allocated().values()) == ["e1", "e2"]
+    for pod in ("e1", "e2"):
+        assert until(functools.partial(fleet.env, pod))["DEBUG_ECHO_DESCRIPTION"] == DESCRIPTION
+    fleet.pod("e3", third, extended=True)
+    until(functools.partial(fleet.unschedulable, "e3"), 60, "e3 unschedulable")
+    fleet.check_capacity()
+    fleet.kubectl("delete", "pod", "e1", "-n", NS, "--grace-period=1", "--wait=true")
+    until(lambda: "e3" in fleet.running(), 120, f"e3 allocated and Running on {third}")
+    assert fleet.running() == {"e2": second, "e3": third}
+    assert sorted(fleet.allocated().values()) == ["e2", "e3"]
+    fleet.check_capacity()
