@@ -270,9 +270,9 @@ class Requeuer:
             return None
         now = self.clock()
         state, nudge = nudge_step(self.waiting.get(key), now)
-        self.waiting[key] = state
-        if nudge:
+        if nudge:  # a write that fails on the way (no answer) is made again by the retry
             await self._nudge(self._classes(waits), key, now)
+        self.waiting[key] = state
         due = state.due()
         return None if due == math.inf else Requeue(due - now)
 
@@ -288,7 +288,6 @@ class Requeuer:
         for name in sorted(classes):
             if now - self.nudged.get(name, -math.inf) < CLASS_GAP_S:
                 continue  # a nudge this close requeued this Pod too
-            self.nudged[name] = now
             patch = {"metadata": {"annotations": {REQUEUE_ANNOTATION: stamp}}}
             try:
                 await self.api.merge_patch(DEVICE_CLASSES, name, patch)
@@ -297,6 +296,7 @@ class Requeuer:
             except ApiError as exc:
                 log.warning("cannot annotate DeviceClass %s to requeue %s: %s", name, pod, exc)
                 continue
+            self.nudged[name] = now
             self.on_write()
             log.info(
                 "DeviceClass %s annotated: the scheduler refused %s a device, looking again",
