@@ -14,12 +14,12 @@ the set of plugins to run may change — not on the claims that make up most of 
 
 While a reconcile's batch of Instance writes is in flight (`writing`) the plugin manager holds
 back the plugins it would start (`batches_writing`; the end of the last batch ticks
-`membership`) and stops plugins at once: on a 2-core board the plugins' sockets, registrations
-and the kubelet's dial-backs took half the agent's CPU while a discovery of 200 devices was
-being written, and so doubled the time until the cluster saw its Instances (bench/RESULTS.md,
-2026-11-26 afternoon). The Instances are what the controller and the other nodes wait on; the
-batch's plugins then start in one pass of the manager instead of one pass per answer, and the
-kubelet sees the last of them no later than before.
+`membership`) but stops plugins (within its HELD_LOOK_S): on a 2-core board the plugins'
+sockets, registrations and the kubelet's dial-backs took half the agent's CPU while a discovery
+of 200 devices was being written, and so doubled the time until the cluster saw its Instances
+(bench/RESULTS.md, 2026-11-26 afternoon). The Instances are what the controller and the other
+nodes wait on; the batch's plugins then start in one pass of the manager instead of one pass
+per answer, and the kubelet sees the last of them no later than before.
 
 An Instance's `capacity` is clamped to the agent's `--max-capacity` on the way in: the Instance
 CRD bounds it as the Configuration's, but anyone who may write Instances (or a CRD installed

@@ -306,9 +306,13 @@ def _dra_controllers(
         )
         .watches(caches.instances, instance_to_shared_pool)
         .watches(caches.nodes, never),
+        # One worker: Requeuer's once-per-class gap is checked and kept around its write.
         "requeue": Controller(
-            _measured("requeue", dra.requeue.pod, metrics), dra_caches.unscheduled, drain=0
-        ),
+            _measured("requeue", dra.requeue.pod, metrics),
+            dra_caches.unscheduled,
+            workers=1,
+            drain=0,
+        ).watches(dra_caches.classes, never),
     }
 
 

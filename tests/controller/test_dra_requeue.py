@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
+from datetime import datetime
 
 import trio
 
@@ -18,6 +19,7 @@ from akri_trio import dra
 from akri_trio.controller.dra.requeue import NUDGES_AFTER_S, REFUSAL, REQUEUE_ANNOTATION
 from akri_trio.dra import DEVICE_CLASSES
 from akri_trio.kube import JSON, Client, NotFound
+from akri_trio.kube.events import EVENTS
 from akri_trio.model import naming
 from akri_trio.model.resources import CONFIGURATIONS
 from tests.controller.support import (
@@ -100,6 +102,14 @@ async def test_a_pod_refused_a_device_gets_the_scheduler_to_look_again(
                     seconds=30 + NUDGES_AFTER_S[0],
                     what="the class annotated for the refused Pod",
                 )
+                # The scheduler tried the Pod again after the nudge (nothing else changed).
+                again = await until_api(
+                    lambda: _refused_again(api, ns, "second"),
+                    seconds=30,
+                    what="the scheduler's second try of the refused Pod",
+                )
+                # (the core recorder's times are whole seconds)
+                assert again >= datetime.fromisoformat(first).replace(microsecond=0)
                 second = await until_api(
                     lambda: _nudged_again(api, class_name, first),
                     seconds=30 + NUDGES_AFTER_S[1],
@@ -116,3 +126,20 @@ async def test_a_pod_refused_a_device_gets_the_scheduler_to_look_again(
 async def _nudged_again(api: Client, class_name: str, before: str) -> str | None:
     now = await _annotation(api, class_name)
     return now if now != before else None
+
+
+async def _refused_again(api: Client, ns: str, pod: str) -> datetime | None:
+    """When the scheduler last refused `pod`, once it has refused it more than once (its
+    FailedScheduling events: the count and last time of the core recorder's, or the series of
+    the events API's), None before."""
+    refusals, last = 0, None
+    for event in (await api.list(EVENTS, namespace=ns)).items:
+        involved = event.get("involvedObject") or {}
+        if event.get("reason") != "FailedScheduling" or involved.get("name") != pod:
+            continue
+        series = event.get("series") or {}
+        refusals += int(series.get("count") or event.get("count") or 1)
+        stamp = series.get("lastObservedTime") or event.get("lastTimestamp") or event["eventTime"]
+        when = datetime.fromisoformat(stamp)
+        last = when if last is None else max(last, when)
+    return last if refusals > 1 else None

@@ -3,12 +3,12 @@ an Akri device the scheduler refused them, and when the controller nudges for th
 
 from __future__ import annotations
 
-import math
-
 from hypothesis import given
 from hypothesis import strategies as st
 
 from akri_trio.controller.dra.requeue import (
+    CLASS_GAP_S,
+    LATER_S,
     NUDGES_AFTER_S,
     REFUSAL,
     Waiting,
@@ -62,30 +62,42 @@ def test_a_pod_refused_for_another_reason_or_not_yet_tried_waits_for_nothing() -
     assert not refused_for_device(scheduled)
 
 
-def test_nudges_come_at_the_planned_times_then_stop() -> None:
-    state, nudge = nudge_step(None, 100.0)
-    assert not nudge and state == Waiting(100.0)
-    times = []
-    now = 100.0
-    while state.due() != math.inf:
+def test_nudges_come_at_the_planned_times_then_once_a_minute() -> None:
+    state, gap = nudge_step(None, 100.0)
+    assert gap is None and state == Waiting(100.0)
+    times: list[float] = []
+    gaps: list[float] = []
+    while len(times) < len(NUDGES_AFTER_S) + 3:
         now = state.due()
-        state, nudge = nudge_step(state, now)
-        assert nudge
+        assert nudge_step(state, now - 0.001) == (state, None)  # not early
+        state, gap = nudge_step(state, now)
+        assert gap is not None
         times.append(now - 100.0)
-    assert times == list(NUDGES_AFTER_S)
-    assert nudge_step(state, now + 1e6) == (state, False)
+        gaps.append(gap)
+    last = NUDGES_AFTER_S[-1]
+    assert times == [*NUDGES_AFTER_S, last + LATER_S, last + 2 * LATER_S, last + 3 * LATER_S]
+    assert gaps == [CLASS_GAP_S] * len(NUDGES_AFTER_S) + [LATER_S] * 3
 
 
-@given(st.lists(st.floats(0, 200, allow_nan=False), min_size=1, max_size=40))
+def test_nudges_missed_by_a_late_reconcile_are_not_made_up() -> None:
+    state, _ = nudge_step(None, 0.0)
+    state, gap = nudge_step(state, 40.0)  # the 2, 6, 14 and 30 s nudges due: one is made
+    assert gap == CLASS_GAP_S and state.due() == NUDGES_AFTER_S[-1]
+
+
+@given(st.lists(st.floats(0, 600, allow_nan=False), min_size=1, max_size=40))
 def test_nudges_are_never_more_than_planned_nor_early(offsets: list[float]) -> None:
     """Reconciles at any times (events, late requeues): at most one nudge per planned time,
-    none before the first is due."""
+    none before it is due."""
     state: Waiting | None = None
     nudges = 0
     for now in sorted(offsets):
         before = state
-        state, nudge = nudge_step(state, now)
-        if nudge:
+        state, gap = nudge_step(state, now)
+        if gap is not None:
             assert before is not None and now >= before.due()
             nudges += 1
-    assert nudges <= len(NUDGES_AFTER_S)
+    first = min(offsets)
+    planned = sum(1 for t in NUDGES_AFTER_S if first + t <= max(offsets))
+    later = max(0.0, max(offsets) - first - NUDGES_AFTER_S[-1]) // LATER_S
+    assert nudges <= planned + later

@@ -49,7 +49,6 @@ from akri_trio.controller.dra.plan import (
     slice_selector,
 )
 from akri_trio.controller.dra.requeue import (
-    CLASS_GAP_S,
     EXTENDED_INDEX,
     REQUEUE_ANNOTATION,
     Waiting,
@@ -269,12 +268,11 @@ class Requeuer:
             self.waiting.pop(key, None)
             return None
         now = self.clock()
-        state, nudge = nudge_step(self.waiting.get(key), now)
-        if nudge:  # a write that fails on the way (no answer) is made again by the retry
-            await self._nudge(self._classes(waits), key, now)
+        state, gap = nudge_step(self.waiting.get(key), now)
+        if gap is not None:  # a write that fails on the way (no answer) is made again by the retry
+            await self._nudge(self._classes(waits), key, now, gap)
         self.waiting[key] = state
-        due = state.due()
-        return None if due == math.inf else Requeue(due - now)
+        return Requeue(state.due() - now)
 
     def _classes(self, resources: Iterable[str]) -> set[str]:
         return {
@@ -283,11 +281,13 @@ class Requeuer:
             for key in self.classes.keys_for(EXTENDED_INDEX, resource)
         }
 
-    async def _nudge(self, classes: Iterable[str], pod: ObjectKey, now: float) -> None:
+    async def _nudge(self, classes: Iterable[str], pod: ObjectKey, now: float, gap: float) -> None:
+        """Annotate each class not nudged within `gap` (the one nudge requeued this Pod too).
+        One Pod at a time (the queue runs one worker), so two never nudge one class at once."""
         stamp = datetime.now(UTC).isoformat(timespec="microseconds")
         for name in sorted(classes):
-            if now - self.nudged.get(name, -math.inf) < CLASS_GAP_S:
-                continue  # a nudge this close requeued this Pod too
+            if now - self.nudged.get(name, -math.inf) < gap:
+                continue
             patch = {"metadata": {"annotations": {REQUEUE_ANNOTATION: stamp}}}
             try:
                 await self.api.merge_patch(DEVICE_CLASSES, name, patch)

@@ -16,10 +16,12 @@ controller watches the unscheduled Pods of its namespace (or all) and, for each 
 scheduler refused with that message while asking for an Akri extended resource, annotates the
 DeviceClass of that resource (`REQUEUE_ANNOTATION`, metadata only; the class reconcile compares
 labels and spec) a few times with growing pauses (`NUDGES_AFTER_S`, after the window), at most
-once per class every `CLASS_GAP_S` (one change requeues every refused Pod at once). A device
-that is really full costs those few writes per refused Pod, no more: when a claim of it is
-freed the scheduler requeues the Pods itself. Pods that name their ResourceClaims (DRA mode's
-brokers) have a window too short to be seen and are left to the scheduler.
+once per class every `CLASS_GAP_S` (one change requeues every refused Pod at once), then once a
+minute while the Pod stays refused (`LATER_S`, at most once a minute per class): a device that
+is really full costs one write a minute per class while Pods wait for it. Pods that name their
+ResourceClaims (DRA mode's brokers) have a window too short to be seen and are left to the
+scheduler. With `--namespace` only that namespace's Pods are watched, though
+a Pod of any namespace may ask for Akri's extended resources.
 
 The decisions are here; the edge (`Requeuer` in reconcilers.py) reads the store of unscheduled
 Pods, asks `nudge_step` and writes the annotations.
@@ -27,7 +29,6 @@ Pods, asks `nudge_step` and writes the annotations.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -41,7 +42,11 @@ REQUEUE_ANNOTATION: Final = "akri.sh/requeue"
 # Seconds from the refusal seen to each nudge: the first after the window has closed, the
 # rest in case the Pod was refused again in the next window of a longer burst.
 NUDGES_AFTER_S: Final = (2.0, 6.0, 14.0, 30.0, 62.0)
-CLASS_GAP_S: Final = 1.0
+CLASS_GAP_S: Final = 1.0  # at most one nudge a second per class
+# Then, while the Pod stays refused, one nudge a minute, at most one a minute per class: a Pod
+# waiting for a full device is requeued by the scheduler when a claim of it is freed, but may
+# meet the miscount then, when several of the waiting Pods are allocated at once.
+LATER_S: Final = 60.0
 # The unscheduled Pods, as the watch asks for them.
 UNSCHEDULED: Final = "spec.nodeName=,status.phase=Pending"
 EXTENDED_INDEX: Final = "extendedResourceName"
@@ -95,18 +100,26 @@ class Waiting:
     made: int = 0
 
     def due(self) -> float:
-        """When the next nudge is due (inf: none left)."""
-        if self.made >= len(NUDGES_AFTER_S):
-            return math.inf
-        return self.since + NUDGES_AFTER_S[self.made]
+        """When the next nudge is due."""
+        return _due(self.since, self.made)
 
 
-def nudge_step(waiting: Waiting | None, now: float) -> tuple[Waiting, bool]:
-    """A refused Pod's state at `now`, and whether to nudge for it now."""
+def _due(since: float, made: int) -> float:
+    """When nudge number `made` (from 0) of a Pod refused at `since` is due."""
+    planned = len(NUDGES_AFTER_S)
+    if made < planned:
+        return since + NUDGES_AFTER_S[made]
+    return since + NUDGES_AFTER_S[-1] + (made - planned + 1) * LATER_S
+
+
+def nudge_step(waiting: Waiting | None, now: float) -> tuple[Waiting, float | None]:
+    """A refused Pod's state at `now`, and whether to nudge for it now: None not, else the
+    least time since the class's last nudge (CLASS_GAP_S while planned, then LATER_S)."""
     state = waiting or Waiting(now)
     if now < state.due():
-        return state, False
+        return state, None
+    gap = CLASS_GAP_S if state.made < len(NUDGES_AFTER_S) else LATER_S
     made = state.made + 1
-    while made < len(NUDGES_AFTER_S) and state.since + NUDGES_AFTER_S[made] <= now:
+    while _due(state.since, made) <= now:
         made += 1  # nudges missed (a busy queue) are not made up one by one
-    return attrs.evolve(state, made=made), True
+    return attrs.evolve(state, made=made), gap
