@@ -88,7 +88,10 @@ async def wait_ready(port: int, ca_pem: bytes, log: Path) -> None:
     async with httpx.AsyncClient(verify=trusting(ca_pem)) as http:
 
         async def ready() -> bool:
-            return (await http.get(f"https://127.0.0.1:{port}/readyz")).status_code == 200
+            try:
+                return (await http.get(f"https://127.0.0.1:{port}/readyz")).status_code == 200
+            except httpx.TransportError:  # not listening yet (it writes its Secret first)
+                return False
 
         try:
             await until_api(ready, 30, "/readyz 200")
