@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable, Iterable
-from datetime import UTC, datetime
 from typing import Final
 
 import attrs
@@ -56,6 +56,7 @@ from akri_trio.controller.dra.requeue import (
     nudge_step,
     slim_unscheduled,
 )
+from akri_trio.controller.lease_rules import micro_time
 from akri_trio.controller.metrics import ControllerMetrics
 from akri_trio.dra import DEVICE_CLASSES, RESOURCE_CLAIM_TEMPLATES, RESOURCE_SLICES
 from akri_trio.dra.edge import PoolWriter, slice_store
@@ -284,7 +285,7 @@ class Requeuer:
     async def _nudge(self, classes: Iterable[str], pod: ObjectKey, now: float, gap: float) -> None:
         """Annotate each class not nudged within `gap` (the one nudge requeued this Pod too).
         One Pod at a time (the queue runs one worker), so two never nudge one class at once."""
-        stamp = datetime.now(UTC).isoformat(timespec="microseconds")
+        stamp = micro_time(time.time())
         for name in sorted(classes):
             if now - self.nudged.get(name, -math.inf) < gap:
                 continue
