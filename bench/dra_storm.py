@@ -44,8 +44,8 @@ import json
 import tempfile
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager, suppress
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import suppress
 from pathlib import Path
 
 import attrs
@@ -74,15 +74,13 @@ from bench._scheduler import DEFAULT_LIMITS, SCHEDULER_NAME, Cost, Limits, own_s
 from bench.dra import controller_process
 from bench.fleet import CONFIG as FLEET_CONFIG
 from bench.fleet import FLEET_NS, WRITE_VERBS, Fleet, answered, purge_after
-from tests.controller.support import NO_KUBELET_TAINT, NODES, PODS, fake_nodes
+from tests.controller.support import NO_KUBELET_TAINT, PODS, schedulable_nodes
 from tests.support.kubectl import busybox_pod
 
 STORM_NS = "akri-bench-dra-storm"
 CONFIG = "dra-storm"
 DEVICE = "shared-camera"
-# A fake node must offer what the scheduler checks for any Pod: room for Pods, CPU, memory.
 FAKE_NODE_PREFIX = "ctl-test-node"  # tests.controller.support.fake_nodes names them so
-ALLOCATABLE = {"pods": "110", "cpu": "8", "memory": "32Gi"}
 
 
 @attrs.frozen
@@ -130,24 +128,6 @@ async def until(check: Callable[[], Awaitable[bool]], limit_s: float, what: str)
                 await trio.sleep(0.2)
     except trio.TooSlowError:
         raise RuntimeError(f"not within {limit_s} s: {what}") from None
-
-
-@asynccontextmanager
-async def schedulable_nodes(api: Client, n: int) -> AsyncIterator[list[str]]:
-    """`n` fake Nodes that the scheduler will place a Pod on: Ready, a hostname label (the
-    pool's node selector matches it), allocatable Pods, CPU and memory."""
-    async with fake_nodes(api, n) as names:
-        for name in names:
-            await api.merge_patch(
-                NODES, name, {"metadata": {"labels": {"kubernetes.io/hostname": name}}}
-            )
-            await api.merge_patch(
-                NODES,
-                name,
-                {"status": {"capacity": ALLOCATABLE, "allocatable": ALLOCATABLE}},
-                subresource="status",
-            )
-        yield names
 
 
 def shared_instance(name: str, nodes: Sequence[str]) -> JSON:

@@ -142,6 +142,23 @@ async def fake_nodes(
                         await api.delete(LEASES, name, namespace=NODE_LEASE_NAMESPACE)
 
 
+# What the scheduler checks of any Pod: room for Pods, CPU, memory.
+ROOM = {"pods": "110", "cpu": "8", "memory": "32Gi"}
+
+
+@asynccontextmanager
+async def schedulable_nodes(api: Client, count: int = 1) -> AsyncIterator[list[str]]:
+    """`fake_nodes` the scheduler places Pods on (they tolerate NO_KUBELET_TAINT): a hostname
+    label (a shared pool's node selector matches it) and ROOM."""
+    async with fake_nodes(api, count) as names:
+        for name in names:
+            labels = {"metadata": {"labels": {"kubernetes.io/hostname": name}}}
+            await api.merge_patch(NODES, name, labels)
+            room = {"status": {"capacity": ROOM, "allocatable": ROOM}}
+            await api.merge_patch(NODES, name, room, subresource="status")
+        yield names
+
+
 def pod_spec(
     command: str = "sleep 3600", *, placeholder: bool = True, nowhere: bool = False
 ) -> JSON:

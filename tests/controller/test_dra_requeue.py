@@ -9,8 +9,7 @@ for a kubelet: the scheduler binds to it and allocates the claim, nothing runs.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager, suppress
+from contextlib import suppress
 from datetime import datetime
 
 import trio
@@ -24,11 +23,10 @@ from akri_trio.model import naming
 from akri_trio.model.resources import CONFIGURATIONS
 from tests.controller.support import (
     NO_KUBELET_TAINT,
-    NODES,
     PODS,
     broker_config,
-    fake_nodes,
     make_instance,
+    schedulable_nodes,
 )
 from tests.controller.test_controller_dra import controller, dra_namespace
 from tests.support.kubectl import busybox_pod
@@ -36,19 +34,6 @@ from tests.support.polling import until_api
 from tests.support.releases import skip_without
 
 INSTANCE = "cfg-aaaaaa"
-ROOM = {"pods": "10", "cpu": "4", "memory": "8Gi"}
-
-
-@asynccontextmanager
-async def schedulable_node(api: Client) -> AsyncIterator[str]:
-    """A fake Node the scheduler places Pods on: a hostname label (the shared pool's node
-    selector matches it) and room for Pods."""
-    async with fake_nodes(api, 1) as (node,):
-        labels = {"metadata": {"labels": {dra.HOSTNAME_LABEL: node}}}
-        await api.merge_patch(NODES, node, labels)
-        room = {"status": {"capacity": ROOM, "allocatable": ROOM}}
-        await api.merge_patch(NODES, node, room, subresource="status")
-        yield node
 
 
 def device_pod(name: str, ns: str, node: str) -> JSON:
@@ -67,7 +52,7 @@ async def test_a_pod_refused_a_device_gets_the_scheduler_to_look_again(
     api: Client, cluster: dict[str, str]
 ) -> None:
     skip_without(cluster, "DRAExtendedResource")
-    async with dra_namespace(api, "dra-requeue") as ns, schedulable_node(api) as node:
+    async with dra_namespace(api, "dra-requeue") as ns, schedulable_nodes(api) as (node,):
         config = await api.create(CONFIGURATIONS, broker_config("cfg", ns, capacity=1))
         await make_instance(api, config, INSTANCE, [node])
         class_name = dra.instance_class_name(INSTANCE, ns)
