@@ -296,6 +296,10 @@ def test_pods_written_for_device_plugins_share_the_device_across_nodes(fleet: Fl
     DeviceClass, their own nodes' agents prepare them, the third waits; when one of the two
     ends, the third is allocated and runs."""
     skip_without(fleet.nodes[0], "DRAExtendedResource")
+    # Node 2 is back from the last test: Ready, and its new agent's plugin registered.
+    until(lambda: all(map(fleet.ready, fleet.names)), 120, "every node Ready")
+    for agent in fleet.agents:
+        until(functools.partial(fleet.registered, agent), 120, "each kubelet registered its agent")
     fleet.kubectl("delete", "pods", "--all", "-n", NS, "--grace-period=1", "--wait=true")
     until(lambda: not fleet.allocated(), 60, "the template's claims released")
     first, second, third = fleet.names
